@@ -1,0 +1,37 @@
+"""torch_tpu: `torch.device("tpu")` as an ordinary PyTorch device, running through JAX/PJRT and XLA.
+
+Importing registers PrivateUse1 as `tpu`, the `torch.tpu` device module and every op kernel. PyTorch imports
+this package itself through the `torch.backends` entry point, so `import torch` is enough.
+"""
+
+import torch
+
+if torch._C._get_privateuse1_backend_name() != "tpu":
+    torch.utils.rename_privateuse1_backend("tpu")
+
+from torch_tpu import metrics as metrics  # noqa: E402  (the device must be named before these import)
+from torch_tpu import tpu as tpu  # noqa: E402
+from torch_tpu.eager.fallback import cpu_fallback_enabled as cpu_fallback_enabled  # noqa: E402
+from torch_tpu.eager.fallback import set_cpu_fallback as set_cpu_fallback  # noqa: E402
+from torch_tpu.runtime import accelerator as _accelerator  # noqa: E402
+
+__version__ = "0.2.0"
+__all__ = ["cpu_fallback_enabled", "metrics", "set_cpu_fallback", "tpu"]
+
+
+def _register() -> None:
+    """The steps of PyTorch's Python PrivateUse1 route, each once per process."""
+    if hasattr(torch, "tpu"):
+        return
+    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    torch._register_device_module("tpu", tpu)
+    torch._C._acc.register_python_privateuseone_hook(_accelerator.Hooks())
+    torch._C._acc.register_python_privateuseone_device_guard(_accelerator.Guard())
+    import torch_tpu.ops  # noqa: F401  (fills the lowering registry)
+    from torch_tpu.eager import register
+
+    register.install()
+    _accelerator.install()
+
+
+_register()

@@ -1,0 +1,1 @@
+"""Eager execution: per-op dispatch into cached XLA executables, and the eager modes."""

@@ -1,0 +1,248 @@
+"""Eager dispatch: unwrap `tpu` tensors -> one cached jitted executable per (op, avals, statics) -> wrap.
+
+Each lowering is traced once per key; PyTorch's meta kernels decide output dtypes (so type promotion is
+PyTorch's own) and raise PyTorch's errors for bad input before anything runs on the device.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import torch
+from torch._ops import OpOverload
+
+from torch_tpu import random as tpu_random
+from torch_tpu.eager import modes
+from torch_tpu.eager.cache import Entry, executables
+from torch_tpu.ops.registry import Lowering, mutated_args
+from torch_tpu.runtime import dtypes, platform, storage
+
+_TENSOR, _TENSORS, _SCALAR, _STATIC, _GENERATOR = range(5)
+_TENSOR_LIST_TYPES = ("Tensor[]", "Tensor?[]", "List[Tensor]", "List[Optional[Tensor]]")
+
+
+class _Leaf:
+    """A placeholder for the i-th run-time input of a traced lowering."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _kind(argument: torch._C.Argument, static: frozenset[str]) -> int:
+    text = str(argument.type)
+    if text in ("Tensor", "Optional[Tensor]"):
+        return _TENSOR
+    if text in _TENSOR_LIST_TYPES:
+        return _TENSORS
+    if text in ("number", "Optional[number]") and argument.name not in static:
+        return _SCALAR
+    if "Generator" in text:
+        return _GENERATOR
+    return _STATIC
+
+
+def _device_mismatch(op: OpOverload, tensor: torch.Tensor) -> RuntimeError:
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, tpu:0 and "
+        f"{tensor.device}! (when checking argument for {op})"
+    )
+
+
+class Runner:
+    """Runs one functional lowering for tensors of any shape, caching an executable per signature."""
+
+    def __init__(self, lowering: Lowering) -> None:
+        self.lowering = lowering
+        self.op = lowering.op
+        arguments = self.op._schema.arguments
+        self.positional = [_kind(a, lowering.static) for a in arguments if not a.kwarg_only]
+        self.keyword = {a.name: _kind(a, lowering.static) for a in arguments if a.kwarg_only}
+
+    def _encode(self, op: OpOverload, value: Any, kind: int, leaves: list, key: list) -> Any:
+        if kind == _TENSOR or kind == _TENSORS and isinstance(value, torch.Tensor):
+            if value is None:
+                key.append(None)
+                return None
+            if not isinstance(value, torch.Tensor):  # a wrapped number arrives as a Python scalar
+                key.append(type(value))
+                leaves.append(value)
+                return _Leaf(len(leaves) - 1)
+            if value.device.type != "tpu":
+                if value.dim() != 0 and kind == _TENSOR:
+                    raise _device_mismatch(op, value)
+                key.append(("host", tuple(value.shape), value.dtype))
+                leaves.append(storage.to_device(value))
+            else:
+                key.append((tuple(value.shape), value.dtype))
+                leaves.append(storage.read(value))
+            return _Leaf(len(leaves) - 1)
+        if kind == _TENSORS:
+            return [self._encode(op, v, _TENSOR, leaves, key) for v in value]
+        if kind == _SCALAR and value is not None:
+            key.append(type(value))
+            leaves.append(value)
+            return _Leaf(len(leaves) - 1)
+        if kind == _GENERATOR:
+            return None
+        key.append(tuple(value) if isinstance(value, list) else value)
+        return value
+
+    def run(self, meta_op: OpOverload, args: tuple, kwargs: dict) -> Any:
+        """Run the lowering on `args`; returns jax.Arrays shaped like `meta_op`'s outputs."""
+        leaves: list = []
+        key: list = [meta_op]
+        template_args = [
+            self._encode(meta_op, v, k, leaves, key) for v, k in zip(args, self.positional, strict=False)
+        ]
+        template_kwargs = {n: self._encode(meta_op, v, self.keyword[n], leaves, key) for n, v in kwargs.items()}
+        if self.lowering.rng:
+            leaves.append(tpu_random.next_key(kwargs.get("generator")))
+        key = tuple(key)
+        entry = executables.lookup(key)
+        if entry is None:
+            result = self._compile(meta_op, key, args, kwargs, template_args, template_kwargs, leaves)
+        else:
+            result = entry.executable(*leaves)
+        if modes.launch_blocking():
+            _check(meta_op, result)
+        return result
+
+    def _compile(self, meta_op, key, args, kwargs, template_args, template_kwargs, leaves) -> Any:
+        """Trace and compile the lowering for this signature, cache it, and return its first result."""
+        platform.devices()
+        out_dtypes = _meta_dtypes(meta_op, args, kwargs)
+        fn = self.lowering.fn
+        rng = self.lowering.rng
+
+        def traced(*values: jax.Array) -> Any:
+            call_args = [_fill(v, values) for v in template_args]
+            call_kwargs = {n: _fill(v, values) for n, v in template_kwargs.items()}
+            if rng:
+                call_kwargs["key"] = values[-1]
+            result = fn(*call_args, **call_kwargs)
+            return _cast(result, out_dtypes)
+
+        start = time.perf_counter()
+        executable = jax.jit(traced) if self.lowering.jit else traced
+        result = jax.block_until_ready(executable(*leaves))
+        entry = Entry(str(meta_op), executable, out_dtypes, compilation_duration=time.perf_counter() - start)
+        executables.insert(key, entry)
+        return result
+
+
+def _fill(template: Any, values: tuple) -> Any:
+    if isinstance(template, _Leaf):
+        return values[template.index]
+    if isinstance(template, list):
+        return [_fill(v, values) for v in template]
+    return template
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.device.type == "tpu":
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_meta(v) for v in value)
+    return value
+
+
+def _meta_dtypes(op: OpOverload, args: tuple, kwargs: dict) -> Any:
+    """Output dtypes by PyTorch's own meta kernel (type promotion, and PyTorch's errors for bad input)."""
+    try:
+        with torch._C._DisableTorchDispatch():
+            out = op(*_to_meta(args), **{k: _to_meta(v) for k, v in kwargs.items()})
+    except (NotImplementedError, torch._subclasses.fake_tensor.UnsupportedOperatorException):
+        return None
+    except RuntimeError as error:  # data-dependent output shapes have no meta kernel
+        if "data-dependent" in str(error) or "meta" in str(error):
+            return None
+        raise
+    if isinstance(out, torch.Tensor):
+        return dtypes.to_jax(out.dtype)
+    if isinstance(out, (list, tuple)):
+        return tuple(dtypes.to_jax(o.dtype) if isinstance(o, torch.Tensor) else None for o in out)
+    return None
+
+
+def _cast(result: Any, out_dtypes: Any) -> Any:
+    if out_dtypes is None:
+        return result
+    if isinstance(out_dtypes, tuple):
+        return tuple(_cast(r, d) for r, d in zip(result, out_dtypes, strict=True))
+    return result if result.dtype == out_dtypes else result.astype(out_dtypes)
+
+
+def _check(op: OpOverload, result: Any) -> None:
+    """Debug mode: finish the op now; with TORCH_TPU_DEBUG_NANS=1, raise at the first non-finite output."""
+    jax.block_until_ready(result)
+    if not modes.state.debug_nans:
+        return
+    for array in jax.tree_util.tree_leaves(result):
+        if dtypes.is_floating(array.dtype) or dtypes.is_complex(array.dtype):
+            if not bool(np.isfinite(np.asarray(array)).all()):
+                raise FloatingPointError(f"torch_tpu: {op} produced NaN or Inf (TORCH_TPU_DEBUG_NANS=1)")
+
+
+def _wrap_outputs(op: OpOverload, result: Any) -> Any:
+    returns = op._schema.returns
+    if len(returns) == 1 and str(returns[0].type) == "Tensor":
+        return storage.wrap(result)
+    if len(returns) == 1 and str(returns[0].type) == "List[Tensor]":
+        return [storage.wrap(r) for r in result]
+    return tuple(storage.wrap(r) for r in result)
+
+
+def functional_kernel(lowering: Lowering) -> Callable:
+    runner = Runner(lowering)
+    op = lowering.op
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return _wrap_outputs(op, runner.run(op, args, kwargs))
+
+    kernel.runner = runner
+    return kernel
+
+
+def inplace_kernel(lowering: Lowering, inplace_op: OpOverload) -> Callable:
+    runner = Runner(lowering)
+
+    def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        storage.write(self, runner.run(inplace_op, (self, *args), kwargs))
+        return self
+
+    return kernel
+
+
+def _resize_for(out: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if tuple(out.shape) != shape:
+        if out.numel() != 0:
+            import warnings
+
+            warnings.warn(
+                f"An output with one or more elements was resized since it had shape {list(out.shape)}, which "
+                f"does not match the required output shape {list(shape)}.",
+                stacklevel=4,
+            )
+        out.resize_(shape)
+
+
+def out_kernel(lowering: Lowering, out_op: OpOverload) -> Callable:
+    runner = Runner(lowering)
+    names = [a.name for a in mutated_args(out_op)]
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        outs = [kwargs.pop(n) for n in names]
+        result = runner.run(lowering.op, args, kwargs)
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        for out, value in zip(outs, results, strict=True):
+            _resize_for(out, value.shape)
+            storage.write(out, value)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return kernel

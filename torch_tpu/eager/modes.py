@@ -1,0 +1,59 @@
+"""Eager modes: Strict (async, default) and Debug (each op completes before the next, NaNs surface)."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+from collections.abc import Iterator
+
+
+class EagerMode(enum.Enum):
+    """How eager ops run on the `tpu` device (names as in TorchTPU)."""
+
+    DEFER_NEVER = "strict"
+    DEFER_NEVER_AND_LAUNCH_BLOCKING = "debug"
+    DEFER_AND_FUSE = "fused"
+
+
+def _from_environment() -> EagerMode:
+    if os.environ.get("TORCH_TPU_LAUNCH_BLOCKING") == "1":
+        return EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+    if os.environ.get("TORCH_TPU_DEFER_AND_FUSE") == "1":
+        raise NotImplementedError("torch_tpu: DEFER_AND_FUSE (Fused eager) is not implemented yet")
+    return EagerMode.DEFER_NEVER
+
+
+class _State:
+    mode: EagerMode = _from_environment()
+    debug_nans: bool = os.environ.get("TORCH_TPU_DEBUG_NANS") == "1"
+
+
+state = _State()
+
+
+def get_mode() -> EagerMode:
+    return state.mode
+
+
+def set_mode(mode: EagerMode) -> None:
+    if not isinstance(mode, EagerMode):
+        raise TypeError(f"torch_tpu: eager mode must be a torch.tpu.EagerMode, got {mode!r}")
+    if mode is EagerMode.DEFER_AND_FUSE:
+        raise NotImplementedError("torch_tpu: DEFER_AND_FUSE (Fused eager) is not implemented yet")
+    state.mode = mode
+
+
+@contextlib.contextmanager
+def set_eager_mode(mode: EagerMode) -> Iterator[None]:
+    """Run the block in `mode`, restoring the previous mode afterwards."""
+    previous = state.mode
+    set_mode(mode)
+    try:
+        yield
+    finally:
+        state.mode = previous
+
+
+def launch_blocking() -> bool:
+    return state.mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING or state.debug_nans

@@ -1,0 +1,1 @@
+"""Lowerings: neural-network ops, one family per module."""

@@ -1,0 +1,112 @@
+"""The one registry of ATen -> JAX lowerings, used by every eager mode and by the compiler.
+
+A lowering is a pure function of jax.Arrays (and static Python values) registered for the *functional*
+overloads it implements with `@lower(aten.x.y, ...)`. In-place (`x_`) and `out=` variants are derived from
+the functional op's schema; they are never written by hand. `@kernel` registers a direct torch kernel for
+the minimal tier (views, copies, scalars) that must not go through JAX tracing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+
+import torch
+from torch._ops import OpOverload
+
+aten = torch.ops.aten
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowering:
+    """How one functional ATen overload runs on JAX.
+
+    `static` names Scalar arguments that shape the program (e.g. `arange`'s end) and so are compiled in
+    rather than passed at run time; `rng` lowerings receive a PRNG key as the keyword `key`; `jit=False`
+    marks ops whose output shape depends on data (`nonzero`), run op by op outside `jax.jit`.
+    """
+
+    op: OpOverload
+    fn: Callable
+    static: frozenset[str] = frozenset()
+    rng: bool = False
+    jit: bool = True
+
+
+LOWERINGS: dict[OpOverload, Lowering] = {}
+KERNELS: dict[OpOverload, Callable] = {}
+
+
+def _check_new(op: OpOverload) -> None:
+    if not isinstance(op, OpOverload):
+        raise TypeError(f"torch_tpu: register an OpOverload such as aten.add.Tensor, not {op!r}")
+    if op in LOWERINGS or op in KERNELS:
+        raise ValueError(f"torch_tpu: {op} is registered twice")
+    if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+        raise ValueError(f"torch_tpu: {op} is CompositeImplicitAutograd; lower the ops it decomposes into")
+
+
+def lower(
+    *ops: OpOverload, static: Iterable[str] = (), rng: bool = False, jit: bool = True
+) -> Callable[[Callable], Callable]:
+    """Register `fn` as the JAX lowering of functional overloads `ops`."""
+
+    def register(fn: Callable) -> Callable:
+        for op in ops:
+            _check_new(op)
+            LOWERINGS[op] = Lowering(op, fn, frozenset(static), rng, jit)
+        return fn
+
+    return register
+
+
+def kernel(*ops: OpOverload) -> Callable[[Callable], Callable]:
+    """Register `fn` as the direct PrivateUse1 kernel of `ops` (minimal tier: no JAX tracing)."""
+
+    def register(fn: Callable) -> Callable:
+        for op in ops:
+            _check_new(op)
+            KERNELS[op] = fn
+        return fn
+
+    return register
+
+
+def mutated_args(op: OpOverload) -> list[torch._C.Argument]:
+    """The arguments `op` writes to, in schema order."""
+    return [a for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+
+
+def _signature(op: OpOverload) -> tuple[tuple[str, str], ...]:
+    return tuple(
+        (a.name, str(a.type))
+        for a in op._schema.arguments
+        if not (a.alias_info is not None and a.alias_info.is_write and a.kwarg_only)
+    )
+
+
+def inplace_variant(op: OpOverload) -> OpOverload | None:
+    """`aten.x_.y` for functional `aten.x.y`, if it exists and mutates only `self`."""
+    packet = getattr(aten, op._schema.name.split("::")[1] + "_", None)
+    if packet is None or op._overloadname not in packet.overloads():
+        return None
+    candidate = getattr(packet, op._overloadname)
+    writes = mutated_args(candidate)
+    if len(writes) != 1 or writes[0].name != "self":
+        return None
+    same = [(a.name, str(a.type)) for a in candidate._schema.arguments[1:]]
+    return candidate if same == [(a.name, str(a.type)) for a in op._schema.arguments[1:]] else None
+
+
+def out_variant(op: OpOverload) -> OpOverload | None:
+    """The `out=` overload whose non-out arguments equal those of functional `op`."""
+    packet = getattr(aten, op._schema.name.split("::")[1])
+    signature = _signature(op)
+    for name in packet.overloads():
+        candidate = getattr(packet, name)
+        writes = mutated_args(candidate)
+        if candidate is op or not writes or not all(a.kwarg_only for a in writes):
+            continue
+        if _signature(candidate) == signature:
+            return candidate
+    return None

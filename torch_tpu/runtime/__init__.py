@@ -1,0 +1,1 @@
+"""Runtime: the PJRT platform, device storage and host transfers."""

@@ -1,0 +1,78 @@
+"""The PJRT platform behind the `tpu` device, chosen once, lazily, from TORCH_TPU_PLATFORM."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+
+_CHOICES = ("auto", "tpu", "gpu", "cpu")
+_PLATFORM_NAMES = {"tpu": "TPU", "gpu": "GPU", "cpu": "XLA CPU"}
+
+
+def requested() -> str:
+    """The platform the user asked for with TORCH_TPU_PLATFORM (default `auto`)."""
+    choice = os.environ.get("TORCH_TPU_PLATFORM", "auto").strip().lower() or "auto"
+    if choice not in _CHOICES:
+        raise ValueError(f"TORCH_TPU_PLATFORM must be one of {', '.join(_CHOICES)}, got {choice!r}")
+    return choice
+
+
+def _devices_of(platform: str) -> list[jax.Device]:
+    try:
+        return jax.devices(platform)
+    except RuntimeError:
+        return []
+
+
+@functools.cache
+def devices() -> tuple[jax.Device, ...]:
+    """The JAX devices of the chosen platform; the first call configures JAX (x64, default device)."""
+    choice = requested()
+    order = ("tpu", "gpu", "cpu") if choice == "auto" else (choice,)
+    for platform in order:
+        found = _devices_of(platform)
+        if found:
+            # torch keeps int64 and float64 as they are; JAX needs x64 for that.
+            jax.config.update("jax_enable_x64", True)
+            jax.config.update("jax_default_device", found[0])
+            return tuple(found)
+    raise RuntimeError(f"torch_tpu: no JAX devices for TORCH_TPU_PLATFORM={choice!r}")
+
+
+def device(index: int = 0) -> jax.Device:
+    """The JAX device behind `tpu:index`."""
+    found = devices()
+    if not 0 <= index < len(found):
+        raise RuntimeError(f"torch_tpu: device index {index} out of range; {len(found)} tpu device(s)")
+    return found[index]
+
+
+def platform() -> str:
+    """`tpu`, `gpu` or `cpu`: the PJRT platform that runs the `tpu` device."""
+    return devices()[0].platform if devices()[0].platform in ("tpu", "cpu") else "gpu"
+
+
+def device_name(index: int = 0) -> str:
+    """A truthful name: the TPU generation, the GPU model, or that the device is emulated on the CPU."""
+    dev = device(index)
+    kind = platform()
+    if kind == "tpu":
+        return dev.device_kind
+    if kind == "gpu":
+        return f"{dev.device_kind} (tpu device emulated on gpu)"
+    return "XLA CPU (tpu device emulated on cpu)"
+
+
+def total_memory(index: int = 0) -> int:
+    """Bytes of device memory: PJRT's figure where it gives one, else the host's physical memory."""
+    stats = device(index).memory_stats() or {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def supports_64bit() -> bool:
+    """TPUs have no native float64; the CPU and GPU platforms do."""
+    return platform() != "tpu"

@@ -1,0 +1,269 @@
+"""Device storage: a torch storage whose Python object holds the device buffer (a jax.Array).
+
+A storage is untyped bytes with a fake, never-dereferenced data pointer; the `DeviceBuffer` set as an attribute
+on its Python object lives exactly as long as the storage (through any tensor or view). Tensors of any dtype,
+size, stride and offset read and write it; PyTorch's own metadata kernels make the views.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from torch_tpu.runtime import dtypes, platform
+
+_ATTR = "_tpu_buffer"
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset.redispatch
+_create_empty = torch._C._acc.create_empty_tensor
+_construct_storage = torch._C._construct_storage_from_data_pointer
+_DEVICE = torch.device("tpu", 0)
+
+
+class MemoryStats:
+    """Bytes held by live storages, and their peak, like the CUDA caching allocator's counters."""
+
+    def __init__(self) -> None:
+        self.allocated = 0
+        self.peak = 0
+        self.num_alloc = 0
+        self.num_free = 0
+        self._lock = threading.Lock()
+
+    def add(self, nbytes: int) -> None:
+        with self._lock:
+            self.allocated += nbytes
+            self.num_alloc += 1
+            self.peak = max(self.peak, self.allocated)
+
+    def remove(self, nbytes: int) -> None:
+        with self._lock:
+            self.allocated -= nbytes
+            self.num_free += 1
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak = self.allocated
+
+
+memory = MemoryStats()
+
+
+class _AddressSpace:
+    """Fake, non-overlapping data pointers: torch compares them for aliasing and overlap checks."""
+
+    def __init__(self) -> None:
+        self._next = 1 << 44
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> int:
+        with self._lock:
+            address = self._next
+            self._next += (nbytes + 127) // 64 * 64
+            return address
+
+
+_addresses = _AddressSpace()
+
+
+class DeviceBuffer:
+    """The device value of one storage: `nbytes` bytes held as a jax.Array of any shape and dtype.
+
+    `array` is None until first written or read (an `empty` storage costs no device allocation);
+    a read of an unwritten buffer sees zeros.
+    """
+
+    __slots__ = ("_array", "nbytes", "dtype")
+
+    def __init__(self, nbytes: int, dtype: np.dtype, array: jax.Array | None = None) -> None:
+        self._array = array
+        self.nbytes = nbytes
+        self.dtype = dtype
+        memory.add(nbytes)
+
+    def __del__(self) -> None:
+        memory.remove(self.nbytes)
+
+    @property
+    def array(self) -> jax.Array:
+        if self._array is None:
+            itemsize = self.dtype.itemsize
+            self._array = jnp.zeros((self.nbytes // itemsize,), self.dtype)
+        return self._array
+
+    @array.setter
+    def array(self, value: jax.Array) -> None:
+        self._array = value
+        self.dtype = value.dtype
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _new_storage(buffer: DeviceBuffer) -> torch.UntypedStorage:
+    nbytes = buffer.nbytes
+    storage = _construct_storage(_addresses.take(nbytes), _DEVICE, nbytes)
+    setattr(storage, _ATTR, buffer)
+    return storage
+
+
+def storage_nbytes(shape: tuple[int, ...], stride: tuple[int, ...], itemsize: int) -> int:
+    if any(s == 0 for s in shape):
+        return 0
+    return (1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))) * itemsize
+
+
+def empty(shape: tuple[int, ...], dtype: torch.dtype, stride: tuple[int, ...] | None = None) -> torch.Tensor:
+    """A `tpu` tensor whose storage is allocated lazily."""
+    shape = tuple(shape)
+    stride = contiguous_strides(shape) if stride is None else tuple(stride)
+    jdtype = dtypes.to_jax(dtype)
+    nbytes = storage_nbytes(shape, stride, jdtype.itemsize)
+    tensor = _create_empty(shape, dtype)
+    _set_storage(_CPU_KEYS, tensor, _new_storage(DeviceBuffer(nbytes, jdtype)), 0, shape, stride)
+    return tensor
+
+
+def wrap(array: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A new contiguous `tpu` tensor owning `array` (cast to `dtype` if given)."""
+    if dtype is None:
+        dtype = dtypes.to_torch(array.dtype)
+    elif array.dtype != dtypes.to_jax(dtype):
+        array = array.astype(dtypes.to_jax(dtype))
+    shape = array.shape
+    tensor = _create_empty(shape, dtype)
+    buffer = DeviceBuffer(array.size * array.dtype.itemsize, array.dtype, array)
+    _set_storage(_CPU_KEYS, tensor, _new_storage(buffer), 0, shape, contiguous_strides(shape))
+    return tensor
+
+
+def buffer_of(tensor: torch.Tensor) -> DeviceBuffer:
+    """The DeviceBuffer of a `tpu` tensor."""
+    try:
+        return getattr(tensor.untyped_storage(), _ATTR)
+    except AttributeError:
+        raise RuntimeError(f"torch_tpu: tensor on {tensor.device} has no tpu device buffer") from None
+
+
+def _covers(tensor: torch.Tensor, buffer: DeviceBuffer) -> bool:
+    """Whether `tensor` is its storage's whole buffer, in order, at the buffer's own dtype."""
+    return (
+        tensor.storage_offset() == 0
+        and tensor.is_contiguous()
+        and tensor.numel() * tensor.element_size() == buffer.nbytes
+        and dtypes.to_jax(tensor.dtype) == buffer.dtype
+    )
+
+
+def read(tensor: torch.Tensor) -> jax.Array:
+    """The value of a `tpu` tensor as a jax.Array of its shape and dtype."""
+    buffer = buffer_of(tensor)
+    array = buffer.array
+    if array.shape == tensor.shape and tensor.is_contiguous() and tensor.storage_offset() == 0:
+        if array.dtype == dtypes.to_jax(tensor.dtype):
+            return array
+    if _covers(tensor, buffer):
+        return array.reshape(tuple(tensor.shape))
+    return _gather(array, dtypes.to_jax(tensor.dtype), tuple(tensor.shape), tuple(tensor.stride()),
+                   tensor.storage_offset())
+
+
+def write(tensor: torch.Tensor, value: jax.Array) -> None:
+    """Store `value` (broadcast and cast to the tensor) through `tensor` into its storage, as CPU would."""
+    buffer = buffer_of(tensor)
+    jdtype = dtypes.to_jax(tensor.dtype)
+    shape = tuple(tensor.shape)
+    if _covers(tensor, buffer):
+        buffer.array = _fit(value, shape, jdtype)
+        return
+    buffer.array = _scatter(buffer.array, value, jdtype, shape, tuple(tensor.stride()), tensor.storage_offset())
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _fit(value: jax.Array, shape: tuple[int, ...], dtype: np.dtype) -> jax.Array:
+    return jnp.broadcast_to(jnp.asarray(value).astype(dtype), shape)
+
+
+def _bitcast_flat(flat: jax.Array, dtype: np.dtype) -> jax.Array:
+    """Reinterpret a 1-D array's bytes as another dtype (the storage is untyped)."""
+    if flat.dtype == dtype:
+        return flat
+    if dtypes.is_complex(flat.dtype):
+        parts = jnp.stack([flat.real, flat.imag], axis=-1).reshape(-1)
+        return _bitcast_flat(parts, dtype)
+    if dtypes.is_complex(dtype):
+        part = np.dtype(np.float32 if dtype == np.complex64 else np.float64)
+        pairs = _bitcast_flat(flat, part).reshape(-1, 2)
+        return jax.lax.complex(pairs[:, 0], pairs[:, 1])
+    if flat.dtype == np.bool_:
+        return _bitcast_flat(flat.astype(np.uint8), dtype)
+    if dtype == np.bool_:
+        return _bitcast_flat(flat, np.dtype(np.uint8)).astype(np.bool_)
+    src, dst = flat.dtype.itemsize, dtype.itemsize
+    if src == dst:
+        return jax.lax.bitcast_convert_type(flat, dtype)
+    if src > dst:
+        return jax.lax.bitcast_convert_type(flat, dtype).reshape(-1)
+    usable = flat.shape[0] // (dst // src) * (dst // src)
+    return jax.lax.bitcast_convert_type(flat[:usable].reshape(-1, dst // src), dtype)
+
+
+def _flat_indices(shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> np.ndarray:
+    index = np.full(shape, offset, dtype=np.int64)
+    for dim, (size, step) in enumerate(zip(shape, stride, strict=True)):
+        axis = [1] * len(shape)
+        axis[dim] = size
+        index = index + (np.arange(size, dtype=np.int64) * step).reshape(axis)
+    return index
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _gather(array: jax.Array, dtype: np.dtype, shape, stride, offset: int) -> jax.Array:
+    flat = _bitcast_flat(array.reshape(-1), dtype)
+    count = math.prod(shape)
+    if count == 0:
+        return jnp.zeros(shape, dtype)
+    if stride == contiguous_strides(shape):
+        return jax.lax.slice_in_dim(flat, offset, offset + count).reshape(shape)
+    return flat[_flat_indices(shape, stride, offset)]
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
+def _scatter(array: jax.Array, value: jax.Array, dtype: np.dtype, shape, stride, offset: int) -> jax.Array:
+    flat = _bitcast_flat(array.reshape(-1), dtype)
+    value = jnp.broadcast_to(jnp.asarray(value).astype(dtype), shape)
+    updated = flat.at[_flat_indices(shape, stride, offset).reshape(-1)].set(value.reshape(-1))
+    return _bitcast_flat(updated, array.dtype).reshape(array.shape)
+
+
+def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:
+    """Copy a CPU tensor to the device as a jax.Array of the same shape and dtype."""
+    if host.dtype in dtypes.SIXTY_FOUR_BIT and not platform.supports_64bit():
+        raise TypeError(f"torch_tpu: {host.dtype} is not supported on the {platform.platform()} platform")
+    carrier = dtypes.host_carrier(host.dtype)
+    host = host.detach().resolve_conj().resolve_neg().contiguous()
+    array = (host.view(carrier) if carrier else host).numpy()
+    if carrier:
+        array = array.view(dtypes.to_jax(host.dtype))
+    return jax.device_put(array, platform.device(index))
+
+
+def to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
+    """Copy a device array to a new CPU tensor of `dtype` (waits for the value)."""
+    host = np.asarray(array)
+    carrier = dtypes.host_carrier(dtype)
+    if carrier:
+        return torch.from_numpy(host.view(dtypes.to_jax(carrier)).copy()).view(dtype)
+    return torch.from_numpy(np.array(host, copy=True))

@@ -1,0 +1,1 @@
+"""Helpers for testing `tpu` results against CPU PyTorch."""

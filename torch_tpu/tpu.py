@@ -1,0 +1,243 @@
+"""`torch.tpu`: the device module (CUDA-shaped), registered for the renamed PrivateUse1 backend."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import torch
+
+from torch_tpu.eager import modes
+from torch_tpu.eager.cache import executables
+from torch_tpu.eager.modes import EagerMode, set_eager_mode
+from torch_tpu.random import (
+    get_rng_state,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+)
+from torch_tpu.runtime import platform
+from torch_tpu.runtime.storage import memory
+
+__all__ = [
+    "EagerMode",
+    "Event",
+    "Stream",
+    "current_device",
+    "current_stream",
+    "default_stream",
+    "device",
+    "device_count",
+    "get_amp_supported_dtype",
+    "get_device_name",
+    "get_device_properties",
+    "get_rng_state",
+    "initial_seed",
+    "is_available",
+    "is_initialized",
+    "manual_seed",
+    "manual_seed_all",
+    "max_memory_allocated",
+    "memory_allocated",
+    "reset_peak_memory_stats",
+    "seed",
+    "seed_all",
+    "set_device",
+    "set_eager_mode",
+    "set_rng_state",
+    "stream",
+    "synchronize",
+]
+
+def _lazy_init() -> None:
+    """Pick the PJRT platform and configure JAX, once."""
+    platform.devices()
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return platform.devices.cache_info().currsize > 0
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    """One `tpu` device per process, as in TorchTPU (one process per chip)."""
+    return 1
+
+
+def current_device() -> int:
+    return 0
+
+
+def set_device(device: int | str | torch.device) -> None:
+    index = torch.device(device).index if not isinstance(device, int) else device
+    if index not in (None, 0):
+        raise RuntimeError(f"torch_tpu: one tpu device per process; cannot select tpu:{index}")
+
+
+class device:
+    """Context manager selecting a tpu device (only tpu:0 exists in a process)."""
+
+    def __init__(self, device: Any) -> None:
+        set_device(device if device is not None else 0)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _index(device: Any) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        return device
+    return torch.device(device).index or 0
+
+
+def get_device_name(device: Any = None) -> str:
+    """The platform's true name, e.g. "TPU v6e" or "XLA CPU (tpu device emulated on cpu)"."""
+    _lazy_init()
+    return platform.device_name(_index(device))
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProperties:
+    name: str
+    total_memory: int
+    platform: str
+    type: str = "tpu"
+
+
+def get_device_properties(device: Any = None) -> DeviceProperties:
+    _lazy_init()
+    index = _index(device)
+    return DeviceProperties(platform.device_name(index), platform.total_memory(index), platform.platform())
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait for all work issued to the device so far."""
+    if is_initialized():
+        for array in jax.live_arrays():
+            array.block_until_ready()
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes held by live `tpu` storages."""
+    return memory.allocated
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    return memory.peak
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    memory.reset_peak()
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+
+class Stream:
+    """A stream: JAX orders work per device, so every stream is the default stream."""
+
+    def __init__(self, device: Any = None, priority: int = 0) -> None:
+        self.device = torch.device("tpu", _index(device))
+        self.priority = priority
+
+    def synchronize(self) -> None:
+        synchronize()
+
+    def wait_stream(self, stream: Stream) -> None:
+        return None
+
+    def wait_event(self, event: Event) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def record_event(self, event: Event | None = None) -> Event:
+        event = event or Event()
+        event.record(self)
+        return event
+
+
+class Event:
+    """An event that records a host timestamp once prior work is done (timing is honest, not overlapped)."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self.enable_timing = enable_timing
+        self._time: float | None = None
+
+    def record(self, stream: Stream | None = None) -> None:
+        import time
+
+        synchronize()
+        self._time = time.perf_counter()
+
+    def synchronize(self) -> None:
+        synchronize()
+
+    def query(self) -> bool:
+        return True
+
+    def wait(self, stream: Stream | None = None) -> None:
+        return None
+
+    def elapsed_time(self, end: Event) -> float:
+        if self._time is None or end._time is None:
+            raise RuntimeError("torch_tpu: both events must be recorded before elapsed_time")
+        return (end._time - self._time) * 1000.0
+
+
+_default_stream = Stream()
+
+
+def current_stream(device: Any = None) -> Stream:
+    return _default_stream
+
+
+def default_stream(device: Any = None) -> Stream:
+    return _default_stream
+
+
+@contextlib.contextmanager
+def stream(stream: Stream | None) -> Iterator[None]:
+    yield
+
+
+def _get_cache_stats() -> dict[str, Any]:
+    """Executable-cache counters: num_cache_reqs, num_cache_hits, per_entry_stats."""
+    return executables.stats()
+
+
+class _DeviceModule(types.ModuleType):
+    """Gives `torch.tpu.eager_mode` property semantics (read and assign)."""
+
+    @property
+    def eager_mode(self) -> EagerMode:
+        return modes.get_mode()
+
+    @eager_mode.setter
+    def eager_mode(self, mode: EagerMode) -> None:
+        modes.set_mode(mode)
+
+
+sys.modules[__name__].__class__ = _DeviceModule
