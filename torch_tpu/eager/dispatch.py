@@ -64,58 +64,74 @@ class Runner:
         self.positional = [_kind(a, lowering.static) for a in arguments if not a.kwarg_only]
         self.keyword = {a.name: _kind(a, lowering.static) for a in arguments if a.kwarg_only}
 
-    def _encode(self, op: OpOverload, value: Any, kind: int, leaves: list, key: list) -> Any:
+    def _encode(self, op: OpOverload, value: Any, kind: int, leaves: list, key: list) -> None:
+        """Append `value`'s run-time inputs to `leaves` and its part of the cache key to `key`."""
         if kind == _TENSOR or kind == _TENSORS and isinstance(value, torch.Tensor):
-            if value is None:
+            if isinstance(value, torch.Tensor):
+                if value.is_cpu:
+                    if value.dim() != 0 and kind == _TENSOR:
+                        raise _device_mismatch(op, value)
+                    key.append("host")
+                    leaves.append(storage.to_device(value))
+                else:
+                    leaves.append(storage.read(value))
+                key.append(value.shape)
+                key.append(value.dtype)
+            elif value is None:
                 key.append(None)
-                return None
-            if not isinstance(value, torch.Tensor):  # a wrapped number arrives as a Python scalar
+            else:  # a wrapped number arrives as a Python scalar
                 key.append(type(value))
                 leaves.append(value)
-                return _Leaf(len(leaves) - 1)
-            if value.device.type != "tpu":
-                if value.dim() != 0 and kind == _TENSOR:
-                    raise _device_mismatch(op, value)
-                key.append(("host", tuple(value.shape), value.dtype))
-                leaves.append(storage.to_device(value))
-            else:
-                key.append((tuple(value.shape), value.dtype))
-                leaves.append(storage.read(value))
-            return _Leaf(len(leaves) - 1)
-        if kind == _TENSORS:
-            return [self._encode(op, v, _TENSOR, leaves, key) for v in value]
-        if kind == _SCALAR and value is not None:
+        elif kind == _TENSORS:
+            for v in value:
+                self._encode(op, v, _TENSOR, leaves, key)
+        elif kind == _SCALAR and value is not None:
             key.append(type(value))
             leaves.append(value)
-            return _Leaf(len(leaves) - 1)
-        if kind == _GENERATOR:
-            return None
-        key.append(tuple(value) if isinstance(value, list) else value)
-        return value
+        elif kind != _GENERATOR:
+            key.append(tuple(value) if isinstance(value, list) else value)
+
+    def _template(self, value: Any, kind: int, count: list[int]) -> Any:
+        """`value` with each run-time input replaced by its `_Leaf` (the same walk as `_encode`)."""
+        if kind == _TENSOR or kind == _TENSORS and isinstance(value, torch.Tensor):
+            if value is None:
+                return None
+            count[0] += 1
+            return _Leaf(count[0] - 1)
+        if kind == _TENSORS:
+            return [self._template(v, _TENSOR, count) for v in value]
+        if kind == _SCALAR and value is not None:
+            count[0] += 1
+            return _Leaf(count[0] - 1)
+        return None if kind == _GENERATOR else value
 
     def run(self, meta_op: OpOverload, args: tuple, kwargs: dict) -> Any:
         """Run the lowering on `args`; returns jax.Arrays shaped like `meta_op`'s outputs."""
         leaves: list = []
         key: list = [meta_op]
-        template_args = [
-            self._encode(meta_op, v, k, leaves, key) for v, k in zip(args, self.positional, strict=False)
-        ]
-        template_kwargs = {n: self._encode(meta_op, v, self.keyword[n], leaves, key) for n, v in kwargs.items()}
+        encode = self._encode
+        for value, kind in zip(args, self.positional, strict=False):
+            encode(meta_op, value, kind, leaves, key)
+        for name, value in kwargs.items():
+            encode(meta_op, value, self.keyword[name], leaves, key)
         if self.lowering.rng:
             leaves.append(tpu_random.next_key(kwargs.get("generator")))
         key = tuple(key)
         entry = executables.lookup(key)
         if entry is None:
-            result = self._compile(meta_op, key, args, kwargs, template_args, template_kwargs, leaves)
+            result = self._compile(meta_op, key, args, kwargs, leaves)
         else:
             result = entry.executable(*leaves)
         if modes.launch_blocking():
             _check(meta_op, result)
         return result
 
-    def _compile(self, meta_op, key, args, kwargs, template_args, template_kwargs, leaves) -> Any:
+    def _compile(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list) -> Any:
         """Trace and compile the lowering for this signature, cache it, and return its first result."""
         platform.devices()
+        count = [0]
+        template_args = [self._template(v, k, count) for v, k in zip(args, self.positional, strict=False)]
+        template_kwargs = {n: self._template(v, self.keyword[n], count) for n, v in kwargs.items()}
         out_dtypes = _meta_dtypes(meta_op, args, kwargs)
         fn = self.lowering.fn
         rng = self.lowering.rng
@@ -189,21 +205,23 @@ def _check(op: OpOverload, result: Any) -> None:
                 raise FloatingPointError(f"torch_tpu: {op} produced NaN or Inf (TORCH_TPU_DEBUG_NANS=1)")
 
 
-def _wrap_outputs(op: OpOverload, result: Any) -> Any:
-    returns = op._schema.returns
-    if len(returns) == 1 and str(returns[0].type) == "Tensor":
-        return storage.wrap(result)
-    if len(returns) == 1 and str(returns[0].type) == "List[Tensor]":
-        return [storage.wrap(r) for r in result]
-    return tuple(storage.wrap(r) for r in result)
+def _output_wrapper(op: OpOverload) -> Callable[[Any], Any]:
+    """How to turn the lowering's arrays into the op's return value (a Tensor, a list or a tuple)."""
+    returns = [str(r.type) for r in op._schema.returns]
+    if returns == ["Tensor"]:
+        return storage.wrap
+    if returns == ["List[Tensor]"]:
+        return lambda result: [storage.wrap(r) for r in result]
+    return lambda result: tuple(storage.wrap(r) for r in result)
 
 
 def functional_kernel(lowering: Lowering) -> Callable:
     runner = Runner(lowering)
     op = lowering.op
+    wrap = _output_wrapper(op)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        return _wrap_outputs(op, runner.run(op, args, kwargs))
+        return wrap(runner.run(op, args, kwargs))
 
     kernel.runner = runner
     return kernel

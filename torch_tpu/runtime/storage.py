@@ -93,8 +93,7 @@ class DeviceBuffer:
     @property
     def array(self) -> jax.Array:
         if self._array is None:
-            itemsize = self.dtype.itemsize
-            self._array = jnp.zeros((self.nbytes // itemsize,), self.dtype)
+            self._array = jnp.zeros((self.nbytes // self.dtype.itemsize,), self.dtype)
         return self._array
 
     @array.setter
@@ -103,6 +102,7 @@ class DeviceBuffer:
         self.dtype = value.dtype
 
 
+@functools.lru_cache(maxsize=4096)
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides = []
     acc = 1
@@ -144,7 +144,7 @@ def wrap(array: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
         array = array.astype(dtypes.to_jax(dtype))
     shape = array.shape
     tensor = _create_empty(shape, dtype)
-    buffer = DeviceBuffer(array.size * array.dtype.itemsize, array.dtype, array)
+    buffer = DeviceBuffer(array.nbytes, array.dtype, array)
     _set_storage(_CPU_KEYS, tensor, _new_storage(buffer), 0, shape, contiguous_strides(shape))
     return tensor
 
@@ -167,12 +167,17 @@ def _covers(tensor: torch.Tensor, buffer: DeviceBuffer) -> bool:
     )
 
 
+_JAX_DTYPE = dtypes._TORCH_TO_JAX
+
+
 def read(tensor: torch.Tensor) -> jax.Array:
     """The value of a `tpu` tensor as a jax.Array of its shape and dtype."""
     buffer = buffer_of(tensor)
-    array = buffer.array
-    if array.shape == tensor.shape and tensor.is_contiguous() and tensor.storage_offset() == 0:
-        if array.dtype == dtypes.to_jax(tensor.dtype):
+    array = buffer._array
+    if array is None:
+        array = buffer.array
+    elif array.shape == tensor.shape and tensor.is_contiguous() and not tensor.storage_offset():
+        if array.dtype == _JAX_DTYPE.get(tensor.dtype):
             return array
     if _covers(tensor, buffer):
         return array.reshape(tuple(tensor.shape))

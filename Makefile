@@ -1,0 +1,36 @@
+# torch_tpu: every target builds what it needs. `make demo` runs the main job; `make test` passes the tests.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP_PINS := torch==2.13.0 jax==0.10.2 jaxlib==0.10.2
+
+.PHONY: venv demo test test-slow bench lint clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(PIP_PINS)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(PY) examples/demo.py
+
+test: venv
+	$(PY) -m ruff check torch_tpu tests bench examples
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-slow: venv
+	$(PY) -m pytest -q -p no:cacheprovider -m slow
+
+bench: venv
+	$(PY) bench/eager_overhead.py
+
+lint: venv
+	$(PY) -m ruff check torch_tpu tests bench examples
+	$(PY) -m ruff format --check torch_tpu tests bench examples
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,91 @@
+"""Eager dispatch overhead: µs per small op on `tpu`, beside the JAX jitted-call floor and CPU PyTorch.
+
+One run, one process, the same chain of 64x64 float32 ops for each. Target: tpu <= 2x the JAX floor.
+Usage: python bench/eager_overhead.py [--ops N] [--repeats R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import torch
+
+
+def per_op_us(run: Callable[[], object], ops: int, repeats: int, sync: Callable[[object], None]) -> float:
+    """Median over `repeats` of the time per op of a chain of `ops` ops (synchronised at the end)."""
+    sync(run())
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        sync(run())
+        samples.append((time.perf_counter() - start) / ops * 1e6)
+    return statistics.median(samples)
+
+
+def torch_chain(x: torch.Tensor, y: torch.Tensor, ops: int) -> Callable[[], torch.Tensor]:
+    def run() -> torch.Tensor:
+        z = x
+        for i in range(ops // 4):
+            z = z + y
+            z = z * y
+            z = torch.relu(z)
+            z = z - x if i % 2 else z + x
+        return z
+
+    return run
+
+
+def jax_chain(x: jax.Array, y: jax.Array, ops: int) -> Callable[[], jax.Array]:
+    add, mul, relu, sub = (jax.jit(f) for f in (jnp.add, jnp.multiply, jax.nn.relu, jnp.subtract))
+
+    def run() -> jax.Array:
+        z = x
+        for i in range(ops // 4):
+            z = add(z, y)
+            z = mul(z, y)
+            z = relu(z)
+            z = sub(z, x) if i % 2 else add(z, x)
+        return z
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", type=int, default=400)
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+
+    cpu_x, cpu_y = torch.rand(64, 64), torch.rand(64, 64) * 0.01
+    tpu_x, tpu_y = cpu_x.to("tpu"), cpu_y.to("tpu")
+    jax_x, jax_y = jnp.asarray(cpu_x.numpy()), jnp.asarray(cpu_y.numpy())
+
+    def torch_sync(t: torch.Tensor) -> None:
+        torch.accelerator.synchronize() if t.device.type == "tpu" else None
+
+    tpu_run = torch_chain(tpu_x, tpu_y, args.ops)
+    torch_sync(tpu_run())
+    stats_before = torch.tpu._get_cache_stats()
+    tpu_us = per_op_us(tpu_run, args.ops, args.repeats, torch_sync)
+    stats_after = torch.tpu._get_cache_stats()
+    jax_us = per_op_us(jax_chain(jax_x, jax_y, args.ops), args.ops, args.repeats, jax.block_until_ready)
+    cpu_us = per_op_us(torch_chain(cpu_x, cpu_y, args.ops), args.ops, args.repeats, torch_sync)
+
+    misses = (stats_after["num_cache_reqs"] - stats_before["num_cache_reqs"]) - (
+        stats_after["num_cache_hits"] - stats_before["num_cache_hits"]
+    )
+    print(f"device: {torch.tpu.get_device_name()}; chain of {args.ops} ops on 64x64 float32, median of {args.repeats}")
+    print(f"{'runner':<28}{'us/op':>10}{'vs JAX floor':>14}")
+    for name, us in (("torch_tpu eager (Strict)", tpu_us), ("JAX jitted call (floor)", jax_us),
+                     ("torch CPU eager", cpu_us)):
+        print(f"{name:<28}{us:>10.1f}{us / jax_us:>13.2f}x")
+    print(f"executable-cache misses in the timed tpu runs: {misses} (the first, untimed chain compiled each op)")
+
+
+if __name__ == "__main__":
+    main()

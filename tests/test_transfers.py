@@ -1,0 +1,110 @@
+"""Host <-> device transfers and host interop behave as on CUDA."""
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.int16, torch.int32,
+          torch.int64, torch.uint8, torch.bool, torch.complex64]
+
+
+def _sample(dtype):
+    if dtype == torch.bool:
+        return torch.tensor([[True, False, True], [False, False, True]])
+    if dtype.is_complex:
+        return torch.randn(2, 3, dtype=dtype)
+    if dtype.is_floating_point:
+        return (torch.randn(2, 3) * 100).to(dtype)
+    info = torch.iinfo(dtype)
+    return torch.tensor([[info.min, -1 if info.min < 0 else 0, 0], [1, 7, info.max]], dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_round_trip_is_exact(dtype):
+    host = _sample(dtype)
+    on_tpu = host.to("tpu")
+    assert on_tpu.dtype == dtype and on_tpu.device.type == "tpu"
+    assert torch.equal(on_tpu.cpu(), host)
+    assert torch.equal(on_tpu.to("cpu", non_blocking=True), host)
+
+
+def test_int64_and_float64_keep_their_width():
+    big = torch.tensor([2**40 + 1, -(2**50) - 3], dtype=torch.int64)
+    assert big.to("tpu").cpu().tolist() == big.tolist()
+    precise = torch.tensor([1 + 1e-12], dtype=torch.float64)
+    assert precise.to("tpu").cpu().item() == precise.item()
+
+
+def test_item_tolist_and_scalars():
+    x = torch.tensor([[1.5, -2.0], [3.25, 4.0]], device="tpu")
+    assert x[0, 0].item() == 1.5
+    assert x.tolist() == [[1.5, -2.0], [3.25, 4.0]]
+    assert torch.tensor(7, device="tpu").item() == 7
+    assert bool(torch.tensor(True, device="tpu")) is True
+    assert float(torch.tensor(2.5, device="tpu")) == 2.5
+
+
+def test_numpy_errors_like_cuda():
+    x = torch.ones(2, device="tpu")
+    with pytest.raises(TypeError, match="can't convert tpu:0 device type tensor to numpy"):
+        x.numpy()
+    assert np.array_equal(x.cpu().numpy(), np.ones(2, dtype=np.float32))
+
+
+def test_from_numpy_and_tensor_constructor():
+    array = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert torch.equal(torch.from_numpy(array).to("tpu").cpu(), torch.from_numpy(array))
+    made = torch.tensor([[1, 2], [3, 4]], device="tpu")
+    assert made.device.type == "tpu" and made.dtype == torch.int64
+    assert made.cpu().tolist() == [[1, 2], [3, 4]]
+
+
+def test_non_contiguous_and_offset_transfers():
+    host = torch.arange(24.0).reshape(4, 6)
+    device = host.to("tpu")
+    for view in (lambda t: t.t(), lambda t: t[1:, 2:5], lambda t: t[:, ::2], lambda t: t.select(1, 3)):
+        assert torch.equal(view(device).cpu(), view(host))
+    target = torch.zeros(4, 6, device="tpu")
+    target[1:3, ::2] = host[1:3, ::2]
+    expected = torch.zeros(4, 6)
+    expected[1:3, ::2] = host[1:3, ::2]
+    assert torch.equal(target.cpu(), expected)
+
+
+def test_dtype_conversion_on_device():
+    x = torch.tensor([1.7, -2.2, 3.5], device="tpu")
+    assert x.to(torch.int32).cpu().tolist() == [1, -2, 3]
+    assert x.to(torch.bfloat16).dtype == torch.bfloat16
+    assert x.double().cpu().dtype == torch.float64
+
+
+def test_print_and_repr():
+    x = torch.tensor([[1.0, 2.5], [3.0, -4.0]], device="tpu")
+    text = repr(x)
+    assert "device='tpu:0'" in text and "2.5000" in text
+    assert str(torch.tensor([1, 2], device="tpu")) == "tensor([1, 2], device='tpu:0')"
+
+
+def test_save_and_load_with_map_location():
+    x = torch.arange(6.0, device="tpu").reshape(2, 3)
+    state = {"w": x, "v": x[1]}
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)
+    assert loaded["w"].device.type == "tpu" and torch.equal(loaded["w"].cpu(), x.cpu())
+    buffer.seek(0)
+    on_cpu = torch.load(buffer, map_location="cpu")
+    assert on_cpu["v"].device.type == "cpu" and on_cpu["v"].tolist() == [3.0, 4.0, 5.0]
+
+
+def test_module_state_dict_round_trip():
+    model = torch.nn.Linear(4, 3).to("tpu")
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    buffer.seek(0)
+    fresh = torch.nn.Linear(4, 3).to("tpu")
+    fresh.load_state_dict(torch.load(buffer))
+    assert torch.equal(fresh.weight.cpu(), model.weight.cpu())

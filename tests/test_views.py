@@ -1,0 +1,121 @@
+"""Views share storage and in-place writes through any view reach the base and every other view, as on CPU."""
+
+import pytest
+import torch
+
+from torch_tpu.testing.compare import assert_close
+
+
+def _both(build):
+    """Run `build(device)` on CPU and on tpu; each returns a list of tensors to compare."""
+    expected = build("cpu")
+    actual = build("tpu")
+    assert_close(actual, expected)
+
+
+VIEW_WRITES = {
+    "view": lambda b: b.view(4, 3).mul_(2),
+    "reshape": lambda b: b.reshape(12).add_(1),
+    "t": lambda b: b.t().mul_(3),
+    "transpose": lambda b: b.transpose(0, 1)[1].add_(5),
+    "permute": lambda b: b.permute(1, 0).mul_(-1),
+    "slice": lambda b: b[1:, ::2].add_(10),
+    "select": lambda b: b.select(1, 2).mul_(4),
+    "narrow": lambda b: b.narrow(1, 1, 2).add_(7),
+    "diagonal": lambda b: b.diagonal().add_(100),
+    "unsqueeze": lambda b: b.unsqueeze(0).mul_(2),
+    "squeeze": lambda b: b.unsqueeze(1).squeeze(1).add_(1),
+    "unfold": lambda b: b.unfold(1, 2, 2).mul_(3),
+    "as_strided": lambda b: b.as_strided((2, 2), (4, 1), 1).add_(9),
+    "copy_into_slice": lambda b: b[0].copy_(torch.arange(4.0, device=b.device) * -1),
+    "fill_column": lambda b: b[:, 3].fill_(8),
+    "zero_row": lambda b: b[2].zero_(),
+    "dtype_view": lambda b: b.view(torch.int32).add_(1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VIEW_WRITES))
+def test_write_through_view_reaches_base(name):
+    def build(device):
+        base = torch.arange(12.0, device=device).reshape(3, 4)
+        other = base.view(12)
+        view = VIEW_WRITES[name](base)
+        return [base, other, view]
+
+    _both(build)
+
+
+def test_views_share_storage_and_data_ptr():
+    base = torch.arange(12.0, device="tpu").reshape(3, 4)
+    views = [base.view(12), base.t(), base[1:], base.select(0, 1), base.expand(2, 3, 4), base.unsqueeze(0)]
+    for v in views:
+        assert v.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    assert base.clone().untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
+
+
+def test_expand_reads():
+    def build(device):
+        x = torch.arange(3.0, device=device).reshape(3, 1)
+        return [x.expand(3, 4) + 0, x.expand(2, 3, 5).contiguous()]
+
+    _both(build)
+
+
+def test_view_as_real_shares_complex_storage():
+    def build(device):
+        z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64, device=device)
+        r = torch.view_as_real(z)
+        r[:, 1].mul_(10)
+        return [torch.view_as_real(z) + 0, r + 0]
+
+    _both(build)
+
+
+def test_data_detach_parameter_share_storage():
+    x = torch.arange(4.0, device="tpu")
+    d = x.detach()
+    d.add_(1)
+    x.data.mul_(2)
+    p = torch.nn.Parameter(x)
+    assert p.device.type == "tpu" and p.requires_grad
+    p.data.add_(1)
+    assert x.cpu().tolist() == [3.0, 5.0, 7.0, 9.0]
+
+
+def test_clone_and_contiguous_copy():
+    x = torch.arange(6.0, device="tpu").reshape(2, 3)
+    c = x.clone()
+    t = x.t().contiguous()
+    x.add_(1)
+    assert c.cpu().tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert t.is_contiguous() and t.cpu().tolist() == [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
+
+
+def test_requires_grad_and_backward_through_views():
+    def build(device):
+        x = torch.arange(6.0, device=device).reshape(2, 3).requires_grad_()
+        y = (x.t()[1:] * 2).sum()
+        y.backward()
+        return [x.grad]
+
+    _both(build)
+
+
+def test_memory_returns_to_baseline_when_last_view_dies():
+    torch.tpu.synchronize()
+    base = torch.tpu.memory_allocated()
+    x = torch.ones(256, 256, device="tpu")
+    x.add_(1)
+    view = x[1:, 2:]
+    assert torch.tpu.memory_allocated() == base + 256 * 256 * 4
+    del x
+    assert torch.tpu.memory_allocated() == base + 256 * 256 * 4
+    del view
+    assert torch.tpu.memory_allocated() == base
+
+
+def test_contiguous_full_tensor_reads_without_dispatch():
+    from torch_tpu.runtime import storage
+
+    x = torch.ones(4, 4, device="tpu").add_(1)
+    assert storage.read(x) is storage.buffer_of(x).array
