@@ -14,6 +14,7 @@ from torch_tpu import tpu as tpu  # noqa: E402
 from torch_tpu.eager.fallback import cpu_fallback_enabled as cpu_fallback_enabled  # noqa: E402
 from torch_tpu.eager.fallback import set_cpu_fallback as set_cpu_fallback  # noqa: E402
 from torch_tpu.runtime import accelerator as _accelerator  # noqa: E402
+from torch_tpu.runtime import serialization as _serialization  # noqa: E402
 
 __version__ = "0.2.0"
 __all__ = ["cpu_fallback_enabled", "metrics", "set_cpu_fallback", "tpu"]
@@ -32,6 +33,7 @@ def _register() -> None:
 
     register.install()
     _accelerator.install()
+    _serialization.install()
 
 
 _register()

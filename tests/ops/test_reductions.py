@@ -121,6 +121,11 @@ def test_nan_handling():
     )
 
 
+def test_prod_with_zeros_grad():
+    x = torch.tensor([[1.5, 0.0, 2.0], [0.0, 3.0, 0.0], [1.0, -2.0, 0.5]], requires_grad=True)
+    check_op(lambda t: (torch.prod(t, 1), torch.prod(t), torch.cumprod(t, 1)), x, grad=True)
+
+
 def test_infinities():
     x = torch.tensor([[-math.inf, -math.inf], [math.inf, 1.0], [0.0, -math.inf]])
     check_op(lambda t: (torch.logsumexp(t, 1), torch.logcumsumexp(t, 1), torch.linalg.vector_norm(t, dim=1)), x)
@@ -154,7 +159,7 @@ def test_uint8_any_all():
 
 def test_mean_of_ints_raises():
     with pytest.raises(RuntimeError):
-        torch.mean(torch.arange(4, device="tpu"))
+        torch.mean(torch.arange(4).to("tpu"))
 
 
 def test_out_and_inplace_variants():
@@ -163,7 +168,7 @@ def test_out_and_inplace_variants():
     values, indices = torch.empty(0, device="tpu"), torch.empty(0, dtype=torch.int64, device="tpu")
     torch.sum(x.to("tpu"), 1, out=out)
     torch.max(x.to("tpu"), 1, out=(values, indices))
-    check_op(lambda t: t.cumsum_(1), x.clone())
+    check_op(lambda t: t.clone().cumsum_(1), x)
     expected = torch.max(x, 1)
     torch.testing.assert_close(out.cpu(), x.sum(1))
     torch.testing.assert_close((values.cpu(), indices.cpu()), tuple(expected))

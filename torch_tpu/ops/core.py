@@ -84,6 +84,16 @@ def copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
     return dst
 
 
+@kernel(aten._to_copy.default)
+def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    """A copy on `device` (default: tpu) in `dtype`; host copies need no pinned memory."""
+    dtype = dtype or self.dtype
+    if device is not None and torch.device(device).type != "tpu":
+        host = storage.to_host(_value_of(self), self.dtype)
+        return host.to(device=device, dtype=dtype)
+    return storage.wrap(_value_of(self), dtype)
+
+
 @kernel(aten._copy_from_and_resize.default)
 def copy_from_and_resize(self: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     dst.resize_(self.shape)

@@ -1,10 +1,138 @@
-"""Lowerings: creation."""
+"""Lowerings: creation (ranges, identity, triangles, complex from parts).
 
+PyTorch's factory functions (`arange`, `linspace`, `logspace`, `eye`; `randperm` in ops.random) are
+CompositeExplicit kernels that allocate `out` and call the factory's `out=` overload, so that overload is what
+reaches the device: it is registered as a direct kernel (`factory_out`) that computes the values at `out`'s dtype.
+Every argument of these factories is static, so each distinct call compiles once.
+"""
+
+import functools
+import inspect
+import math
+
+import jax
 import jax.numpy as jnp
+import numpy as np
+import torch
 
-from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.registry import aten, kernel, lower
+from torch_tpu.runtime import dtypes, storage
+
+_INT64 = np.dtype(np.int64)
 
 
-@lower(aten.arange.start_step, static=("start", "end", "step"))
-def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.arange(start, end, step)
+def factory_out(fn):
+    """The kernel of a factory's `out=` overload: `fn(*args, dtype=...)`, jitted per argument set, into `out`."""
+    compiled = jax.jit(fn, static_argnames=tuple(inspect.signature(fn).parameters))
+
+    def out_kernel(*args, out, **kwargs):
+        return write_out(out, compiled(*args, **kwargs, dtype=dtypes.to_jax(out.dtype)))
+
+    return out_kernel
+
+
+def write_out(out, value):
+    """Resize `out` to `value`'s shape if needed and store `value` in it."""
+    if tuple(out.shape) != value.shape:
+        out.resize_(value.shape)
+    storage.write(out, value)
+    return out
+
+
+def _accumulation_dtype(dtype):
+    """The dtype PyTorch's CPU range kernels compute in (`acc_type`): int64, float32 for 16-bit, else float64."""
+    if not jnp.issubdtype(dtype, jnp.floating):
+        return _INT64
+    return np.dtype(np.float32 if dtype.itemsize < 4 else np.float64)
+
+
+def _arange(start, end, step=1, *, dtype):
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    if (step > 0 and end < start) or (step < 0 and end > start):
+        raise RuntimeError("upper bound and larger bound inconsistent with step sign")
+    acc = _accumulation_dtype(dtype)
+    if acc == _INT64:
+        start, step = int(start), int(step)
+    if dtype == _INT64:
+        size = (int(end) - start + step - (1 if step > 0 else -1)) // step
+    else:
+        size = math.ceil((float(end) - float(start)) / float(step))
+    return (start + step * jax.lax.iota(acc, size)).astype(dtype)
+
+
+def _linspace(start, end, steps, *, dtype):
+    if steps < 0:
+        raise RuntimeError("number of steps must be non-negative")
+    if steps == 1:
+        return jnp.full((1,), start).astype(dtype)
+    integral = jnp.issubdtype(dtype, jnp.integer)
+    compute = np.dtype(np.float64) if integral else dtype
+    start_v = jnp.asarray(int(start) if integral else start, compute)
+    end_v = jnp.asarray(int(end) if integral else end, compute)
+    step = (end_v - start_v) / jnp.asarray(max(steps - 1, 1), compute)
+    index = jax.lax.iota(compute, steps)
+    low = start_v + step * index
+    high = end_v - step * (steps - 1 - index)
+    return jnp.where(jnp.arange(steps) < steps // 2, low, high).astype(dtype)
+
+
+def _logspace(start, end, steps, base=10.0, *, dtype):
+    if steps < 0:
+        raise RuntimeError("number of steps must be non-negative")
+    start_v = jnp.asarray(start).astype(dtype).astype(np.float64)
+    end_v = jnp.asarray(end).astype(dtype).astype(np.float64)
+    if steps == 1:
+        return jnp.power(base, start_v)[None].astype(dtype)
+    step = (end_v - start_v) / max(steps - 1, 1)
+    index = jax.lax.iota(np.float64, steps)
+    exponent = jnp.where(index < steps // 2, start_v + step * index, end_v - step * (steps - 1 - index))
+    return jnp.power(np.float64(base), exponent).astype(dtype)
+
+
+def _eye(n, m=None, *, dtype):
+    return jnp.eye(n, n if m is None else m, dtype=dtype)
+
+
+kernel(aten.arange.start_out)(factory_out(_arange))
+kernel(aten.linspace.out)(factory_out(_linspace))
+kernel(aten.logspace.out)(factory_out(_logspace))
+kernel(aten.eye.out, aten.eye.m_out)(factory_out(_eye))
+
+
+@functools.cache
+def _triangle_indices(row, col, offset, lower_triangle):
+    rows, cols = np.tril_indices(row, offset, col) if lower_triangle else np.triu_indices(row, offset, col)
+    return np.stack([rows, cols]).astype(np.int64)
+
+
+def _indices_kernel(lower_triangle):
+    def indices(row, col, offset=0, *, dtype=torch.long, layout=None, device=None, pin_memory=None):
+        value = jnp.asarray(_triangle_indices(row, col, offset, lower_triangle))
+        return storage.wrap(value, dtype or torch.long)
+
+    return indices
+
+
+kernel(aten.tril_indices.default)(_indices_kernel(True))
+kernel(aten.triu_indices.default)(_indices_kernel(False))
+
+
+@lower(aten.tril.default)
+def tril(self, diagonal=0):
+    return jnp.tril(self, diagonal)
+
+
+@lower(aten.triu.default)
+def triu(self, diagonal=0):
+    return jnp.triu(self, diagonal)
+
+
+@lower(aten.complex.default)
+def complex(real, imag):
+    return jax.lax.complex(real, imag)
+
+
+@lower(aten.polar.default)
+def polar(abs, angle):
+    return jax.lax.complex(abs * jnp.cos(angle), abs * jnp.sin(angle))

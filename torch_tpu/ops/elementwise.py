@@ -1,20 +1,723 @@
-"""Lowerings: pointwise unary and binary ops. Output dtypes follow PyTorch's meta kernels (see eager.dispatch)."""
+"""Lowerings: pointwise ops (arithmetic, comparison, bitwise, math functions, activations and their backwards).
 
+Operands are cast to PyTorch's common dtype (`_result_type`: dimensioned tensors outrank zero-dim tensors, which
+outrank Python numbers, unless a lower group is of a higher category) and computed in float32 for bfloat16/float16,
+as PyTorch's CPU kernels do; the dispatcher then casts to the output dtype PyTorch's meta kernel reports.
+"""
+
+import jax
 import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+from jax.scipy import special
 
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.runtime import dtypes
+
+_BOOL, _INTEGER, _FLOATING, _COMPLEX = range(4)
+_LOW_PRECISION = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
+
+
+def _category(dtype) -> int:
+    if dtype == np.bool_:
+        return _BOOL
+    if jnp.issubdtype(dtype, jnp.integer):
+        return _INTEGER
+    return _FLOATING if jnp.issubdtype(dtype, jnp.floating) else _COMPLEX
+
+
+def _is_number(x) -> bool:
+    """A Python number: a wrapped scalar or a `Scalar` argument (traced as a weakly typed value)."""
+    return isinstance(x, (bool, int, float, complex)) or getattr(x, "weak_type", False)
+
+
+def _default_float():
+    return dtypes.to_jax(torch.get_default_dtype())
+
+
+def _number_dtype(x):
+    dtype = jnp.result_type(x)
+    category = _category(dtype)
+    if category == _FLOATING:
+        return _default_float()
+    return jnp.promote_types(_default_float(), jnp.complex64) if category == _COMPLEX else dtype
+
+
+def _combine(higher, lower):
+    """c10's combine_categories: a lower-priority group decides only where its category is higher."""
+    if higher is None or lower is None:
+        return lower if higher is None else higher
+    high, low = _category(higher), _category(lower)
+    if high == _COMPLEX:
+        return higher
+    if low == _COMPLEX:
+        return jnp.promote_types(higher, jnp.complex64) if high == _FLOATING else lower
+    if high == _FLOATING:
+        return higher
+    return jnp.promote_types(higher, lower) if high == _BOOL or low == _FLOATING else higher
+
+
+def _result_type(*operands):
+    """torch.result_type of jax arrays (tensors) and Python numbers; None operands are skipped."""
+    groups = [None, None, None]
+    for x in operands:
+        if x is None:
+            continue
+        if _is_number(x):
+            group, dtype = 2, _number_dtype(x)
+        else:
+            group, dtype = (1 if jnp.ndim(x) == 0 else 0), jnp.result_type(x)
+        groups[group] = dtype if groups[group] is None else jnp.promote_types(groups[group], dtype)
+    return _combine(groups[0], _combine(groups[1], groups[2]))
+
+
+def _compute_dtype(dtype):
+    return np.dtype(jnp.float32) if dtype in _LOW_PRECISION else dtype
+
+
+def _cast(dtype, *operands, exact_numbers=False):
+    """Operands in `dtype`, widened to float32 for bfloat16/float16 (PyTorch CPU's compute type).
+
+    With `exact_numbers`, Python numbers go straight to the compute type, not through `dtype` (as PyTorch's
+    mul/div/addcmul kernels use the scalar's full value).
+    """
+    compute = _compute_dtype(dtype)
+
+    def cast(x):
+        if x is None:
+            return None
+        if exact_numbers and _is_number(x):
+            return jnp.asarray(x, compute)
+        return jnp.asarray(x, dtype).astype(compute)
+
+    return tuple(cast(x) for x in operands)
+
+
+def _common(*operands, exact_numbers=False):
+    return _cast(_result_type(*operands), *operands, exact_numbers=exact_numbers)
+
+
+def _floating(*operands, exact_numbers=False):
+    """Operands in their common floating dtype (integers and bool promote to the default float dtype)."""
+    dtype = _result_type(*operands)
+    if _category(dtype) < _FLOATING:
+        dtype = _default_float()
+    return _cast(dtype, *operands, exact_numbers=exact_numbers)
+
+
+def _is_integral(x) -> bool:
+    return _category(jnp.result_type(x)) <= _INTEGER
+
+
+# ---------------------------------------------------------------- arithmetic
 
 
 @lower(aten.add.Tensor, aten.add.Scalar)
-def add(self, other, *, alpha=1):
-    return self + other * alpha
+def add(self, other, alpha=1):
+    a, b = _common(self, other)
+    return a + b * alpha
+
+
+@lower(aten.sub.Tensor, aten.sub.Scalar)
+def sub(self, other, alpha=1):
+    a, b = _common(self, other)
+    return a - b * alpha
+
+
+@lower(aten.rsub.Tensor, aten.rsub.Scalar)
+def rsub(self, other, alpha=1):
+    a, b = _common(self, other)
+    return b - a * alpha
 
 
 @lower(aten.mul.Tensor, aten.mul.Scalar)
 def mul(self, other):
-    return self * other
+    a, b = _common(self, other, exact_numbers=True)
+    return a * b
+
+
+def _floor_divide(a, b):
+    """Python floor division, PyTorch's way (floats: fmod-based, IEEE result for a zero divisor)."""
+    if _is_integral(a):
+        a, b = jnp.broadcast_arrays(a, b)
+        quotient = lax.div(a, b)
+        return jnp.where((lax.rem(a, b) != 0) & ((a < 0) != (b < 0)), quotient - 1, quotient)
+    mod = jnp.fmod(a, b)
+    div = (a - mod) / b
+    div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    floor = jnp.floor(div)
+    floor = jnp.where(div - floor > 0.5, floor + 1, floor)
+    floor = jnp.where(div == 0, jnp.copysign(jnp.zeros_like(div), a / b), floor)
+    return jnp.where(b == 0, a / b, floor)
+
+
+@lower(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div(self, other, *, rounding_mode=None):
+    """NOTE: integer division by zero gives -1 (XLA) instead of raising ZeroDivisionError."""
+    if rounding_mode is None:
+        a, b = _floating(self, other, exact_numbers=True)
+        return a / b
+    a, b = _common(self, other)
+    if rounding_mode == "floor":
+        return _floor_divide(a, b)
+    return lax.div(*jnp.broadcast_arrays(a, b)) if _is_integral(a) else jnp.trunc(a / b)
+
+
+@lower(aten.floor_divide.default, aten.floor_divide.Scalar)
+def floor_divide(self, other):
+    """NOTE: integer division by zero gives -1 (XLA) instead of raising ZeroDivisionError."""
+    return _floor_divide(*_common(self, other))
+
+
+@lower(aten.floor_divide_.Tensor)
+def floor_divide_(self, other):
+    return floor_divide(self, other)
+
+
+@lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
+def remainder(self, other):
+    """NOTE: integer remainder by zero gives `self` (XLA) instead of raising ZeroDivisionError."""
+    a, b = _common(self, other)
+    mod = jnp.fmod(a, b)
+    return jnp.where((mod != 0) & ((mod < 0) != (b < 0)), mod + b, mod)
+
+
+@lower(aten.fmod.Tensor, aten.fmod.Scalar)
+def fmod(self, other):
+    """NOTE: integer fmod by zero gives `self` (XLA) instead of raising ZeroDivisionError."""
+    return jnp.fmod(*_common(self, other))
+
+
+def _integer_pow(base, exponent):
+    """Exponentiation by squaring, wrapping like C++; negative exponents as PyTorch's powi (0 unless |base| is 1)."""
+    base, exponent = jnp.broadcast_arrays(base, exponent)
+
+    def step(_, carry):
+        result, square, rest = carry
+        return jnp.where(rest & 1 == 1, result * square, result), square * square, rest >> 1
+
+    bits = jnp.iinfo(base.dtype).bits
+    result, _, _ = lax.fori_loop(0, bits, step, (jnp.ones_like(base), base, jnp.maximum(exponent, 0)))
+    if not jnp.issubdtype(base.dtype, jnp.signedinteger):
+        return result
+    odd = exponent & 1 == 1
+    negative = jnp.where(base == 1, 1, jnp.where(base == -1, jnp.where(odd, -1, 1), 0)).astype(base.dtype)
+    return jnp.where(exponent < 0, negative, result)
+
+
+@lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
+def pow(self, exponent):
+    scalar_exponent = _is_number(exponent)
+    base, exponent = _common(self, exponent)
+    if _is_integral(base) and base.dtype != np.bool_:
+        return _integer_pow(base, exponent)
+    if scalar_exponent and _category(base.dtype) == _FLOATING:  # PyTorch's sqrt/rsqrt fast paths (-0.0, -inf)
+        return jnp.where(exponent == 0.5, jnp.sqrt(base), jnp.where(exponent == -0.5, lax.rsqrt(base), base**exponent))
+    return jnp.power(base, exponent)
+
+
+@lower(aten.pow_.Scalar, aten.pow_.Tensor)
+def pow_(self, exponent):
+    return pow(self, exponent)
+
+
+@lower(aten.lerp.Scalar, aten.lerp.Tensor)
+def lerp(self, end, weight):
+    start, end = _common(self, end)
+    weight = jnp.asarray(weight).astype(start.dtype)
+    diff = end - start
+    return jnp.where(jnp.abs(weight) < 0.5, start + weight * diff, end - diff * (1 - weight))
+
+
+@lower(aten.addcmul.default)
+def addcmul(self, tensor1, tensor2, *, value=1):
+    a, b, c = _common(self, tensor1, tensor2)
+    return a + jnp.asarray(value, a.dtype) * b * c
+
+
+@lower(aten.addcdiv.default)
+def addcdiv(self, tensor1, tensor2, *, value=1):
+    a, b, c = _common(self, tensor1, tensor2)
+    return a + jnp.asarray(value, a.dtype) * b / c
+
+
+# ---------------------------------------------------------------- binary tables
+
+
+def _binary(fn, floating=False):
+    promote = _floating if floating else _common
+    return lambda self, other: fn(*promote(self, other))
+
+
+def _xlogy(log):
+    def xlogy(self, other):
+        x, y = _floating(self, other)
+        return jnp.where(jnp.isnan(y), jnp.nan, jnp.where(x == 0, 0, x * log(y)))
+
+    return xlogy
+
+
+def _heaviside(self, values):
+    x, v = _common(self, values)
+    return jnp.where(x == 0, v, (x > 0).astype(x.dtype))
+
+
+def _copysign(self, other):
+    x, y = _floating(self, other)
+    return jnp.copysign(x, y)
+
+
+_BINARY = {
+    (aten.maximum.default,): jnp.maximum,
+    (aten.minimum.default,): jnp.minimum,
+    (aten.fmax.default,): jnp.fmax,
+    (aten.fmin.default,): jnp.fmin,
+    (aten.gcd.default,): jnp.gcd,
+    (aten.lcm.default,): jnp.lcm,
+    (aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.bitwise_and.Scalar_Tensor): jnp.bitwise_and,
+    (aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, aten.bitwise_or.Scalar_Tensor): jnp.bitwise_or,
+    (aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.bitwise_xor.Scalar_Tensor): jnp.bitwise_xor,
+    (aten.eq.Tensor, aten.eq.Scalar): jnp.equal,
+    (aten.ne.Tensor, aten.ne.Scalar): jnp.not_equal,
+    (aten.lt.Tensor, aten.lt.Scalar): jnp.less,
+    (aten.le.Tensor, aten.le.Scalar): jnp.less_equal,
+    (aten.gt.Tensor, aten.gt.Scalar): jnp.greater,
+    (aten.ge.Tensor, aten.ge.Scalar): jnp.greater_equal,
+}
+_FLOAT_BINARY = {
+    (aten.atan2.default,): jnp.arctan2,
+    (aten.hypot.default,): jnp.hypot,
+    (aten.logaddexp.default,): jnp.logaddexp,
+    (aten.logaddexp2.default,): jnp.logaddexp2,
+}
+_LOGICAL = {
+    aten.logical_and.default: jnp.logical_and,
+    aten.logical_or.default: jnp.logical_or,
+    aten.logical_xor.default: jnp.logical_xor,
+}
+
+for _ops, _fn in _BINARY.items():
+    lower(*_ops)(_binary(_fn))
+for _ops, _fn in _FLOAT_BINARY.items():
+    lower(*_ops)(_binary(_fn, floating=True))
+for _op, _fn in _LOGICAL.items():
+    lower(_op)(_binary(lambda a, b, fn=_fn: fn(a.astype(bool), b.astype(bool))))
+lower(aten.copysign.Tensor, aten.copysign.Scalar)(_copysign)
+lower(aten.heaviside.default)(_heaviside)
+lower(aten.xlogy.Tensor, aten.xlogy.Scalar_Other, aten.xlogy.Scalar_Self)(_xlogy(jnp.log))
+lower(aten.special_xlog1py.default, aten.special_xlog1py.other_scalar, aten.special_xlog1py.self_scalar)(
+    _xlogy(jnp.log1p)
+)
+
+
+@lower(aten.nextafter.default)
+def nextafter(self, other):
+    dtype = _result_type(self, other)
+    return jnp.nextafter(jnp.asarray(self, dtype), jnp.asarray(other, dtype))
+
+
+def _shift(left):
+    def shift(self, other):
+        a, b = jnp.broadcast_arrays(*_common(self, other))
+        bits = jnp.iinfo(a.dtype).bits
+        in_range = (b >= 0) & (b < bits)
+        amount = jnp.where(in_range, b, 0)
+        if left:
+            return jnp.where(in_range, lax.shift_left(a, amount), 0)
+        overflow = a >> (bits - 1) if jnp.issubdtype(a.dtype, jnp.signedinteger) else jnp.zeros_like(a)
+        return jnp.where(in_range, a >> amount, overflow)
+
+    return shift
+
+
+lower(
+    aten.bitwise_left_shift.Tensor,
+    aten.bitwise_left_shift.Tensor_Scalar,
+    aten.bitwise_left_shift.Scalar_Tensor,
+    aten.__lshift__.Tensor,
+    aten.__lshift__.Scalar,
+)(_shift(left=True))
+lower(
+    aten.bitwise_right_shift.Tensor,
+    aten.bitwise_right_shift.Tensor_Scalar,
+    aten.bitwise_right_shift.Scalar_Tensor,
+    aten.__rshift__.Tensor,
+    aten.__rshift__.Scalar,
+)(_shift(left=False))
+
+
+@lower(aten.where.self)
+def where(condition, self, other):
+    a, b = _common(self, other)
+    return jnp.where(condition, a, b)
+
+
+@lower(aten.clamp.default, aten.clamp.Tensor)
+def clamp(self, min=None, max=None):
+    x, low, high = _common(self, min, max)
+    if low is not None:
+        x = jnp.maximum(x, low)
+    return x if high is None else jnp.minimum(x, high)
+
+
+@lower(aten.clamp_min.default, aten.clamp_min.Tensor)
+def clamp_min(self, min):
+    return jnp.maximum(*_common(self, min))
+
+
+@lower(aten.clamp_max.default, aten.clamp_max.Tensor)
+def clamp_max(self, max):
+    return jnp.minimum(*_common(self, max))
+
+
+# ---------------------------------------------------------------- unary
+
+
+def _unary_float(fn):
+    return lambda self: fn(_floating(self)[0])
+
+
+def _digamma(x):
+    return jnp.where(x == 0, jnp.copysign(jnp.full_like(x, jnp.inf), -x), lax.digamma(x))
+
+
+def _angle(x):
+    if _category(x.dtype) == _COMPLEX:
+        return jnp.angle(x)
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.pi, 0).astype(x.dtype))
+
+
+_FLOAT_UNARY = {
+    aten.sqrt.default: jnp.sqrt,
+    aten.rsqrt.default: lax.rsqrt,
+    aten.reciprocal.default: jnp.reciprocal,
+    aten.exp.default: jnp.exp,
+    aten.exp2.default: jnp.exp2,
+    aten.expm1.default: jnp.expm1,
+    aten.log.default: jnp.log,
+    aten.log2.default: jnp.log2,
+    aten.log10.default: jnp.log10,
+    aten.log1p.default: jnp.log1p,
+    aten.sin.default: jnp.sin,
+    aten.cos.default: jnp.cos,
+    aten.tan.default: jnp.tan,
+    aten.asin.default: jnp.arcsin,
+    aten.acos.default: jnp.arccos,
+    aten.atan.default: jnp.arctan,
+    aten.sinh.default: jnp.sinh,
+    aten.cosh.default: jnp.cosh,
+    aten.tanh.default: jnp.tanh,
+    aten.asinh.default: jnp.arcsinh,
+    aten.acosh.default: jnp.arccosh,
+    aten.atanh.default: jnp.arctanh,
+    aten.erf.default: special.erf,
+    aten.erfc.default: special.erfc,
+    aten.erfinv.default: special.erfinv,
+    aten.lgamma.default: lax.lgamma,
+    aten.digamma.default: _digamma,
+    aten.sigmoid.default: jax.nn.sigmoid,
+    aten.sinc.default: jnp.sinc,
+    aten.deg2rad.default: jnp.deg2rad,
+    aten.rad2deg.default: jnp.rad2deg,
+    aten.i0.default: special.i0,
+    aten.special_i0e.default: special.i0e,
+    aten.special_i1.default: special.i1,
+    aten.special_i1e.default: special.i1e,
+    aten.special_erfcx.default: special.erfcx,
+    aten.angle.default: _angle,
+}
+_EXACT_UNARY = {
+    aten.neg.default: jnp.negative,
+    aten.abs.default: jnp.abs,
+    aten.bitwise_not.default: jnp.invert,
+    aten.logical_not.default: lambda x: ~jnp.asarray(x).astype(bool),
+    aten.signbit.default: jnp.signbit,
+    aten.isnan.default: jnp.isnan,
+    aten.isinf.default: jnp.isinf,
+    aten.isposinf.default: jnp.isposinf,
+    aten.isneginf.default: jnp.isneginf,
+}
+_ROUNDING = {
+    aten.floor.default: jnp.floor,
+    aten.ceil.default: jnp.ceil,
+    aten.trunc.default: jnp.trunc,
+    aten.frac.default: lambda x: x - jnp.trunc(x),
+}
+
+for _op, _fn in _FLOAT_UNARY.items():
+    lower(_op)(_unary_float(_fn))
+for _op, _fn in _EXACT_UNARY.items():
+    lower(_op)(_fn)
+for _op, _fn in _ROUNDING.items():
+    lower(_op)(lambda self, fn=_fn: self if _is_integral(self) else fn(self))
+
+
+@lower(aten.round.default, aten.round.decimals)
+def round(self, *, decimals=0):
+    if _is_integral(self):
+        return self
+    (x,) = _common(self)
+    if decimals >= 0:
+        scale = 10.0**decimals
+        return jnp.round(x * scale) / scale
+    scale = 10.0**-decimals
+    return jnp.round(x / scale) * scale
+
+
+@lower(aten.sign.default)
+def sign(self):
+    if self.dtype == np.bool_:
+        return self
+    return (self > 0).astype(self.dtype) - (self < 0).astype(self.dtype)
+
+
+@lower(aten.sgn.default)
+def sgn(self):
+    if _category(self.dtype) != _COMPLEX:
+        return sign(self)
+    magnitude = jnp.abs(self)
+    return jnp.where(magnitude == 0, 0, self / jnp.where(magnitude == 0, 1, magnitude))
+
+
+@lower(aten.polygamma.default)
+def polygamma(n, self):
+    (x,) = _floating(self)
+    return _digamma(x) if n == 0 else special.polygamma(n, x)
+
+
+@lower(aten.frexp.Tensor)
+def frexp(self):
+    return jnp.frexp(_floating(self)[0])
+
+
+@lower(aten.polygamma_.default)
+def polygamma_(self, n):
+    return polygamma(n, self)
+
+
+@lower(aten._conj_physical.default, aten.conj_physical_.default)
+def _conj_physical(self):
+    return jnp.conj(self)
+
+
+@lower(aten.nan_to_num.default)
+def nan_to_num(self, nan=None, posinf=None, neginf=None):
+    if _is_integral(self):
+        return self
+    info = jnp.finfo(self.dtype)
+    x = jnp.where(jnp.isnan(self), 0.0 if nan is None else nan, self)
+    x = jnp.where(x == jnp.inf, info.max if posinf is None else posinf, x)
+    return jnp.where(x == -jnp.inf, info.min if neginf is None else neginf, x)
+
+
+# ---------------------------------------------------------------- activations and their backward ops
+
+_SQRT_2_OVER_PI = float(np.sqrt(2 / np.pi))
 
 
 @lower(aten.relu.default)
 def relu(self):
     return jnp.maximum(self, 0)
+
+
+@lower(aten.threshold.default)
+def threshold(self, threshold, value):
+    (x,) = _common(self)
+    return jnp.where(x <= threshold, value, x)
+
+
+@lower(aten.threshold_backward.default)
+def threshold_backward(grad_output, self, threshold):
+    grad, x = _common(grad_output, self)
+    return jnp.where(x <= threshold, 0, grad)
+
+
+@lower(aten.gelu.default)
+def gelu(self, *, approximate="none"):
+    (x,) = _floating(self)
+    if approximate == "tanh":
+        return 0.5 * x * (1 + jnp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
+    return x * 0.5 * (1 + special.erf(x * np.sqrt(0.5)))
+
+
+@lower(aten.gelu_backward.default)
+def gelu_backward(grad_output, self, *, approximate="none"):
+    grad, x = _floating(grad_output, self)
+    if approximate == "tanh":
+        inner = jnp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))
+        slope = 0.5 * x * (1 - inner * inner) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
+        return grad * (0.5 * (1 + inner) + slope)
+    cdf = 0.5 * (1 + special.erf(x * np.sqrt(0.5)))
+    return grad * (cdf + x * jnp.exp(-0.5 * x * x) / np.sqrt(2 * np.pi))
+
+
+@lower(aten.silu.default)
+def silu(self):
+    (x,) = _floating(self)
+    return x * jax.nn.sigmoid(x)
+
+
+@lower(aten.mish.default)
+def mish(self):
+    (x,) = _floating(self)
+    return x * jnp.tanh(jnp.log1p(jnp.exp(x)))
+
+
+@lower(aten.sigmoid_backward.default)
+def sigmoid_backward(grad_output, output):
+    grad, y = _floating(grad_output, output)
+    return grad * (1 - y) * y
+
+
+@lower(aten.tanh_backward.default)
+def tanh_backward(grad_output, output):
+    grad, y = _floating(grad_output, output)
+    return grad * (1 - y * y)
+
+
+@lower(aten.elu.default)
+def elu(self, alpha=1, scale=1, input_scale=1):
+    (x,) = _floating(self)
+    return jnp.where(x <= 0, jnp.expm1(x * input_scale) * alpha * scale, x * scale)
+
+
+@lower(aten.elu_backward.default)
+def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result):
+    grad, y = _floating(grad_output, self_or_result)
+    if is_result:
+        return jnp.where(y <= 0, grad * input_scale * (y + alpha * scale), grad * scale)
+    return jnp.where(y <= 0, grad * input_scale * alpha * scale * jnp.exp(y * input_scale), grad * scale)
+
+
+@lower(aten.celu.default)
+def celu(self, alpha=1.0):
+    return elu(self, alpha, 1, 1 / alpha)
+
+
+@lower(aten.leaky_relu.default)
+def leaky_relu(self, negative_slope=0.01):
+    (x,) = _floating(self)
+    return jnp.where(x > 0, x, x * negative_slope)
+
+
+@lower(aten.leaky_relu_backward.default)
+def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
+    grad, x = _floating(grad_output, self)
+    return jnp.where(x > 0, grad, grad * negative_slope)
+
+
+@lower(aten.hardtanh.default)
+def hardtanh(self, min_val=-1, max_val=1):
+    return clamp(self, min_val, max_val)
+
+
+@lower(aten.hardtanh_backward.default)
+def hardtanh_backward(grad_output, self, min_val, max_val):
+    grad, x = _floating(grad_output, self)
+    return jnp.where((x <= min_val) | (x >= max_val), 0, grad)
+
+
+@lower(aten.hardsigmoid.default)
+def hardsigmoid(self):
+    (x,) = _floating(self)
+    return jnp.clip(x + 3, 0, 6) / 6
+
+
+@lower(aten.hardsigmoid_backward.default)
+def hardsigmoid_backward(grad_output, self):
+    grad, x = _floating(grad_output, self)
+    return jnp.where((x > -3) & (x < 3), grad / 6, 0)
+
+
+@lower(aten.hardswish.default)
+def hardswish(self):
+    (x,) = _floating(self)
+    return x * jnp.clip(x + 3, 0, 6) / 6
+
+
+@lower(aten.hardswish_backward.default)
+def hardswish_backward(grad_output, self):
+    grad, x = _floating(grad_output, self)
+    return jnp.where(x < -3, 0, jnp.where(x <= 3, grad * (x / 3 + 0.5), grad))
+
+
+@lower(aten.softplus.default)
+def softplus(self, beta=1, threshold=20):
+    (x,) = _floating(self)
+    return jnp.where(x * beta > threshold, x, jnp.log1p(jnp.exp(x * beta)) / beta)
+
+
+@lower(aten.softplus_backward.default)
+def softplus_backward(grad_output, self, beta, threshold):
+    grad, x = _floating(grad_output, self)
+    z = jnp.exp(x * beta)
+    return jnp.where(x * beta > threshold, grad, grad * z / (z + 1))
+
+
+@lower(aten.softshrink.default)
+def softshrink(self, lambd=0.5):
+    (x,) = _floating(self)
+    return jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, 0))
+
+
+@lower(aten.hardshrink.default)
+def hardshrink(self, lambd=0.5):
+    (x,) = _floating(self)
+    return jnp.where((x >= -lambd) & (x <= lambd), 0, x)
+
+
+@lower(aten.softshrink_backward.default)
+def softshrink_backward(grad_output, self, lambd):
+    grad, x = _floating(grad_output, self)
+    return jnp.where((x >= -lambd) & (x <= lambd), 0, grad)
+
+
+@lower(aten.hardshrink_backward.default)
+def hardshrink_backward(grad_out, self, lambd):
+    return softshrink_backward(grad_out, self, lambd)
+
+
+@lower(aten.logit.default)
+def logit(self, eps=None):
+    (x,) = _floating(self)
+    if eps is not None:
+        x = jnp.clip(x, eps, 1 - eps)
+    return jnp.log(x / (1 - x))
+
+
+@lower(aten.logit_backward.default)
+def logit_backward(grad_output, self, eps=None):
+    grad, x = _floating(grad_output, self)
+    low, high = (0, 1) if eps is None else (eps, 1 - eps)
+    outside = jnp.nan if eps is None else 0
+    return jnp.where((x < low) | (x > high), outside, grad / (x * (1 - x)))
+
+
+@lower(aten.glu.default)
+def glu(self, dim=-1):
+    a, b = jnp.split(_floating(self)[0], 2, axis=dim)
+    return a * jax.nn.sigmoid(b)
+
+
+@lower(aten.glu_backward.default)
+def glu_backward(grad_output, self, dim):
+    grad, x = _floating(grad_output, self)
+    a, b = jnp.split(x, 2, axis=dim)
+    gate = jax.nn.sigmoid(b)
+    return jnp.concatenate([gate * grad, (1 - gate) * gate * grad * a], axis=dim)
+
+
+@lower(aten.log_sigmoid_forward.default)
+def log_sigmoid_forward(self):
+    (x,) = _floating(self)
+    buffer = jnp.exp(-jnp.abs(x))
+    return jnp.minimum(x, 0) - jnp.log1p(buffer), buffer
+
+
+@lower(aten.log_sigmoid_backward.default)
+def log_sigmoid_backward(grad_output, self, buffer):
+    grad, x = _floating(grad_output, self)
+    z = jnp.exp(-jnp.abs(x))
+    share = z / (1 + z)
+    return jnp.where(x < 0, 1 - share, share) * grad

@@ -1,1 +1,321 @@
-"""Lowerings: linalg."""
+"""Lowerings: matrix products (the GEMM family) and dense linear algebra.
+
+fp32 products run at HIGHEST precision (full fp32 accuracy, as on PyTorch's CPU); bf16/fp16 products
+accumulate in float32 and the result is rounded once, and integer products accumulate in int64
+(wrap-around matches the narrow type's). The dispatcher casts each result to PyTorch's output dtype.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from torch_tpu.ops.registry import aten, lower
+from torch_tpu.runtime import dtypes
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _accumulator(*arrays):
+    dtype = jnp.result_type(*arrays)
+    if dtypes.is_floating(dtype) and jnp.finfo(dtype).bits < 32:
+        return jnp.dtype(jnp.float32)
+    if jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_:
+        return jnp.dtype(jnp.int64)
+    return dtype
+
+
+def _product(spec, a, b):
+    """einsum `spec` of `a` and `b` at full precision, in the accumulator dtype."""
+    return jnp.einsum(spec, a, b, precision=_HIGHEST, preferred_element_type=_accumulator(a, b))
+
+
+def _blend(self, product, beta, alpha):
+    """beta * self + alpha * product; beta == 0 ignores `self` (NaN and inf included), as PyTorch does."""
+    scaled = beta * jnp.asarray(self).astype(product.dtype)
+    return jnp.where(beta == 0, jnp.zeros_like(scaled), scaled) + alpha * product
+
+
+@lower(aten.mm.default, aten.mm.dtype, aten._int_mm.default)
+def mm(self, mat2, out_dtype=None):
+    return _product("ij,jk->ik", self, mat2)
+
+
+@lower(aten.bmm.default, aten.bmm.dtype)
+def bmm(self, mat2, out_dtype=None):
+    return _product("bij,bjk->bik", self, mat2)
+
+
+@lower(aten.addmm.default, aten.addmm.dtype)
+def addmm(self, mat1, mat2, out_dtype=None, *, beta=1, alpha=1):
+    return _blend(self, _product("ij,jk->ik", mat1, mat2), beta, alpha)
+
+
+@lower(aten._addmm_activation.default)
+def _addmm_activation(self, mat1, mat2, *, beta=1, alpha=1, use_gelu=False):
+    result = addmm(self, mat1, mat2, beta=beta, alpha=alpha)
+    return jax.nn.gelu(result, approximate=False) if use_gelu else jax.nn.relu(result)
+
+
+@lower(aten.baddbmm.default, aten.baddbmm.dtype)
+def baddbmm(self, batch1, batch2, out_dtype=None, *, beta=1, alpha=1):
+    return _blend(self, _product("bij,bjk->bik", batch1, batch2), beta, alpha)
+
+
+@lower(aten.addbmm.default)
+def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    return _blend(self, _product("bij,bjk->ik", batch1, batch2), beta, alpha)
+
+
+@lower(aten.mv.default)
+def mv(self, vec):
+    return _product("ij,j->i", self, vec)
+
+
+@lower(aten.addmv.default)
+def addmv(self, mat, vec, *, beta=1, alpha=1):
+    return _blend(self, _product("ij,j->i", mat, vec), beta, alpha)
+
+
+@lower(aten.dot.default)
+def dot(self, tensor):
+    return _product("i,i->", self, tensor)
+
+
+@lower(aten.vdot.default)
+def vdot(self, other):
+    return _product("i,i->", jnp.conj(self), other)
+
+
+@lower(aten.addr.default)
+def addr(self, vec1, vec2, *, beta=1, alpha=1):
+    if vec1.dtype == jnp.bool_:
+        return (beta & self) | (alpha & vec1[:, None] & vec2[None, :])
+    wide = _accumulator(vec1, vec2)
+    return _blend(self, vec1.astype(wide)[:, None] * vec2.astype(wide)[None, :], beta, alpha)
+
+
+@lower(aten.trace.default)
+def trace(self):
+    return jnp.trace(self.astype(_accumulator(self)))
+
+
+@lower(aten.diag_embed.default)
+def diag_embed(self, offset=0, dim1=-2, dim2=-1):
+    length = self.shape[-1]
+    size = length + abs(offset)
+    index = jnp.arange(length)
+    rows, cols = (index, index + offset) if offset >= 0 else (index - offset, index)
+    square = jnp.zeros(self.shape[:-1] + (size, size), self.dtype).at[..., rows, cols].set(self)
+    ndim = self.ndim + 1
+    return jnp.moveaxis(square, (-2, -1), (dim1 % ndim, dim2 % ndim))
+
+
+@lower(aten.linalg_cross.default)
+def linalg_cross(self, other, *, dim=-1):
+    a, b = jnp.broadcast_arrays(self, other)
+    return jnp.cross(a, b, axis=dim)
+
+
+def _transpose(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _adjoint(x):
+    return jnp.conj(_transpose(x))
+
+
+def _batch_broadcast(a, b):
+    """`a` and `b` with their batch (all but the last two) dimensions broadcast together."""
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return jnp.broadcast_to(a, batch + a.shape[-2:]), jnp.broadcast_to(b, batch + b.shape[-2:])
+
+
+def _cholesky(a, upper):
+    """Cholesky factor read from one triangle of `a` only (the lower, or the upper when `upper`), as LAPACK."""
+    lower = jax.lax.linalg.cholesky(_adjoint(a) if upper else a, symmetrize_input=False)
+    return _adjoint(lower) if upper else lower
+
+
+def _first_failure(failed):
+    """LAPACK-style info: 1 + the first index where `failed` holds along the last axis, or 0."""
+    index = jnp.argmax(failed, axis=-1).astype(jnp.int32) + 1
+    return jnp.where(jnp.any(failed, axis=-1), index, 0)
+
+
+@lower(aten.cholesky.default)
+def cholesky(self, upper=False):
+    return _cholesky(self, upper)
+
+
+@lower(aten.linalg_cholesky_ex.default)
+def linalg_cholesky_ex(self, *, upper=False, check_errors=False):
+    """NOTE: a non-positive-definite input gives all-NaN factors and info 1, not LAPACK's partial result."""
+    factor = _cholesky(self, upper)
+    diagonal = jnp.diagonal(factor, axis1=-2, axis2=-1)
+    return factor, _first_failure(~jnp.isfinite(diagonal))
+
+
+@lower(aten.cholesky_solve.default)
+def cholesky_solve(self, input2, upper=False):
+    factor, rhs = _batch_broadcast(input2, self)
+    lower = _adjoint(factor) if upper else factor
+    half = jax.lax.linalg.triangular_solve(lower, rhs, left_side=True, lower=True)
+    return jax.lax.linalg.triangular_solve(lower, half, left_side=True, lower=True, transpose_a=True, conjugate_a=True)
+
+
+@lower(aten.cholesky_inverse.default)
+def cholesky_inverse(self, upper=False):
+    identity = jnp.broadcast_to(jnp.eye(self.shape[-1], dtype=self.dtype), self.shape)
+    return cholesky_solve(identity, self, upper)
+
+
+def _lu(a):
+    """(LU, 1-based int32 pivots, info) of partial-pivoting LU, as LAPACK's getrf."""
+    lu, pivots, _ = jax.lax.linalg.lu(a)
+    diagonal = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    return lu, pivots + 1, _first_failure(diagonal == 0)
+
+
+def _lu_solve(lu, pivots, b, adjoint):
+    """Solve A X = B (A^H X = B when `adjoint`) for A = P L U given by LAPACK-style `lu` and `pivots`."""
+    lu, b = _batch_broadcast(lu, b)
+    size = lu.shape[-1]
+    pivots = jnp.broadcast_to(pivots, lu.shape[:-2] + pivots.shape[-1:])
+    permutation = jax.lax.linalg.lu_pivots_to_permutation(pivots - 1, size)
+    solve = jax.lax.linalg.triangular_solve
+    if not adjoint:
+        b = jnp.take_along_axis(b, permutation[..., None], axis=-2)
+        y = solve(lu, b, left_side=True, lower=True, unit_diagonal=True)
+        return solve(lu, y, left_side=True, lower=False)
+    y = solve(lu, b, left_side=True, lower=False, transpose_a=True, conjugate_a=True)
+    z = solve(lu, y, left_side=True, lower=True, transpose_a=True, conjugate_a=True, unit_diagonal=True)
+    inverse = jnp.argsort(permutation, axis=-1)
+    return jnp.take_along_axis(z, inverse[..., None], axis=-2)
+
+
+@lower(aten.linalg_lu_factor_ex.default)
+def linalg_lu_factor_ex(A, *, pivot=True, check_errors=False):
+    if not pivot:
+        raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the TPU")
+    return _lu(A)
+
+
+@lower(aten.linalg_lu_solve.default)
+def linalg_lu_solve(LU, pivots, B, *, left=True, adjoint=False):
+    if left:
+        return _lu_solve(LU, pivots, B, adjoint)
+    return _adjoint(_lu_solve(LU, pivots, _adjoint(B), not adjoint))
+
+
+def _unpack_permutation(pivots, size, dtype):
+    permutation = jax.lax.linalg.lu_pivots_to_permutation(pivots - 1, size)
+    return jnp.swapaxes(jax.nn.one_hot(permutation, size, dtype=dtype), -1, -2)
+
+
+def _unpack_factors(lu):
+    rows, cols = lu.shape[-2:]
+    k = min(rows, cols)
+    lower = jnp.tril(lu[..., :, :k], -1) + jnp.eye(rows, k, dtype=lu.dtype)
+    return lower, jnp.triu(lu[..., :k, :])
+
+
+@lower(aten.lu_unpack.default)
+def lu_unpack(LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
+    empty = jnp.zeros((0,), LU_data.dtype)
+    permutation = _unpack_permutation(LU_pivots, LU_data.shape[-2], LU_data.dtype) if unpack_pivots else empty
+    lower, upper = _unpack_factors(LU_data) if unpack_data else (empty, empty)
+    return permutation, lower, upper
+
+
+@lower(aten.linalg_lu.default)
+def linalg_lu(A, *, pivot=True):
+    lu, pivots, _ = linalg_lu_factor_ex(A, pivot=pivot)
+    return lu_unpack(lu, pivots)
+
+
+def _det_from_lu(lu, pivots):
+    size = lu.shape[-1]
+    swaps = jnp.sum(pivots != jnp.arange(1, size + 1, dtype=pivots.dtype), axis=-1)
+    sign = jnp.where(swaps % 2 == 0, 1, -1).astype(lu.dtype)
+    return sign, jnp.diagonal(lu, axis1=-2, axis2=-1)
+
+
+def _det_lu(A):
+    """LU of A as PyTorch's CPU kernel returns it for det/slogdet: of A^T for real A (its contiguous-input path,
+    which the backward assumes for contiguous A), of A itself for complex A."""
+    return _lu(A if dtypes.is_complex(A.dtype) else _transpose(A))
+
+
+@lower(aten._linalg_det.default)
+def _linalg_det(A):
+    """NOTE: backward is correct for contiguous or complex A only (PyTorch's formula reads A's strides)."""
+    lu, pivots, _ = _det_lu(A)
+    sign, diagonal = _det_from_lu(lu, pivots)
+    return sign * jnp.prod(diagonal, axis=-1), lu, pivots
+
+
+@lower(aten._linalg_slogdet.default)
+def _linalg_slogdet(A):
+    """NOTE: backward is correct for contiguous or complex A only (PyTorch's formula reads A's strides)."""
+    lu, pivots, _ = _det_lu(A)
+    sign, diagonal = _det_from_lu(lu, pivots)
+    magnitude = jnp.abs(diagonal)
+    phase = diagonal / jnp.where(magnitude == 0, 1, magnitude).astype(diagonal.dtype)
+    sign = jnp.where(jnp.any(magnitude == 0, axis=-1), 0, sign * jnp.prod(phase, axis=-1))
+    return sign, jnp.sum(jnp.log(magnitude), axis=-1), lu, pivots
+
+
+@lower(aten.linalg_inv_ex.default)
+def linalg_inv_ex(A, *, check_errors=False):
+    lu, pivots, info = _lu(A)
+    identity = jnp.broadcast_to(jnp.eye(A.shape[-1], dtype=A.dtype), A.shape)
+    return _lu_solve(lu, pivots, identity, adjoint=False), info
+
+
+@lower(aten._linalg_solve_ex.default)
+def _linalg_solve_ex(A, B, *, left=True, check_errors=False):
+    lu, pivots, info = _lu(A)
+    vector = B.ndim == 1 or (B.ndim == A.ndim - 1 and B.shape == A.shape[:-1])
+    rhs = B[..., None] if vector else B
+    result = linalg_lu_solve(lu, pivots, rhs, left=left)
+    return (result[..., 0] if vector else result), lu, pivots, info
+
+
+@lower(aten.triangular_solve.default)
+def triangular_solve(self, A, upper=True, transpose=False, unitriangular=False):
+    A, B = _batch_broadcast(A, self)
+    solution = jax.lax.linalg.triangular_solve(
+        A, B, left_side=True, lower=not upper, transpose_a=transpose, unit_diagonal=unitriangular
+    )
+    return solution, A
+
+
+@lower(aten.linalg_solve_triangular.default)
+def linalg_solve_triangular(self, B, *, upper, left=True, unitriangular=False):
+    A, B = _batch_broadcast(self, B)
+    return jax.lax.linalg.triangular_solve(A, B, left_side=left, lower=not upper, unit_diagonal=unitriangular)
+
+
+@lower(aten._linalg_eigh.default)
+def _linalg_eigh(A, UPLO="L", compute_v=True):
+    vectors, values = jax.lax.linalg.eigh(A, lower=UPLO.upper() == "L", symmetrize_input=False)
+    return values, vectors if compute_v else jnp.zeros((0,), A.dtype)
+
+
+@lower(aten._linalg_svd.default)
+def _linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
+    if not compute_uv:
+        empty = jnp.zeros((0,), A.dtype)
+        return empty, jnp.linalg.svd(A, compute_uv=False), empty
+    return jnp.linalg.svd(A, full_matrices=full_matrices)
+
+
+@lower(aten.linalg_qr.default)
+def linalg_qr(A, mode="reduced"):
+    if mode == "r":
+        return jnp.zeros((0,), A.dtype), jnp.linalg.qr(A, mode="r")
+    return jnp.linalg.qr(A, mode=mode)
+
+
+@lower(aten.linalg_matrix_exp.default)
+def linalg_matrix_exp(self):
+    return jax.scipy.linalg.expm(self)

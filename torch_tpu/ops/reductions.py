@@ -89,13 +89,23 @@ def amin(self, dim=(), keepdim=False):
     return jnp.min(self, axis=_axes(self, dim), keepdims=keepdim)
 
 
+def _check_nonempty(x, name):
+    if x.size == 0:
+        raise RuntimeError(
+            f"{name}(): Expected reduction dim to be specified for input.numel() == 0. Specify the reduction dim "
+            "with the 'dim' argument."
+        )
+
+
 @lower(aten.max.default)
 def max(self):
+    _check_nonempty(self, "max")
     return jnp.max(self)
 
 
 @lower(aten.min.default)
 def min(self):
+    _check_nonempty(self, "min")
     return jnp.min(self)
 
 

@@ -191,7 +191,9 @@ def write(tensor: torch.Tensor, value: jax.Array) -> None:
     jdtype = dtypes.to_jax(tensor.dtype)
     shape = tuple(tensor.shape)
     if _covers(tensor, buffer):
-        buffer.array = _fit(value, shape, jdtype)
+        if getattr(value, "shape", None) != shape or value.dtype != jdtype:
+            value = _fit(value, shape, jdtype)
+        buffer.array = value
         return
     buffer.array = _scatter(buffer.array, value, jdtype, shape, tuple(tensor.stride()), tensor.storage_offset())
 

@@ -1,1 +1,12 @@
 """Lowerings: neural-network ops, one family per module."""
+
+from torch_tpu.ops.nn import (  # noqa: F401  (imported for their registrations)
+    conv,
+    dropout,
+    embedding,
+    loss,
+    norm,
+    pool,
+    softmax,
+    upsample,
+)

@@ -1,0 +1,276 @@
+"""Indexing, gather/scatter, masks, sorting/selection, searching and counting against CPU PyTorch."""
+
+import pytest
+import torch
+
+from torch_tpu.testing.compare import check_op
+
+# Data movement is dtype-blind past the element width; bfloat16 runs where values are combined or compared.
+DTYPES = [torch.float32, torch.int64, torch.bool]
+BF16_READS = ["index_mask", "gather", "masked_fill", "sort"]
+BF16_WRITES = ["index_put_accumulate", "scatter_add", "index_add", "put_accumulate", "masked_scatter"]
+MASK = torch.tensor([[True, False, True, False], [False, False, True, True], [True, True, False, False]])
+
+
+def make(*shape, dtype=torch.float32, grad=False, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=generator) > 0.5
+    if not dtype.is_floating_point:
+        return torch.randint(-5, 6, shape, generator=generator, dtype=dtype)
+    return torch.randn(shape, generator=generator).to(dtype).requires_grad_(grad)
+
+
+def idx(*values):
+    return torch.tensor(values)
+
+
+def written(fn):
+    """`fn` applied to a clone: a function of the inputs that returns the written tensor."""
+
+    def run(x, *args):
+        y = x.clone()
+        fn(y, *args)
+        return y
+
+    return run
+
+
+# name -> (function, extra tensor args after `x`, shape of x, shape of a second "values" input or None)
+READS = {
+    "index_int": (lambda x, i: x[i], [idx(0, 2, -1)], (3, 4)),
+    "index_repeated": (lambda x, i: x[i], [idx([0, 2], [0, 0])], (3, 4)),
+    "index_two": (lambda x, i, j: x[i, j], [idx(0, 2), idx(1, -1)], (3, 4)),
+    "index_broadcast": (lambda x, i, j: x[i, j], [idx([0], [2]), idx(1, 3, 0)], (3, 4)),
+    "index_after_slice": (lambda x, i: x[:, i], [idx(1, 0)], (3, 4, 5)),
+    "index_separated": (lambda x, i, j: x[i, :, j], [idx(1, 0), idx(2, 3)], (3, 4, 5)),
+    "index_ellipsis_none": (lambda x, i: x[None, ..., i], [idx(0, 0)], (3, 4)),
+    "index_mask": (lambda x, m: x[m], [MASK], (3, 4)),
+    "index_mask_rows": (lambda x, m: x[m[:, 0]], [MASK], (3, 4)),
+    "index_mask_inner": (lambda x, m: x[:, m], [MASK], (2, 3, 4)),
+    "index_mask_and_int": (lambda x, m, i: x[m[:, 0], i], [MASK, idx(3, 1)], (3, 4)),
+    "index_select": (lambda x, i: x.index_select(1, i), [idx(3, 0, 0)], (3, 4)),
+    "index_select_scalar": (lambda x, i: x.index_select(0, i), [torch.tensor(2)], (3, 4)),
+    "gather": (lambda x, i: x.gather(1, i), [idx([0, 2], [1, 1], [3, 0])], (3, 4)),
+    "gather_dim0": (lambda x, i: x.gather(0, i), [idx([0, 2, 1, 1], [1, 0, 2, 2])], (3, 4)),
+    "take": (lambda x, i: x.take(i), [idx([0, -1], [5, 3])], (3, 4)),
+    "masked_select": (lambda x, m: x.masked_select(m), [MASK], (3, 4)),
+    "masked_select_broadcast": (lambda x, m: x.masked_select(m[1]), [MASK], (3, 4)),
+    "masked_fill": (lambda x, m: x.masked_fill(m, 1), [MASK], (3, 4)),
+    "masked_fill_broadcast": (lambda x, m: x.masked_fill(m[0], 0), [MASK], (3, 4)),
+    "index_fill": (lambda x, i: x.index_fill(1, i, 1), [idx(3, 0)], (3, 4)),
+    "sort": (lambda x: x.sort(stable=True, dim=1), [], (3, 4)),
+    "sort_descending": (lambda x: x.sort(stable=True, dim=0, descending=True), [], (3, 4)),
+    "argsort": (lambda x: x.argsort(stable=True, dim=1), [], (3, 4)),
+}
+
+
+@pytest.mark.parametrize(
+    "name,dtype", [(n, d) for n in sorted(READS) for d in DTYPES] + [(n, torch.bfloat16) for n in BF16_READS]
+)
+def test_read(name, dtype):
+    fn, extra, shape = READS[name]
+    grad = dtype == torch.float32 and not name.startswith(("sort", "argsort"))
+    check_op(fn, make(*shape, dtype=dtype, grad=grad), *extra, grad=grad)
+
+
+WRITES = {
+    "setitem_int": (written(lambda y, i, v: y.__setitem__(i, v)), [idx(0, 2)], (4,)),
+    "setitem_pair": (written(lambda y, i, j, v: y.__setitem__((i, j), v)), [idx(0, 2), idx(3, 3)], (2,)),
+    "setitem_mask_values": (written(lambda y, m, v: y.__setitem__(m, v)), [MASK], (6,)),
+    "setitem_mask_rows": (written(lambda y, m, v: y.__setitem__(m[:, 0], v)), [MASK], (2, 4)),
+    "setitem_mask_broadcast": (written(lambda y, m, v: y.__setitem__(m[:, 0], v)), [MASK], (4,)),
+    "setitem_mask_inner": (written(lambda y, m, v: y.__setitem__((slice(None), m[1]), v)), [MASK], (3, 2)),
+    "setitem_mask_and_int": (written(lambda y, m, i, v: y.__setitem__((m[:, 0], i), v)), [MASK, idx(1, 3)], (2,)),
+    "index_put": (lambda x, i, v: x.index_put((i,), v), [idx(2, 0)], (2, 4)),
+    "index_put_accumulate": (lambda x, i, v: x.index_put((i,), v, accumulate=True), [idx(0, 0, 2)], (3, 4)),
+    "index_put_mask_accumulate": (lambda x, m, v: x.index_put((m,), v, accumulate=True), [MASK], (6,)),
+    "index_put_": (written(lambda y, i, j, v: y.index_put_((i, j), v, accumulate=True)), [idx(0, 0), idx(1, 1)], (2,)),
+    "scatter": (lambda x, i, v: x.scatter(1, i, v), [idx([0, 2], [1, 3], [3, 0])], (3, 2)),
+    "scatter_add": (lambda x, i, v: x.scatter_add(1, i, v), [idx([0, 0], [1, 1], [3, 0])], (3, 2)),
+    "index_add": (lambda x, i, v: x.index_add(0, i, v), [idx(0, 2, 0)], (3, 4)),
+    "index_copy": (lambda x, i, v: x.index_copy(1, i, v), [idx(3, 0)], (3, 2)),
+    "masked_scatter": (lambda x, m, v: x.masked_scatter(m, v), [MASK], (8,)),
+    "masked_fill_tensor": (lambda x, m, v: x.masked_fill(m, v), [MASK], ()),
+    "put": (lambda x, i, v: x.put(i, v), [idx(0, -1, 5)], (3,)),
+    "put_accumulate": (lambda x, i, v: x.put(i, v, accumulate=True), [idx(0, 0, 5)], (3,)),
+}
+
+
+@pytest.mark.parametrize(
+    "name,dtype", [(n, d) for n in sorted(WRITES) for d in DTYPES] + [(n, torch.bfloat16) for n in BF16_WRITES]
+)
+def test_write(name, dtype):
+    fn, extra, values_shape = WRITES[name]
+    accumulates = "accumulate" in name or name in ("index_put_", "scatter_add", "index_add")
+    if dtype == torch.bool and accumulates:
+        pytest.skip("accumulating into bool is not defined the same way on every backend")
+    grad = dtype == torch.float32
+    x = make(3, 4, dtype=dtype, grad=grad)
+    values = make(*values_shape, dtype=dtype, grad=grad, seed=1)
+    check_op(fn, x, *extra, values, grad=grad)
+
+
+def test_in_place_writes_through_views():
+    def build(x, i, m):
+        y = x.clone()
+        y[1:3] += 1
+        y[:, i] = -1
+        y[m] *= 2
+        y[0][m[0]] = 5
+        return y
+
+    check_op(build, make(3, 4, grad=True), idx(0, 3), MASK, grad=True)
+
+
+def test_setitem_scalar_mask_and_int():
+    check_op(written(lambda y, m: y.__setitem__(m, 2.5)), make(3, 4), MASK)
+    check_op(written(lambda y, i: y.__setitem__(i, 7)), make(3, 4, dtype=torch.int64), idx(2, 0))
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_scatter_reduce(reduce, include_self, dtype):
+    index = idx([0, 0, 2], [1, 1, 1], [3, 0, 0])
+    grad = dtype == torch.float32 and reduce in ("sum", "mean")
+    x, src = make(3, 4, dtype=dtype, grad=grad), make(3, 3, dtype=dtype, grad=grad, seed=1)
+    check_op(lambda a, i, s: a.scatter_reduce(1, i, s, reduce, include_self=include_self), x, index, src, grad=grad)
+
+
+@pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter")
+@pytest.mark.parametrize("reduce", ["add", "multiply"])
+def test_scatter_legacy_reduce(reduce):
+    index = idx([0, 0], [1, 1], [3, 0])
+    check_op(lambda a, i, s: a.scatter(1, i, s, reduce=reduce), make(3, 4), index, make(3, 2, seed=1))
+    check_op(lambda a, i: a.scatter(1, i, 2.0, reduce=reduce), make(3, 4), index)
+    check_op(lambda a, i: a.scatter(0, i, 1.5), make(3, 4), idx([0, 2], [1, 0]))
+
+
+def test_nonzero():
+    check_op(torch.nonzero, MASK)
+    check_op(torch.nonzero, torch.tensor([[0.0, 1.0], [2.0, 0.0]]))
+    check_op(torch.nonzero, torch.zeros(2, 3))
+    check_op(lambda m: torch.nonzero(m, as_tuple=True), MASK)
+    check_op(lambda m: torch.nonzero_static(m, size=8), MASK)
+    check_op(lambda m: torch.nonzero_static(m, size=3, fill_value=-2), MASK)
+
+
+SELECTIONS = {
+    "topk": lambda x: x.topk(2, 1),
+    "topk_smallest": lambda x: x.topk(2, 0, largest=False),
+    "topk_all": lambda x: x.topk(4),
+    "kthvalue": lambda x: x.kthvalue(2, 1),
+    "kthvalue_keepdim": lambda x: x.kthvalue(3, 0, keepdim=True),
+    "median": lambda x: x.median(),
+    "median_dim": lambda x: x.median(1),
+    "median_keepdim": lambda x: x.median(0, keepdim=True),
+    "sort_default": lambda x: x.sort(),
+    "msort": lambda x: torch.msort(x),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SELECTIONS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_selection(name, dtype):
+    # distinct values: tie order is unspecified for the unstable variants
+    x = torch.randperm(12, generator=torch.Generator().manual_seed(3)).reshape(3, 4).to(dtype) - 6
+    grad = dtype == torch.float32
+    check_op(SELECTIONS[name], x.requires_grad_(grad), grad=grad)
+
+
+def test_median_nan_propagates():
+    x = torch.tensor([[1.0, float("nan"), 2.0], [3.0, 2.0, 1.0]])
+    check_op(lambda a: a.median(1), x)
+    check_op(lambda a: a.median(), x)
+
+
+def test_sort_nan_and_ties():
+    x = torch.tensor([3.0, 1.0, float("nan"), 1.0, 2.0, -float("inf")])
+    check_op(lambda a: a.sort(stable=True), x)
+    check_op(lambda a: a.sort(stable=True, descending=True), x)
+    check_op(lambda a: a.topk(3), x)
+    check_op(lambda a: a.sort(stable=True, dim=1), torch.tensor([[1, 0, 1, 0], [2, 2, 1, 1]]))
+
+
+def test_mode():
+    check_op(lambda a: a.mode(1), torch.tensor([[1, 2, 2, 1, 3], [5, 5, 4, 4, 4]]))
+    check_op(lambda a: a.mode(0, keepdim=True), torch.tensor([[1.0, 2, 2, 1], [5, 2, 4, 1], [5, 5, 4, 4]]))
+
+
+UNIQUES = {
+    "unique": (lambda a: torch.unique(a), torch.tensor([[3, 1], [3, 2]])),
+    "unique_inverse_counts": (lambda a: torch.unique(a, return_inverse=True, return_counts=True),
+                              torch.tensor([[3, 1], [3, 2]])),
+    "unique_float": (lambda a: torch.unique(a, return_counts=True), torch.tensor([0.5, -1.0, 0.5, 2.0])),
+    "unique_dim": (lambda a: torch.unique(a, dim=0, return_inverse=True, return_counts=True),
+                   torch.tensor([[3, 1], [3, 2], [3, 1]])),
+    "unique_dim1": (lambda a: torch.unique(a, dim=1), torch.tensor([[3, 1, 3], [2, 0, 2]])),
+    "unique_consecutive": (lambda a: torch.unique_consecutive(a, return_inverse=True, return_counts=True),
+                           torch.tensor([1, 1, 2, 2, 3, 1, 1])),
+    "unique_consecutive_plain": (lambda a: torch.unique_consecutive(a), torch.tensor([[1, 1], [2, 1]])),
+    "unique_consecutive_dim": (lambda a: torch.unique_consecutive(a, return_counts=True, dim=0),
+                               torch.tensor([[3, 1], [3, 1], [3, 2]])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNIQUES))
+def test_unique(name):
+    fn, x = UNIQUES[name]
+    check_op(fn, x)
+
+
+SEARCHES = {
+    "searchsorted": (lambda s, v: torch.searchsorted(s, v), [1.0, 3, 5, 7], [[0.0, 3, 6], [8, 1, 5]]),
+    "searchsorted_right": (lambda s, v: torch.searchsorted(s, v, right=True), [1.0, 3, 5, 7], [0.0, 3, 7, 8]),
+    "searchsorted_batched": (lambda s, v: torch.searchsorted(s, v, side="right"),
+                             [[1.0, 3, 5, 7], [0, 2, 4, 6]], [[0.0, 3, 6], [8, 2, 5]]),
+    "searchsorted_sorter": (lambda s, v: torch.searchsorted(s, v, sorter=torch.argsort(s)), [5.0, 1, 7, 3], [0.0, 3]),
+    "searchsorted_int32": (lambda s, v: torch.searchsorted(s, v, out_int32=True), [1, 3, 5], [4, 0, 5]),
+    "bucketize": (lambda s, v: torch.bucketize(v, s), [1.0, 3, 5, 7], [[0.0, 3, 6], [8, 1, 5]]),
+    "bucketize_right": (lambda s, v: torch.bucketize(v, s, right=True), [1.0, 3, 5, 7], [0.0, 3, 7, 8]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEARCHES))
+def test_search(name):
+    fn, sequence, values = SEARCHES[name]
+    check_op(fn, torch.tensor(sequence), torch.tensor(values))
+
+
+def test_search_scalar():
+    check_op(lambda s: torch.searchsorted(s, 4), torch.tensor([1.0, 3, 5, 7]))
+    check_op(lambda s: torch.bucketize(4, s, right=True), torch.tensor([1, 3, 4, 7]))
+
+
+def test_histc_and_bincount():
+    x = torch.randn(50, generator=torch.Generator().manual_seed(0))
+    check_op(lambda a: torch.histc(a, 5), x)
+    check_op(lambda a: torch.histc(a, 4, min=-1, max=1), x)
+    check_op(lambda a: torch.histc(a, 3), torch.full((4,), 2.0))
+    check_op(torch.bincount, torch.tensor([1, 3, 3, 0, 5]))
+    check_op(lambda a: torch.bincount(a, minlength=8), torch.tensor([1, 3, 3]))
+    check_op(lambda a, w: torch.bincount(a, w), torch.tensor([1, 3, 3, 0]), torch.rand(4))
+    check_op(lambda a, w: torch.bincount(a, w), torch.tensor([1, 3, 3, 0]), torch.tensor([1, 2, 3, 4]))
+
+
+def test_unsafe_index_ops():
+    aten = torch.ops.aten
+    x = make(3, 4, grad=True)
+    check_op(lambda a, i: aten._unsafe_index(a, [None, i]), x, idx(3, 0, 3), grad=True)
+    check_op(lambda a, i, j: aten._unsafe_index(a, [i, j]), x, idx([0], [2]), idx(1, 3), grad=True)
+    check_op(lambda a, i, v: aten._unsafe_index_put(a, [i], v, True), x, idx(0, 0), make(2, 4, seed=1), grad=True)
+
+
+def test_zero_dim_and_empty():
+    scalar = torch.tensor(2.5)
+    check_op(torch.nonzero, scalar)
+    check_op(torch.nonzero, torch.tensor(0))
+    check_op(torch.nonzero, torch.tensor([0.0, 1.5, 0.0]).bfloat16())
+    check_op(lambda x, i: x.gather(0, i), scalar, torch.tensor(0))
+    check_op(lambda x, i: x.index_select(0, i), scalar, idx(0))
+    check_op(lambda x: x.topk(1), scalar)
+    check_op(lambda x: x.median(0), scalar)
+    check_op(lambda x: x.mode(), scalar)
+    check_op(lambda x, m: x[m], make(3, 4), torch.zeros(3, 4, dtype=torch.bool))
+    check_op(written(lambda y, m, v: y.__setitem__(m, v)), make(3, 2), idx(True, False, True), torch.tensor(5.0))

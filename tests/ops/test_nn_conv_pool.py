@@ -1,0 +1,124 @@
+"""Convolution, unfold/fold and pooling on `tpu` against CPU PyTorch (outputs, indices and input gradients)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_tpu.testing.compare import check_op
+
+FLOAT, BF16 = torch.float32, torch.bfloat16
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")
+
+
+def make(*shape, dtype=FLOAT, grad=True):
+    return torch.randn(shape).to(dtype).requires_grad_(grad)
+
+
+# (id, functional, input shape, weight shape, bias?, kwargs)
+CONVS = [
+    ("conv1d", F.conv1d, (2, 4, 9), (3, 4, 3), True, {}),
+    ("conv1d_stride_pad", F.conv1d, (2, 4, 9), (3, 4, 3), True, dict(stride=2, padding=2)),
+    ("conv2d", F.conv2d, (2, 4, 7, 8), (6, 4, 3, 3), True, {}),
+    ("conv2d_no_bias", F.conv2d, (2, 4, 7, 8), (6, 4, 3, 3), False, dict(padding=1)),
+    ("conv2d_groups_dilation", F.conv2d, (2, 4, 7, 8), (6, 2, 3, 2), True,
+     dict(stride=2, padding=1, dilation=2, groups=2)),
+    ("conv2d_depthwise", F.conv2d, (2, 4, 6, 6), (8, 1, 3, 3), False, dict(padding=(1, 0), groups=4)),
+    ("conv2d_same_even_kernel", F.conv2d, (2, 4, 7, 8), (6, 4, 2, 2), True, dict(padding="same")),
+    ("conv2d_valid", F.conv2d, (1, 3, 5, 5), (2, 3, 5, 5), True, dict(padding="valid")),
+    ("conv3d", F.conv3d, (2, 4, 5, 5, 4), (4, 2, 3, 3, 2), True, dict(stride=(1, 2, 1), padding=1, groups=2)),
+    ("conv_transpose1d", F.conv_transpose1d, (2, 4, 6), (4, 2, 3), False, dict(stride=3, padding=3)),
+    ("conv_transpose2d", F.conv_transpose2d, (2, 4, 5, 6), (4, 3, 3, 3), True,
+     dict(stride=2, padding=1, output_padding=1, groups=2)),
+    ("conv_transpose2d_dilation", F.conv_transpose2d, (2, 4, 5, 6), (4, 3, 2, 3), False,
+     dict(stride=(2, 3), padding=(2, 1), output_padding=(1, 2), dilation=(1, 2))),
+    ("conv_transpose3d", F.conv_transpose3d, (1, 2, 3, 3, 3), (2, 2, 2, 2, 2), True, dict(stride=2)),
+]
+
+
+@pytest.mark.parametrize("name, fn, x_shape, w_shape, bias, kwargs", CONVS, ids=[c[0] for c in CONVS])
+def test_convolution(name, fn, x_shape, w_shape, bias, kwargs):
+    out_channels = w_shape[0] if "transpose" not in name else w_shape[1] * kwargs.get("groups", 1)
+    args = [make(*x_shape), make(*w_shape)] + ([make(out_channels)] if bias else [])
+    check_op(lambda x, w, *b: fn(x, w, *b, **kwargs), *args, grad=True)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_convolution_bf16(transposed):
+    fn = F.conv_transpose2d if transposed else F.conv2d
+    x, w, b = make(2, 4, 5, 5, dtype=BF16), make(4, 4, 3, 3, dtype=BF16), make(4, dtype=BF16)
+    check_op(lambda x, w, b: fn(x, w, b, stride=2, padding=1), x, w, b, grad=True)
+
+
+def test_convolution_backward_output_mask():
+    x, w, g = make(2, 3, 5, 5, grad=False), make(4, 3, 3, 3, grad=False), make(2, 4, 3, 3, grad=False)
+    args = ([4], [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    for mask in ([True, True, True], [False, True, False], [True, False, False]):
+        expected = torch.ops.aten.convolution_backward(g, x, w, *args, mask)
+        actual = torch.ops.aten.convolution_backward(g.to("tpu"), x.to("tpu"), w.to("tpu"), *args, mask)
+        for wanted, a, e in zip(mask, actual, expected, strict=True):
+            if wanted:
+                torch.testing.assert_close(a.cpu(), e, rtol=1.3e-5, atol=1e-5)
+
+
+def test_unfold_fold():
+    check_op(lambda x: F.unfold(x, (2, 3), dilation=(1, 2), padding=1, stride=(2, 1)), make(2, 3, 7, 8), grad=True)
+    check_op(lambda x: F.fold(x, (5, 6), (2, 3), padding=1, stride=(2, 1)), make(2, 12, 18), grad=True)
+
+
+MAX_POOLS = [
+    ("max_pool1d", F.max_pool1d, (2, 3, 9), dict(kernel_size=3, stride=2, ceil_mode=True)),
+    ("max_pool2d", F.max_pool2d, (2, 3, 7, 8), dict(kernel_size=2)),
+    ("max_pool2d_pad_stride", F.max_pool2d, (2, 3, 7, 8), dict(kernel_size=3, stride=2, padding=1)),
+    ("max_pool2d_ceil", F.max_pool2d, (2, 3, 7, 8), dict(kernel_size=3, stride=2, ceil_mode=True)),
+    ("max_pool2d_dilation", F.max_pool2d, (2, 3, 7, 8), dict(kernel_size=(2, 3), dilation=2, padding=1)),
+    ("max_pool2d_unbatched", F.max_pool2d, (3, 6, 6), dict(kernel_size=2, stride=1)),
+    ("max_pool3d", F.max_pool3d, (2, 2, 4, 5, 3), dict(kernel_size=2, stride=1, padding=1)),
+    ("adaptive_max_pool1d", F.adaptive_max_pool1d, (2, 3, 7), dict(output_size=4)),
+    ("adaptive_max_pool2d", F.adaptive_max_pool2d, (2, 3, 7, 8), dict(output_size=(3, 5))),
+    ("adaptive_max_pool3d", F.adaptive_max_pool3d, (2, 2, 4, 5, 3), dict(output_size=(3, 2, 2))),
+]
+
+
+@pytest.mark.parametrize("name, fn, shape, kwargs", MAX_POOLS, ids=[c[0] for c in MAX_POOLS])
+def test_max_pool(name, fn, shape, kwargs):
+    check_op(lambda x: fn(x, return_indices=True, **kwargs), make(*shape), grad=True)
+
+
+def test_max_pool_ties_and_infinities():
+    x = torch.tensor([[[[1.0, 1.0, 0.0], [1.0, -torch.inf, 2.0], [-torch.inf, -torch.inf, 2.0]]]])
+    check_op(lambda x: F.max_pool2d(x, 2, stride=1, padding=1, return_indices=True), x.requires_grad_(), grad=True)
+
+
+def test_max_pool_bf16():
+    check_op(lambda x: F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True), make(2, 3, 7, 8, dtype=BF16),
+             grad=True)
+
+
+AVG_POOLS = [
+    ("avg_pool1d", F.avg_pool1d, (2, 3, 9), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+    ("avg_pool2d", F.avg_pool2d, (2, 3, 7, 8), dict(kernel_size=2)),
+    ("avg_pool2d_pad", F.avg_pool2d, (2, 3, 7, 8), dict(kernel_size=3, stride=2, padding=1)),
+    ("avg_pool2d_exclude_pad", F.avg_pool2d, (2, 3, 7, 8),
+     dict(kernel_size=3, stride=2, padding=1, count_include_pad=False)),
+    ("avg_pool2d_ceil", F.avg_pool2d, (2, 3, 7, 8), dict(kernel_size=3, stride=2, ceil_mode=True)),
+    ("avg_pool2d_ceil_exclude_pad", F.avg_pool2d, (2, 3, 7, 8),
+     dict(kernel_size=(3, 2), stride=2, padding=1, ceil_mode=True, count_include_pad=False)),
+    ("avg_pool2d_divisor", F.avg_pool2d, (2, 3, 7, 8), dict(kernel_size=3, stride=2, padding=1, divisor_override=4)),
+    ("avg_pool3d", F.avg_pool3d, (2, 2, 4, 5, 3), dict(kernel_size=2, stride=1, padding=1, count_include_pad=False)),
+    ("avg_pool3d_ceil", F.avg_pool3d, (2, 2, 4, 5, 3), dict(kernel_size=2, ceil_mode=True)),
+    ("adaptive_avg_pool1d", F.adaptive_avg_pool1d, (2, 3, 7), dict(output_size=4)),
+    ("adaptive_avg_pool2d", F.adaptive_avg_pool2d, (2, 3, 7, 8), dict(output_size=(3, 5))),
+    ("adaptive_avg_pool2d_larger", F.adaptive_avg_pool2d, (2, 3, 3, 4), dict(output_size=(5, 6))),
+    ("adaptive_avg_pool3d", F.adaptive_avg_pool3d, (2, 2, 4, 5, 3), dict(output_size=(3, 2, 2))),
+]
+
+
+@pytest.mark.parametrize("name, fn, shape, kwargs", AVG_POOLS, ids=[c[0] for c in AVG_POOLS])
+def test_avg_pool(name, fn, shape, kwargs):
+    check_op(lambda x: fn(x, **kwargs), make(*shape), grad=True)
+
+
+@pytest.mark.parametrize("fn", [lambda x: F.avg_pool2d(x, 2), lambda x: F.adaptive_avg_pool2d(x, 3)])
+def test_avg_pool_bf16(fn):
+    check_op(fn, make(2, 3, 6, 7, dtype=BF16), grad=True)

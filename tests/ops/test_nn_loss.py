@@ -1,0 +1,116 @@
+"""Softmax family and loss functions on `tpu` against CPU PyTorch (outputs and input gradients)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_tpu.testing.compare import check_op
+
+FLOAT, BF16 = torch.float32, torch.bfloat16
+aten = torch.ops.aten
+
+
+def make(*shape, dtype=FLOAT, grad=True):
+    return torch.randn(shape).to(dtype).requires_grad_(grad)
+
+
+SOFTMAXES = [
+    ("softmax", lambda x: F.softmax(x, 1)),
+    ("softmax_last", lambda x: F.softmax(x, -1)),
+    ("log_softmax", lambda x: F.log_softmax(x, 0)),
+    ("log_softmax_last", lambda x: F.log_softmax(x, -1)),
+    ("softmax_dtype", lambda x: F.softmax(x, 1, dtype=torch.float64)),
+    ("softmin", lambda x: F.softmin(x, 2)),
+]
+
+
+@pytest.mark.parametrize("dtype", [FLOAT, BF16])
+@pytest.mark.parametrize("name, fn", SOFTMAXES, ids=[s[0] for s in SOFTMAXES])
+def test_softmax(name, fn, dtype):
+    check_op(fn, make(2, 3, 5, dtype=dtype), grad=True)
+
+
+def test_softmax_edge_cases():
+    check_op(lambda x: (F.softmax(x, 0), F.log_softmax(x, -1)), make(), grad=True)
+    check_op(lambda x: F.softmax(x, 1), torch.tensor([[0.0, -torch.inf, 1.0], [2.0, 3.0, -torch.inf]]))
+
+
+def test_softmax_half_to_float():
+    x = make(3, 4, dtype=BF16, grad=False)
+    out = aten._softmax(x.to("tpu"), 1, True)
+    assert out.dtype == FLOAT
+    torch.testing.assert_close(out.cpu(), F.softmax(x.float(), 1))
+
+
+def test_safe_softmax_fully_masked_row():
+    x = torch.tensor([[0.0, 1.0, -torch.inf], [-torch.inf, -torch.inf, -torch.inf]])
+    check_op(lambda x: aten._safe_softmax(x, -1), x)
+
+
+def classes(*shape, high=4):
+    return torch.randint(0, high, shape)
+
+
+# (id, fn, args): fn(*args); float tensors that require grad are differentiated.
+LOSSES = [
+    ("cross_entropy", lambda x, y: F.cross_entropy(x, y), (make(3, 4), classes(3))),
+    ("cross_entropy_ignore", lambda x, y: F.cross_entropy(x, y), (make(3, 4), torch.tensor([1, -100, 3]))),
+    ("cross_entropy_weight_ignore", lambda x, y, w: F.cross_entropy(x, y, weight=w, ignore_index=0),
+     (make(4, 4), torch.tensor([1, 3, 0, 2]), torch.rand(4))),
+    ("cross_entropy_2d", lambda x, y: F.cross_entropy(x, y, reduction="sum"),
+     (make(2, 3, 4, 5), classes(2, 4, 5, high=3))),
+    ("cross_entropy_2d_weight_ignore", lambda x, y, w: F.cross_entropy(x, y, w, ignore_index=1),
+     (make(2, 3, 4, 5), classes(2, 4, 5, high=3), torch.rand(3))),
+    ("cross_entropy_3d", lambda x, y: F.cross_entropy(x, y), (make(2, 3, 2, 2, 3), classes(2, 2, 2, 3, high=3))),
+    ("cross_entropy_label_smoothing", lambda x, y: F.cross_entropy(x, y, label_smoothing=0.2),
+     (make(3, 4), torch.tensor([1, -100, 3]))),
+    ("nll_loss_none_ignore", lambda x, y: F.nll_loss(x, y, reduction="none", ignore_index=2),
+     (make(3, 4), torch.tensor([1, 2, 0]))),
+    ("nll_loss_sum_weight", lambda x, y, w: F.nll_loss(x, y, w, reduction="sum"),
+     (make(3, 4), classes(3), torch.rand(4))),
+    ("nll_loss_all_ignored", lambda x, y: F.nll_loss(x, y), (make(2, 4), torch.tensor([-100, -100]))),
+    ("nll_loss_unbatched", lambda x, y: F.nll_loss(x, y), (make(4), torch.tensor(2))),
+    ("nll_loss_forward_total_weight", lambda x, y, w: aten.nll_loss_forward(x, y, w, 1, 1),
+     (make(3, 4), torch.tensor([1, 2, 0]), torch.rand(4))),
+    ("mse_loss", lambda x, y: F.mse_loss(x, y), (make(2, 3, 4), make(2, 3, 4))),
+    ("mse_loss_none", lambda x, y: F.mse_loss(x, y, reduction="none"), (make(2, 3, 4), make(2, 3, 4))),
+    ("mse_loss_sum", lambda x, y: F.mse_loss(x, y, reduction="sum"), (make(2, 3, 4), make(2, 3, 4, grad=False))),
+    ("binary_cross_entropy", lambda x, y, w: F.binary_cross_entropy(x, y, weight=w),
+     (torch.rand(2, 3, 4).requires_grad_(), torch.rand(2, 3, 4), torch.rand(4))),
+    ("binary_cross_entropy_clamped_log", lambda x, y: F.binary_cross_entropy(x, y, reduction="none"),
+     (torch.tensor([0.0, 1.0, 0.5, 1e-30]).requires_grad_(), torch.tensor([1.0, 0.0, 0.3, 0.5]))),
+    ("binary_cross_entropy_with_logits", lambda x, y: F.binary_cross_entropy_with_logits(x, y),
+     (make(2, 3, 4), torch.rand(2, 3, 4))),
+    ("binary_cross_entropy_with_logits_weights", lambda x, y, w, p: F.binary_cross_entropy_with_logits(
+        x, y, weight=w, pos_weight=p, reduction="sum"), (make(2, 3, 4), torch.rand(2, 3, 4), torch.rand(4),
+                                                          torch.rand(4))),
+    ("smooth_l1_loss", lambda x, y: F.smooth_l1_loss(x, y), (make(2, 3, 4), make(2, 3, 4))),
+    ("smooth_l1_loss_beta", lambda x, y: F.smooth_l1_loss(x, y, beta=0.5, reduction="none"),
+     (make(2, 3, 4), make(2, 3, 4))),
+    ("huber_loss", lambda x, y: F.huber_loss(x, y, delta=0.7), (make(2, 3, 4), make(2, 3, 4))),
+    ("huber_loss_sum", lambda x, y: F.huber_loss(x, y, reduction="sum", delta=2.0), (make(2, 3, 4), make(2, 3, 4))),
+]
+
+
+@pytest.mark.parametrize("name, fn, args", LOSSES, ids=[loss[0] for loss in LOSSES])
+def test_loss(name, fn, args):
+    check_op(fn, *args, grad=True)
+
+
+def test_smooth_l1_loss_zero_beta():
+    x, y, g = make(2, 3, grad=False), make(2, 3, grad=False), torch.tensor(0.5)
+    check_op(lambda x, y: aten.smooth_l1_loss(x, y, 1, 0.0), x, y)
+    check_op(lambda g, x, y: aten.smooth_l1_loss_backward(g, x, y, 1, 0.0), g, x, y)
+
+
+@pytest.mark.parametrize(
+    "fn, args",
+    [
+        (lambda x, y: F.cross_entropy(x, y), (make(3, 4, dtype=BF16), classes(3))),
+        (lambda x, y: F.mse_loss(x, y), (make(2, 3, dtype=BF16), make(2, 3, dtype=BF16))),
+        (lambda x, y: F.smooth_l1_loss(x, y, reduction="none"), (make(2, 3, dtype=BF16), make(2, 3, dtype=BF16))),
+    ],
+    ids=["cross_entropy", "mse_loss", "smooth_l1_loss"],
+)
+def test_loss_bf16(fn, args):
+    check_op(fn, *args, grad=True)

@@ -1,0 +1,176 @@
+"""Embedding, dropout, upsampling, pixel shuffle and attention on `tpu` against CPU PyTorch."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_tpu.testing.compare import check_op
+
+FLOAT, BF16 = torch.float32, torch.bfloat16
+
+
+def make(*shape, dtype=FLOAT, grad=True):
+    return torch.randn(shape).to(dtype).requires_grad_(grad)
+
+
+INDICES = torch.tensor([[0, 1, 2], [2, 2, 4]])
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, dict(padding_idx=2), dict(padding_idx=-1), dict(scale_grad_by_freq=True), dict(padding_idx=0,
+                                                                                       scale_grad_by_freq=True)],
+    ids=["plain", "padding_idx", "negative_padding_idx", "scale_grad_by_freq", "both"],
+)
+def test_embedding(kwargs):
+    check_op(lambda w, i: F.embedding(i, w, **kwargs), make(5, 3), INDICES, grad=True)
+
+
+def test_embedding_module_bf16():
+    module = torch.nn.Embedding(6, 4, padding_idx=1).to(BF16)
+    check_op(lambda i: module.to(i.device)(i), INDICES)
+
+
+def dropout_on_tpu(p, shape=(200, 100), seed=None, training=True):
+    if seed is not None:
+        torch.manual_seed(seed)
+    x = (torch.rand(shape) + 0.5).to("tpu").requires_grad_()
+    return x, F.dropout(x, p, training=training)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.8])
+def test_dropout_statistics(p):
+    x, y = dropout_on_tpu(p)
+    assert y.device.type == "tpu" and y.shape == x.shape
+    kept = (y != 0).cpu()
+    assert abs(kept.float().mean().item() - (1 - p)) < 0.02
+    torch.testing.assert_close(y.cpu()[kept], x.detach().cpu()[kept] / (1 - p))
+    (grad,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    expected = torch.where(kept, torch.tensor(1 / (1 - p)), torch.tensor(0.0))
+    torch.testing.assert_close(grad.cpu(), expected)
+
+
+def test_dropout_identity_and_extremes():
+    x, y = dropout_on_tpu(0.0)
+    torch.testing.assert_close(y.cpu(), x.detach().cpu())
+    x, y = dropout_on_tpu(0.5, training=False)
+    torch.testing.assert_close(y.cpu(), x.detach().cpu())
+    _, y = dropout_on_tpu(1.0)
+    assert not y.cpu().any()
+
+
+def test_dropout_reproducible_with_manual_seed():
+    _, first = dropout_on_tpu(0.5, seed=123)
+    _, second = dropout_on_tpu(0.5, seed=123)
+    _, other = dropout_on_tpu(0.5, seed=124)
+    _, next_draw = dropout_on_tpu(0.5)
+    assert torch.equal(first.cpu(), second.cpu())
+    assert not torch.equal(first.cpu(), other.cpu())
+    assert not torch.equal(other.cpu(), next_draw.cpu())
+
+
+def test_native_dropout_mask():
+    x = torch.randn(50, 40).to("tpu")
+    out, mask = torch.ops.aten.native_dropout(x, 0.25, True)
+    assert mask.dtype == torch.bool and mask.shape == x.shape
+    torch.testing.assert_close(out.cpu(), (x.cpu() * mask.cpu() / 0.75))
+    out, mask = torch.ops.aten.native_dropout(x, 0.25, False)
+    assert mask.cpu().all() and torch.equal(out.cpu(), x.cpu())
+
+
+# (id, input shape, interpolate kwargs)
+UPSAMPLES = [
+    ("nearest1d", (2, 3, 5), dict(size=11)),
+    ("nearest1d_scale", (2, 3, 5), dict(scale_factor=1.7)),
+    ("nearest2d_x2", (2, 3, 4, 5), dict(scale_factor=2)),
+    ("nearest2d_size", (2, 3, 4, 5), dict(size=(7, 4))),
+    ("nearest2d_scale", (2, 3, 4, 5), dict(scale_factor=(1.7, 0.6))),
+    ("nearest3d", (1, 2, 3, 4, 3), dict(scale_factor=(2, 1.5, 1))),
+    ("nearest_exact2d", (2, 3, 4, 5), dict(mode="nearest-exact", size=(7, 3))),
+    ("nearest_exact1d", (2, 3, 5), dict(mode="nearest-exact", scale_factor=1.7)),
+    ("linear1d", (2, 3, 5), dict(mode="linear", scale_factor=2.5)),
+    ("linear1d_align", (2, 3, 5), dict(mode="linear", size=8, align_corners=True)),
+    ("bilinear2d_x2", (2, 3, 4, 5), dict(mode="bilinear", scale_factor=2)),
+    ("bilinear2d_size", (2, 3, 4, 5), dict(mode="bilinear", size=(7, 3))),
+    ("bilinear2d_align", (2, 3, 4, 5), dict(mode="bilinear", scale_factor=1.7, align_corners=True)),
+    ("bilinear2d_down", (2, 3, 6, 7), dict(mode="bilinear", size=(3, 2))),
+    ("bicubic2d", (2, 3, 4, 5), dict(mode="bicubic", scale_factor=1.7)),
+    ("bicubic2d_align", (2, 3, 4, 5), dict(mode="bicubic", size=(7, 3), align_corners=True)),
+    ("trilinear3d", (1, 2, 3, 4, 3), dict(mode="trilinear", size=(3, 7, 5))),
+]
+
+
+@pytest.mark.parametrize("name, shape, kwargs", UPSAMPLES, ids=[u[0] for u in UPSAMPLES])
+def test_upsample(name, shape, kwargs):
+    check_op(lambda x: F.interpolate(x, **kwargs), make(*shape), grad=True)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+def test_upsample_bf16(mode):
+    check_op(lambda x: F.interpolate(x, scale_factor=2, mode=mode), make(2, 3, 4, 5, dtype=BF16), grad=True)
+
+
+def test_pixel_shuffle():
+    check_op(lambda x: F.pixel_shuffle(x, 2), make(2, 8, 3, 4), grad=True)
+    check_op(lambda x: F.pixel_unshuffle(x, 2), make(2, 3, 4, 6), grad=True)
+    check_op(lambda x: F.pixel_shuffle(x, 3), make(9, 2, 2), grad=True)
+
+
+ATTENTION = [
+    ("plain", (2, 3, 5, 8), (2, 3, 6, 8), {}),
+    ("causal", (2, 3, 5, 8), (2, 3, 6, 8), dict(is_causal=True)),
+    ("scale", (2, 5, 8), (2, 6, 8), dict(scale=0.3)),
+    ("gqa", (2, 4, 5, 8), (2, 2, 6, 8), dict(enable_gqa=True)),
+]
+
+
+@pytest.mark.parametrize("name, q_shape, kv_shape, kwargs", ATTENTION, ids=[a[0] for a in ATTENTION])
+def test_scaled_dot_product_attention(name, q_shape, kv_shape, kwargs):
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **kwargs)
+    check_op(fn, make(*q_shape), make(*kv_shape), make(*kv_shape), grad=True)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float", "fully_masked_row"])
+def test_scaled_dot_product_attention_mask(kind):
+    if kind == "float":
+        mask = make(5, 6)
+    else:
+        mask = torch.rand(5, 6) > 0.3
+        mask[1] = kind == "bool"
+    fn = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+    check_op(fn, make(2, 3, 5, 8), make(2, 3, 6, 8), make(2, 3, 6, 8), mask, grad=True)
+
+
+def test_scaled_dot_product_attention_bf16():
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    check_op(fn, *(make(2, 3, 5, 8, dtype=BF16) for _ in range(3)))
+
+
+def test_scaled_dot_product_attention_dropout_reproducible():
+    q, k, v = (torch.randn(2, 3, 5, 8).to("tpu") for _ in range(3))
+    torch.manual_seed(7)
+    first = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    torch.manual_seed(7)
+    second = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    assert torch.equal(first.cpu(), second.cpu())
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0])
+def test_embedding_max_norm(norm_type):
+    weight = torch.randn(5, 3) * 2
+
+    def fn(w, i):
+        w = w.clone()
+        out = F.embedding(i, w, max_norm=1.5, norm_type=norm_type)
+        return out, w
+
+    check_op(fn, weight, INDICES)
+
+
+def test_max_unpool():
+    x = make(2, 3, 6, 8, grad=False)
+    out, indices = F.max_pool2d(x, 2, return_indices=True)
+    check_op(lambda o, i: F.max_unpool2d(o, i, 2), out.requires_grad_(), indices, grad=True)
+    x = make(1, 2, 4, 4, 6, grad=False)
+    out, indices = F.max_pool3d(x, 2, return_indices=True)
+    check_op(lambda o, i: F.max_unpool3d(o, i, 2), out, indices)

@@ -1,0 +1,230 @@
+"""Lowerings: max, average and adaptive pooling (and their backward ops) over the trailing 2 or 3 dims.
+
+Indices are PyTorch's: the flat position of the chosen element within its input plane (`h * W + w`).
+"""
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from torch_tpu.ops.nn.common import (
+    expand,
+    linear_adjoint,
+    max_with_indices,
+    padded_windows,
+    pool_output_size,
+    upcast,
+    window_grid,
+    window_positions,
+)
+from torch_tpu.ops.registry import aten, lower
+
+
+def _into_planes(values, indices, plane_shape, accumulate):
+    """A zero tensor of planes shaped `plane_shape` (batch dims from `values`) with `values` written (or added)
+    at their flat in-plane `indices`."""
+    batch = values.shape[: values.ndim - len(plane_shape)]
+    rows = int(np.prod(batch, dtype=np.int64))
+    flat_values, flat_indices = values.reshape(rows, -1), indices.reshape(rows, -1)
+    planes = jnp.zeros((rows, int(np.prod(plane_shape, dtype=np.int64))), values.dtype)
+    target = planes.at[jnp.arange(rows)[:, None], flat_indices]
+    planes = target.add(flat_values) if accumulate else target.set(flat_values)
+    return planes.reshape(batch + tuple(plane_shape))
+
+
+def _lowest(dtype):
+    return -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
+
+
+def _geometry(self, n, kernel_size, stride, padding, dilation, ceil_mode):
+    """Per spatial dim: (size, kernel, stride, padding, dilation, output size), by ATen's pooling rules."""
+    kernel = expand(kernel_size, n)
+    stride = expand(stride, n) if stride else kernel
+    dims = zip(self.shape[-n:], kernel, stride, expand(padding, n), expand(dilation, n), strict=True)
+    return [(*dim, pool_output_size(*dim, ceil_mode)) for dim in dims]
+
+
+def _max_pool_windows(self, n, kernel_size, stride, padding, dilation, ceil_mode):
+    """`windows(x, fill)`, the pooling windows of x padded with `fill`, and every window element's flat
+    in-plane index and realness."""
+    size, kernel, stride, padding, dilation, out = zip(
+        *_geometry(self, n, kernel_size, stride, padding, dilation, ceil_mode), strict=True
+    )
+    positions, valids = zip(*map(window_positions, size, kernel, stride, padding, dilation, out), strict=True)
+
+    def windows(x, fill):
+        return padded_windows(x, kernel, stride, padding, dilation, out, fill)
+
+    return windows, *window_grid(positions, valids, size)
+
+
+def _max_pool(self, n, kernel_size, stride, padding, dilation, ceil_mode):
+    windows, flat, valid = _max_pool_windows(self, n, kernel_size, stride, padding, dilation, ceil_mode)
+    return max_with_indices(windows(self, _lowest(self.dtype)), flat, valid)
+
+
+def _max_pool_backward(grad_output, self, n, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    """Each output's gradient goes to the window element whose flat index it chose; the windows are a linear
+    map of the input, so their transpose (strided pads and adds, no scatter) sums the overlaps."""
+    windows, flat, valid = _max_pool_windows(self, n, kernel_size, stride, padding, dilation, ceil_mode)
+    chosen = valid & (flat == indices[..., None])
+    grad_windows = jnp.where(chosen, upcast(grad_output)[..., None], 0)
+    return linear_adjoint(lambda x: windows(x, 0), grad_windows, self.shape)
+
+
+@lower(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(self, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    return _max_pool(self, 2, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+@lower(aten.max_pool3d_with_indices.default)
+def max_pool3d_with_indices(self, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    return _max_pool(self, 3, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+@lower(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _max_pool_backward(grad_output, self, 2, kernel_size, stride, padding, dilation, ceil_mode, indices)
+
+
+@lower(aten.max_pool3d_with_indices_backward.default)
+def max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _max_pool_backward(grad_output, self, 3, kernel_size, stride, padding, dilation, ceil_mode, indices)
+
+
+def _divisor(size, kernel, stride, padding, out, count_include_pad):
+    """How many elements each output of one dim averages over (ATen's rule), shape (out,)."""
+    start = np.arange(out) * stride - padding
+    end = np.minimum(start + kernel, size + padding)
+    if count_include_pad:
+        return end - start
+    return np.minimum(end, size) - np.maximum(start, 0)
+
+
+def _avg_pool(self, n, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    geometry = _geometry(self, n, kernel_size, stride, padding, (1,), ceil_mode)
+    x = upcast(self)
+    batch = (1,) * (self.ndim - n)
+    pads = [(0, 0)] * (self.ndim - n) + [(p, max((o - 1) * st + k - s - p, 0)) for s, k, st, p, _, o in geometry]
+    kernel, stride = tuple(g[1] for g in geometry), tuple(g[2] for g in geometry)
+    total = lax.reduce_window(x, np.zeros((), x.dtype), lax.add, batch + kernel, batch + stride, pads)
+    total = total[(...,) + tuple(slice(0, g[-1]) for g in geometry)]
+    if divisor_override:
+        return total / divisor_override
+    divisor = np.ones((), np.int64)
+    for s, k, st, p, _, o in geometry:
+        divisor = np.multiply.outer(divisor, _divisor(s, k, st, p, o, count_include_pad))
+    return total / divisor.astype(x.dtype)
+
+
+@lower(aten.avg_pool2d.default)
+def avg_pool2d(self, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(self, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+@lower(aten.avg_pool3d.default)
+def avg_pool3d(self, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(self, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+@lower(aten.avg_pool2d_backward.default)
+def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override):
+    return linear_adjoint(
+        lambda x: avg_pool2d(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),
+        grad_output,
+        self.shape,
+    )
+
+
+@lower(aten.avg_pool3d_backward.default)
+def avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override):
+    return linear_adjoint(
+        lambda x: avg_pool3d(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),
+        grad_output,
+        self.shape,
+    )
+
+
+def _adaptive_windows(x, output_size, fill):
+    """Adaptive pooling windows (start = floor(i*in/out), end = ceil((i+1)*in/out)) of the trailing dims.
+
+    Returns the windows, shape `x.shape[:-n] + out + (prod(longest window),)`, padded with `fill`, the number of
+    real elements of each window, and (as `window_grid`) each element's flat in-plane index and realness.
+    """
+    n = len(output_size)
+    sizes = x.shape[-n:]
+    positions, valids, counts = [], [], np.ones((), np.int64)
+    for size, out in zip(sizes, output_size, strict=True):
+        start = np.arange(out) * size // out
+        end = -(-(np.arange(out) + 1) * size // out)
+        pos = start[:, None] + np.arange(int((end - start).max()))[None, :]
+        positions.append(np.minimum(pos, size - 1))
+        valids.append(pos < end[:, None])
+        counts = np.multiply.outer(counts, end - start)
+    flat, valid = window_grid(positions, valids, sizes)
+    windows = jnp.take(x.reshape(x.shape[:-n] + (-1,)), flat, axis=-1)
+    return jnp.where(valid, windows, jnp.asarray(fill, x.dtype)), counts, flat, valid
+
+
+def _adaptive_avg_pool(self, output_size):
+    windows, counts, _, _ = _adaptive_windows(upcast(self), tuple(output_size), 0)
+    return jnp.sum(windows, axis=-1) / counts.astype(windows.dtype)
+
+
+@lower(aten._adaptive_avg_pool2d.default)
+def _adaptive_avg_pool2d(self, output_size):
+    return _adaptive_avg_pool(self, output_size)
+
+
+@lower(aten._adaptive_avg_pool3d.default)
+def _adaptive_avg_pool3d(self, output_size):
+    return _adaptive_avg_pool(self, output_size)
+
+
+@lower(aten._adaptive_avg_pool2d_backward.default)
+def _adaptive_avg_pool2d_backward(grad_output, self):
+    return linear_adjoint(lambda x: _adaptive_avg_pool(x, grad_output.shape[-2:]), grad_output, self.shape)
+
+
+@lower(aten._adaptive_avg_pool3d_backward.default)
+def _adaptive_avg_pool3d_backward(grad_output, self):
+    return linear_adjoint(lambda x: _adaptive_avg_pool(x, grad_output.shape[-3:]), grad_output, self.shape)
+
+
+def _adaptive_max_pool(self, output_size):
+    windows, _, flat, valid = _adaptive_windows(self, tuple(output_size), _lowest(self.dtype))
+    return max_with_indices(windows, flat, valid)
+
+
+@lower(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(self, output_size):
+    return _adaptive_max_pool(self, output_size)
+
+
+@lower(aten.adaptive_max_pool3d.default)
+def adaptive_max_pool3d(self, output_size):
+    return _adaptive_max_pool(self, output_size)
+
+
+@lower(aten.adaptive_max_pool2d_backward.default)
+def adaptive_max_pool2d_backward(grad_output, self, indices):
+    return _into_planes(upcast(grad_output), indices, self.shape[-2:], accumulate=True)
+
+
+@lower(aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool3d_backward(grad_output, self, indices):
+    return _into_planes(upcast(grad_output), indices, self.shape[-3:], accumulate=True)
+
+
+@lower(aten.max_unpool2d.default)
+def max_unpool2d(self, indices, output_size):
+    return _into_planes(self, indices, tuple(output_size), accumulate=False)
+
+
+@lower(aten.max_unpool3d.default)
+def max_unpool3d(self, indices, output_size, stride, padding):
+    return _into_planes(self, indices, tuple(output_size), accumulate=False)

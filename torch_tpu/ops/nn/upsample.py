@@ -1,0 +1,223 @@
+"""Lowerings: upsampling (nearest, nearest-exact, linear, bilinear, trilinear, bicubic) with their backward ops,
+and pixel (un)shuffle.
+
+Every mode is separable: each spatial dim is resampled in turn by gathering a few input taps per output position
+and mixing them with weights. Tap positions and weights depend only on shapes and scales, so they are computed
+with NumPy at trace time, in the precision PyTorch uses (float32 for nearest indices, the op's accumulation type
+for interpolation weights). The backward ops are the exact adjoints (`jax.vjp`) of the forwards.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+
+from torch_tpu.ops.nn.common import linear_adjoint, upcast
+from torch_tpu.ops.registry import aten, lower
+
+_CUBIC_A = -0.75
+
+
+def _nearest_taps(size, out, scale, exact):
+    if not exact and out == size:
+        return np.arange(out)[:, None]
+    if not exact and out == 2 * size:
+        return (np.arange(out) // 2)[:, None]
+    ratio = np.float32(1 / scale) if scale is not None and scale > 0 else np.float32(size) / np.float32(out)
+    offset = np.float32(0.5 if exact else 0.0)
+    source = np.floor((np.arange(out, dtype=np.float32) + offset) * ratio).astype(np.int64)
+    return np.minimum(source, size - 1)[:, None]
+
+
+def _source_positions(size, out, align_corners, scale, dtype, cubic):
+    """ATen's area_pixel_compute_source_index for every output position, computed in `dtype`."""
+    index = np.arange(out).astype(dtype)
+    if align_corners:
+        ratio = dtype((size - 1) / (out - 1)) if out > 1 else dtype(0)
+        return ratio * index
+    ratio = dtype(1 / scale) if scale is not None and scale > 0 else dtype(size) / dtype(out)
+    source = ratio * (index + dtype(0.5)) - dtype(0.5)
+    return source if cubic else np.maximum(source, dtype(0))
+
+
+def _linear_taps(size, out, align_corners, scale, dtype):
+    source = _source_positions(size, out, align_corners, scale, dtype, cubic=False)
+    low = np.minimum(np.floor(source).astype(np.int64), size - 1)
+    high = low + (low < size - 1)
+    frac = np.clip(source - low.astype(dtype), 0, 1).astype(dtype)
+    return np.stack([low, high], axis=1), np.stack([1 - frac, frac], axis=1)
+
+
+def _cubic_weights(t, a=_CUBIC_A):
+    def near(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    return np.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], axis=1)
+
+
+def _cubic_taps(size, out, align_corners, scale, dtype):
+    source = _source_positions(size, out, align_corners, scale, dtype, cubic=True)
+    low = np.floor(source).astype(np.int64)
+    taps = np.clip(low[:, None] + np.arange(-1, 3)[None, :], 0, size - 1)
+    return taps, _cubic_weights((source - low.astype(dtype)).astype(dtype)).astype(dtype)
+
+
+def _resample(x, taps_per_dim):
+    """Resample the trailing dims of `x`: for each, `(taps (out, k), weights (out, k) or None)`."""
+    n = len(taps_per_dim)
+    for axis, (taps, weights) in zip(range(x.ndim - n, x.ndim), taps_per_dim, strict=True):
+        gathered = jnp.take(x, taps, axis=axis)  # the dim becomes (out, k)
+        gathered = jnp.moveaxis(gathered, (axis, axis + 1), (-2, -1))
+        mixed = gathered[..., 0] if weights is None else jnp.sum(gathered * weights.astype(x.dtype), axis=-1)
+        x = jnp.moveaxis(mixed, -1, axis)
+    return x
+
+
+def _nearest(self, output_size, scales, exact):
+    sizes = self.shape[-len(output_size) :]
+    taps = [(_nearest_taps(s, o, sc, exact), None) for s, o, sc in zip(sizes, output_size, scales, strict=True)]
+    return _resample(self, taps)
+
+
+def _interpolate(self, output_size, align_corners, scales, make_taps):
+    x = upcast(self)
+    sizes = self.shape[-len(output_size) :]
+    dtype = np.dtype(x.dtype).type
+    taps = [make_taps(s, o, align_corners, sc, dtype) for s, o, sc in zip(sizes, output_size, scales, strict=True)]
+    return _resample(x, taps)
+
+
+def _linear(self, output_size, align_corners, scales):
+    return _interpolate(self, output_size, align_corners, scales, _linear_taps)
+
+
+def _cubic(self, output_size, align_corners, scales):
+    return _interpolate(self, output_size, align_corners, scales, _cubic_taps)
+
+
+@lower(aten.upsample_nearest1d.default)
+def upsample_nearest1d(self, output_size, scales=None):
+    return _nearest(self, output_size, (scales,), exact=False)
+
+
+@lower(aten.upsample_nearest2d.default)
+def upsample_nearest2d(self, output_size, scales_h=None, scales_w=None):
+    return _nearest(self, output_size, (scales_h, scales_w), exact=False)
+
+
+@lower(aten.upsample_nearest3d.default)
+def upsample_nearest3d(self, output_size, scales_d=None, scales_h=None, scales_w=None):
+    return _nearest(self, output_size, (scales_d, scales_h, scales_w), exact=False)
+
+
+@lower(aten._upsample_nearest_exact1d.default)
+def _upsample_nearest_exact1d(self, output_size, scales=None):
+    return _nearest(self, output_size, (scales,), exact=True)
+
+
+@lower(aten._upsample_nearest_exact2d.default)
+def _upsample_nearest_exact2d(self, output_size, scales_h=None, scales_w=None):
+    return _nearest(self, output_size, (scales_h, scales_w), exact=True)
+
+
+@lower(aten._upsample_nearest_exact3d.default)
+def _upsample_nearest_exact3d(self, output_size, scales_d=None, scales_h=None, scales_w=None):
+    return _nearest(self, output_size, (scales_d, scales_h, scales_w), exact=True)
+
+
+@lower(aten.upsample_linear1d.default)
+def upsample_linear1d(self, output_size, align_corners, scales=None):
+    return _linear(self, output_size, align_corners, (scales,))
+
+
+@lower(aten.upsample_bilinear2d.default)
+def upsample_bilinear2d(self, output_size, align_corners, scales_h=None, scales_w=None):
+    return _linear(self, output_size, align_corners, (scales_h, scales_w))
+
+
+@lower(aten.upsample_trilinear3d.default)
+def upsample_trilinear3d(self, output_size, align_corners, scales_d=None, scales_h=None, scales_w=None):
+    return _linear(self, output_size, align_corners, (scales_d, scales_h, scales_w))
+
+
+@lower(aten.upsample_bicubic2d.default)
+def upsample_bicubic2d(self, output_size, align_corners, scales_h=None, scales_w=None):
+    return _cubic(self, output_size, align_corners, (scales_h, scales_w))
+
+
+@lower(aten.upsample_nearest1d_backward.default)
+def upsample_nearest1d_backward(grad_output, output_size, input_size, scales=None):
+    return linear_adjoint(lambda x: _nearest(x, output_size, (scales,), False), grad_output, input_size)
+
+
+@lower(aten.upsample_nearest2d_backward.default)
+def upsample_nearest2d_backward(grad_output, output_size, input_size, scales_h=None, scales_w=None):
+    return linear_adjoint(lambda x: _nearest(x, output_size, (scales_h, scales_w), False), grad_output, input_size)
+
+
+@lower(aten.upsample_nearest3d_backward.default)
+def upsample_nearest3d_backward(grad_output, output_size, input_size, scales_d=None, scales_h=None, scales_w=None):
+    scales = (scales_d, scales_h, scales_w)
+    return linear_adjoint(lambda x: _nearest(x, output_size, scales, False), grad_output, input_size)
+
+
+@lower(aten._upsample_nearest_exact1d_backward.default)
+def _upsample_nearest_exact1d_backward(grad_output, output_size, input_size, scales=None):
+    return linear_adjoint(lambda x: _nearest(x, output_size, (scales,), True), grad_output, input_size)
+
+
+@lower(aten._upsample_nearest_exact2d_backward.default)
+def _upsample_nearest_exact2d_backward(grad_output, output_size, input_size, scales_h=None, scales_w=None):
+    return linear_adjoint(lambda x: _nearest(x, output_size, (scales_h, scales_w), True), grad_output, input_size)
+
+
+@lower(aten._upsample_nearest_exact3d_backward.default)
+def _upsample_nearest_exact3d_backward(grad_output, output_size, input_size, scales_d=None, scales_h=None,
+                                       scales_w=None):
+    scales = (scales_d, scales_h, scales_w)
+    return linear_adjoint(lambda x: _nearest(x, output_size, scales, True), grad_output, input_size)
+
+
+@lower(aten.upsample_linear1d_backward.default)
+def upsample_linear1d_backward(grad_output, output_size, input_size, align_corners, scales=None):
+    return linear_adjoint(lambda x: _linear(x, output_size, align_corners, (scales,)), grad_output, input_size)
+
+
+@lower(aten.upsample_bilinear2d_backward.default)
+def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None,
+                                 scales_w=None):
+    scales = (scales_h, scales_w)
+    return linear_adjoint(lambda x: _linear(x, output_size, align_corners, scales), grad_output, input_size)
+
+
+@lower(aten.upsample_trilinear3d_backward.default)
+def upsample_trilinear3d_backward(grad_output, output_size, input_size, align_corners, scales_d=None,
+                                  scales_h=None, scales_w=None):
+    scales = (scales_d, scales_h, scales_w)
+    return linear_adjoint(lambda x: _linear(x, output_size, align_corners, scales), grad_output, input_size)
+
+
+@lower(aten.upsample_bicubic2d_backward.default)
+def upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None,
+                                scales_w=None):
+    scales = (scales_h, scales_w)
+    return linear_adjoint(lambda x: _cubic(x, output_size, align_corners, scales), grad_output, input_size)
+
+
+@lower(aten.pixel_shuffle.default)
+def pixel_shuffle(self, upscale_factor):
+    r = upscale_factor
+    *batch, c, h, w = self.shape
+    x = self.reshape(*batch, c // (r * r), r, r, h, w)
+    x = jnp.moveaxis(x, (-4, -3), (-3, -1))  # (..., c, h, r, w, r)
+    return x.reshape(*batch, c // (r * r), h * r, w * r)
+
+
+@lower(aten.pixel_unshuffle.default)
+def pixel_unshuffle(self, downscale_factor):
+    r = downscale_factor
+    *batch, c, h, w = self.shape
+    x = self.reshape(*batch, c, h // r, r, w // r, r)
+    x = jnp.moveaxis(x, (-3, -1), (-4, -3))  # (..., c, r, r, h, w)
+    return x.reshape(*batch, c * r * r, h // r, w // r)
