@@ -191,7 +191,9 @@ def _cast(result: Any, out_dtypes: Any) -> Any:
         return result
     if isinstance(out_dtypes, tuple):
         return tuple(_cast(r, d) for r, d in zip(result, out_dtypes, strict=True))
-    return result if result.dtype == out_dtypes else result.astype(out_dtypes)
+    if result is None or result.dtype == out_dtypes:
+        return result
+    return result.astype(out_dtypes)
 
 
 def _check(op: OpOverload, result: Any) -> None:
@@ -212,7 +214,8 @@ def _output_wrapper(op: OpOverload) -> Callable[[Any], Any]:
         return storage.wrap
     if returns == ["List[Tensor]"]:
         return lambda result: [storage.wrap(r) for r in result]
-    return lambda result: tuple(storage.wrap(r) for r in result)
+    # Undefined outputs (e.g. a backward op's gradients masked off by `output_mask`) stay None.
+    return lambda result: tuple(None if r is None else storage.wrap(r) for r in result)
 
 
 def functional_kernel(lowering: Lowering) -> Callable:

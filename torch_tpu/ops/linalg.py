@@ -148,7 +148,7 @@ def cholesky(self, upper=False):
 
 @lower(aten.linalg_cholesky_ex.default)
 def linalg_cholesky_ex(self, *, upper=False, check_errors=False):
-    """NOTE: a non-positive-definite input gives all-NaN factors and info 1, not LAPACK's partial result."""
+    """NOTE: a non-positive-definite input gives NaN factors, not LAPACK's partial ones; info may be too small."""
     factor = _cholesky(self, upper)
     diagonal = jnp.diagonal(factor, axis1=-2, axis2=-1)
     return factor, _first_failure(~jnp.isfinite(diagonal))

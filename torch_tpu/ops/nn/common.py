@@ -39,9 +39,8 @@ def loss_scale(grad_output, numel, reduction):
 
 
 def masked(output_mask, *grads):
-    """NOTE: `grads`, with zeros (not undefined tensors, which the dispatcher cannot wrap) where `output_mask`
-    does not ask for them; jit drops the unused computation."""
-    return tuple(grad if wanted else jnp.zeros_like(grad) for grad, wanted in zip(grads, output_mask, strict=True))
+    """`grads`, undefined (None) where `output_mask` does not ask for them; jit drops the unused computation."""
+    return tuple(grad if wanted else None for grad, wanted in zip(grads, output_mask, strict=True))
 
 
 def linear_adjoint(forward, cotangent, input_shape):
