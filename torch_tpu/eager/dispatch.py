@@ -82,9 +82,9 @@ class Runner:
             else:  # a wrapped number arrives as a Python scalar
                 key.append(type(value))
                 leaves.append(value)
-        elif kind == _TENSORS:
+        elif kind == _TENSORS:  # in a list (e.g. indices), CPU tensors are accepted and moved, as on CUDA
             for v in value:
-                self._encode(op, v, _TENSOR, leaves, key)
+                self._encode(op, v, _TENSORS if isinstance(v, torch.Tensor) else _TENSOR, leaves, key)
         elif kind == _SCALAR and value is not None:
             key.append(type(value))
             leaves.append(value)
@@ -163,6 +163,8 @@ def _fill(template: Any, values: tuple) -> Any:
 def _to_meta(value: Any) -> Any:
     if isinstance(value, torch.Tensor) and value.device.type == "tpu":
         return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    if isinstance(value, (torch.device, str)) and str(value).startswith("tpu"):
+        return torch.device("meta")
     if isinstance(value, (list, tuple)):
         return type(value)(_to_meta(v) for v in value)
     return value
