@@ -79,7 +79,10 @@ def run_on_cpu(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     result = op(*cpu_args, **cpu_kwargs)
     for argument, value in zip(op._schema.arguments, _by_schema(op, cpu_args, cpu_kwargs), strict=False):
         if argument.alias_info is not None and argument.alias_info.is_write and id(value) in originals:
-            originals[id(value)].copy_(value)
+            original = originals[id(value)]
+            if original.shape != value.shape:
+                original.resize_(value.shape)
+            original.copy_(value)
 
     def to_tpu(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
