@@ -380,6 +380,14 @@ def test_activation(name, dtype):
     check_op(fn, make(dtype, low, high, grad=grad), grad=grad)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prelu(dtype):
+    grad = dtype == torch.float32
+    x = make(dtype, shape=(2, 3, 4), grad=grad)
+    check_op(F.prelu, x, make(dtype, 0, 1, shape=(3,), grad=grad, seed=1), grad=grad)
+    check_op(F.prelu, x, make(dtype, 0, 1, shape=(1,), grad=grad, seed=1), grad=grad)
+
+
 def test_activation_backward_ops():
     x, g = make(FLOAT), make(FLOAT, seed=1)
     aten = torch.ops.aten

@@ -74,7 +74,7 @@ class Runner:
                     key.append("host")
                     leaves.append(storage.to_device(value))
                 else:
-                    leaves.append(storage.read(value))
+                    leaves.append(storage.value(value))
                 key.append(value.shape)
                 key.append(value.dtype)
             elif value is None:

@@ -4,6 +4,7 @@ Importing this package imports every family, so the registry is complete.
 """
 
 from torch_tpu.ops import (  # noqa: F401  (imported for their registrations)
+    activation,
     core,
     creation,
     elementwise,

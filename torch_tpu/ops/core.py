@@ -65,13 +65,8 @@ def set_empty(self: torch.Tensor) -> torch.Tensor:
 
 
 def _value_of(tensor: torch.Tensor):
-    """The tensor's value with lazy conjugation and negation applied."""
-    value = storage.read(tensor) if tensor.device.type == "tpu" else storage.to_device(tensor)
-    if tensor.is_conj():
-        value = jnp.conj(value)
-    if tensor.is_neg():
-        value = -value
-    return value
+    """The tensor's logical value, on the device."""
+    return storage.value(tensor) if tensor.device.type == "tpu" else storage.to_device(tensor.resolve_conj())
 
 
 @kernel(aten._copy_from.default)
@@ -82,6 +77,12 @@ def copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
         value = _value_of(self)
         dst.copy_(storage.to_host(value, self.dtype))
     return dst
+
+
+@kernel(aten.copy_.default)
+def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """`self.copy_(src)` with either on the host; writes honour `self`'s conjugate and negative bits."""
+    return copy_from(src, self, non_blocking)
 
 
 @kernel(aten._to_copy.default)

@@ -86,16 +86,18 @@ def _signature(op: OpOverload) -> tuple[tuple[str, str], ...]:
 
 
 def inplace_variant(op: OpOverload) -> OpOverload | None:
-    """`aten.x_.y` for functional `aten.x.y`, if it exists and mutates only `self`."""
+    """The `aten.x_` overload with functional `op`'s arguments that mutates only `self`, if any."""
     packet = getattr(aten, op._schema.name.split("::")[1] + "_", None)
-    if packet is None or op._overloadname not in packet.overloads():
+    if packet is None:
         return None
-    candidate = getattr(packet, op._overloadname)
-    writes = mutated_args(candidate)
-    if len(writes) != 1 or writes[0].name != "self":
-        return None
-    same = [(a.name, str(a.type)) for a in candidate._schema.arguments[1:]]
-    return candidate if same == [(a.name, str(a.type)) for a in op._schema.arguments[1:]] else None
+    signature = [(a.name, str(a.type)) for a in op._schema.arguments[1:]]
+    for name in packet.overloads():
+        candidate = getattr(packet, name)
+        writes = mutated_args(candidate)
+        if len(writes) == 1 and writes[0].name == "self":
+            if [(a.name, str(a.type)) for a in candidate._schema.arguments[1:]] == signature:
+                return candidate
+    return None
 
 
 def out_variant(op: OpOverload) -> OpOverload | None:

@@ -185,11 +185,25 @@ def read(tensor: torch.Tensor) -> jax.Array:
                    tensor.storage_offset())
 
 
+def value(tensor: torch.Tensor) -> jax.Array:
+    """The tensor's logical value: `read` with PyTorch's lazy conjugate and negative bits applied."""
+    array = read(tensor)
+    if tensor.is_conj():
+        array = jnp.conj(array)
+    if tensor.is_neg():
+        array = -array
+    return array
+
+
 def write(tensor: torch.Tensor, value: jax.Array) -> None:
     """Store `value` (broadcast and cast to the tensor) through `tensor` into its storage, as CPU would."""
     buffer = buffer_of(tensor)
     jdtype = dtypes.to_jax(tensor.dtype)
     shape = tuple(tensor.shape)
+    if tensor.is_conj():
+        value = jnp.conj(value)
+    if tensor.is_neg():
+        value = -value
     if _covers(tensor, buffer):
         if getattr(value, "shape", None) != shape or value.dtype != jdtype:
             value = _fit(value, shape, jdtype)
