@@ -108,12 +108,17 @@ class Runner:
     def run(self, meta_op: OpOverload, args: tuple, kwargs: dict) -> Any:
         """Run the lowering on `args`; returns jax.Arrays shaped like `meta_op`'s outputs."""
         leaves: list = []
-        key: list = [meta_op]
-        encode = self._encode
+        key: list = [id(meta_op)]  # OpOverloads live for the process; id() hashes in C, the op in Python
         for value, kind in zip(args, self.positional, strict=False):
-            encode(meta_op, value, kind, leaves, key)
-        for name, value in kwargs.items():
-            encode(meta_op, value, self.keyword[name], leaves, key)
+            if kind == _TENSOR and isinstance(value, torch.Tensor) and not value.is_cpu:
+                leaves.append(_fast_value(value))
+                key.append(value.shape)
+                key.append(value.dtype)
+            else:
+                self._encode(meta_op, value, kind, leaves, key)
+        if kwargs:
+            for name, value in kwargs.items():
+                self._encode(meta_op, value, self.keyword[name], leaves, key)
         if self.lowering.rng:
             leaves.append(tpu_random.next_key(kwargs.get("generator")))
         key = tuple(key)
@@ -122,7 +127,7 @@ class Runner:
             result = self._compile(meta_op, key, args, kwargs, leaves)
         else:
             result = entry.executable(*leaves)
-        if modes.launch_blocking():
+        if modes.state.blocking:
             _check(meta_op, result)
         return result
 
@@ -150,6 +155,24 @@ class Runner:
         entry = Entry(str(meta_op), executable, out_dtypes, compilation_duration=time.perf_counter() - start)
         executables.insert(key, entry)
         return result
+
+
+_JAX_DTYPE = dtypes._TORCH_TO_JAX
+
+
+def _fast_value(tensor: torch.Tensor) -> jax.Array:
+    """`storage.value` with the common case inlined: a tensor that is its whole, written buffer."""
+    buffer = tensor.untyped_storage()._tpu_buffer
+    if (
+        buffer.shape == tensor.shape
+        and buffer.dtype == _JAX_DTYPE[tensor.dtype]
+        and tensor.is_contiguous()
+        and not tensor.storage_offset()
+        and not tensor.is_conj()
+        and not tensor.is_neg()
+    ):
+        return buffer._array
+    return storage.value(tensor)
 
 
 def _fill(template: Any, values: tuple) -> Any:

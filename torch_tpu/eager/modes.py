@@ -25,8 +25,33 @@ def _from_environment() -> EagerMode:
 
 
 class _State:
-    mode: EagerMode = _from_environment()
-    debug_nans: bool = os.environ.get("TORCH_TPU_DEBUG_NANS") == "1"
+    """The current mode; `blocking` (Debug mode or NaN checks on) is kept precomputed for the dispatch path."""
+
+    def __init__(self) -> None:
+        self._mode = _from_environment()
+        self._debug_nans = os.environ.get("TORCH_TPU_DEBUG_NANS") == "1"
+        self.blocking = self._is_blocking()
+
+    def _is_blocking(self) -> bool:
+        return self._mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING or self._debug_nans
+
+    @property
+    def mode(self) -> EagerMode:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: EagerMode) -> None:
+        self._mode = mode
+        self.blocking = self._is_blocking()
+
+    @property
+    def debug_nans(self) -> bool:
+        return self._debug_nans
+
+    @debug_nans.setter
+    def debug_nans(self, enabled: bool) -> None:
+        self._debug_nans = enabled
+        self.blocking = self._is_blocking()
 
 
 state = _State()
@@ -56,4 +81,4 @@ def set_eager_mode(mode: EagerMode) -> Iterator[None]:
 
 
 def launch_blocking() -> bool:
-    return state.mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING or state.debug_nans
+    return state.blocking

@@ -8,6 +8,7 @@ size, stride and offset read and write it; PyTorch's own metadata kernels make t
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import threading
 
@@ -20,52 +21,53 @@ from torch_tpu.runtime import dtypes, platform
 
 _ATTR = "_tpu_buffer"
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
-_set_storage = torch.ops.aten.set_.source_Storage_storage_offset.redispatch
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
 _create_empty = torch._C._acc.create_empty_tensor
 _construct_storage = torch._C._construct_storage_from_data_pointer
 _DEVICE = torch.device("tpu", 0)
+_JAX_DTYPE = dtypes._TORCH_TO_JAX
 
 
 class MemoryStats:
-    """Bytes held by live storages, and their peak, like the CUDA caching allocator's counters."""
+    """Bytes held by live storages, and their peak, like the CUDA caching allocator's counters.
+
+    Updated from `DeviceBuffer` without a lock: each update is straight-line attribute arithmetic, which
+    CPython's eval loop does not interrupt for another thread.
+    """
 
     def __init__(self) -> None:
         self.allocated = 0
         self.peak = 0
         self.num_alloc = 0
         self.num_free = 0
-        self._lock = threading.Lock()
-
-    def add(self, nbytes: int) -> None:
-        with self._lock:
-            self.allocated += nbytes
-            self.num_alloc += 1
-            self.peak = max(self.peak, self.allocated)
-
-    def remove(self, nbytes: int) -> None:
-        with self._lock:
-            self.allocated -= nbytes
-            self.num_free += 1
 
     def reset_peak(self) -> None:
-        with self._lock:
-            self.peak = self.allocated
+        self.peak = self.allocated
 
 
 memory = MemoryStats()
 
 
 class _AddressSpace:
-    """Fake, non-overlapping data pointers: torch compares them for aliasing and overlap checks."""
+    """Fake, non-overlapping data pointers: torch compares them for aliasing and overlap checks.
+
+    Storages up to 1 MiB get consecutive 1 MiB slots (a lock-free counter); larger ones a locked bump
+    allocator in a separate, higher range.
+    """
+
+    _SLOT = 1 << 20
 
     def __init__(self) -> None:
-        self._next = 1 << 44
+        self._slots = itertools.count(1 << 24)
+        self._next_large = 1 << 62
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> int:
+        if nbytes <= self._SLOT:
+            return next(self._slots) * self._SLOT
         with self._lock:
-            address = self._next
-            self._next += (nbytes + 127) // 64 * 64
+            address = self._next_large
+            self._next_large += (nbytes + 2 * self._SLOT - 1) // self._SLOT * self._SLOT
             return address
 
 
@@ -79,27 +81,36 @@ class DeviceBuffer:
     a read of an unwritten buffer sees zeros.
     """
 
-    __slots__ = ("_array", "nbytes", "dtype")
+    __slots__ = ("_array", "nbytes", "dtype", "shape")
 
-    def __init__(self, nbytes: int, dtype: np.dtype, array: jax.Array | None = None) -> None:
+    def __init__(
+        self, nbytes: int, dtype: np.dtype, array: jax.Array | None = None, shape: tuple[int, ...] | None = None
+    ) -> None:
         self._array = array
         self.nbytes = nbytes
         self.dtype = dtype
-        memory.add(nbytes)
+        self.shape = shape if shape is not None or array is None else array.shape
+        stats = memory
+        stats.allocated += nbytes
+        stats.num_alloc += 1
+        if stats.allocated > stats.peak:
+            stats.peak = stats.allocated
 
     def __del__(self) -> None:
-        memory.remove(self.nbytes)
+        memory.allocated -= self.nbytes
+        memory.num_free += 1
 
     @property
     def array(self) -> jax.Array:
         if self._array is None:
-            self._array = jnp.zeros((self.nbytes // self.dtype.itemsize,), self.dtype)
+            self.array = jnp.zeros((self.nbytes // self.dtype.itemsize,), self.dtype)
         return self._array
 
     @array.setter
     def array(self, value: jax.Array) -> None:
         self._array = value
         self.dtype = value.dtype
+        self.shape = value.shape
 
 
 @functools.lru_cache(maxsize=4096)
@@ -136,16 +147,27 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype, stride: tuple[int, ...] | 
     return tensor
 
 
+_layouts: dict[tuple, tuple[torch.dtype, int, tuple[int, ...]]] = {}
+
+
+def _layout(shape: tuple[int, ...], jdtype: np.dtype) -> tuple[torch.dtype, int, tuple[int, ...]]:
+    """(torch dtype, nbytes, contiguous strides) of a fresh array; cached, as shapes repeat."""
+    layout = (dtypes.to_torch(jdtype), math.prod(shape) * jdtype.itemsize, contiguous_strides(shape))
+    _layouts[shape, jdtype] = layout
+    return layout
+
+
 def wrap(array: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A new contiguous `tpu` tensor owning `array` (cast to `dtype` if given)."""
-    if dtype is None:
-        dtype = dtypes.to_torch(array.dtype)
-    elif array.dtype != dtypes.to_jax(dtype):
+    if dtype is not None and array.dtype != _JAX_DTYPE.get(dtype):
         array = array.astype(dtypes.to_jax(dtype))
-    shape = array.shape
-    tensor = _create_empty(shape, dtype)
-    buffer = DeviceBuffer(array.nbytes, array.dtype, array)
-    _set_storage(_CPU_KEYS, tensor, _new_storage(buffer), 0, shape, contiguous_strides(shape))
+    shape, jdtype = array.shape, array.dtype
+    layout = _layouts.get((shape, jdtype)) or _layout(shape, jdtype)
+    nbytes = layout[1]
+    tensor = _create_empty(shape, layout[0])
+    storage = _construct_storage(_addresses.take(nbytes), _DEVICE, nbytes)
+    storage._tpu_buffer = DeviceBuffer(nbytes, jdtype, array, shape)
+    _set_storage(_CPU_KEYS, tensor, storage, 0, shape, layout[2])
     return tensor
 
 
@@ -165,9 +187,6 @@ def _covers(tensor: torch.Tensor, buffer: DeviceBuffer) -> bool:
         and tensor.numel() * tensor.element_size() == buffer.nbytes
         and dtypes.to_jax(tensor.dtype) == buffer.dtype
     )
-
-
-_JAX_DTYPE = dtypes._TORCH_TO_JAX
 
 
 def read(tensor: torch.Tensor) -> jax.Array:
