@@ -17,7 +17,14 @@ from torch_tpu.runtime import accelerator as _accelerator  # noqa: E402
 from torch_tpu.runtime import serialization as _serialization  # noqa: E402
 
 __version__ = "0.2.0"
-__all__ = ["cpu_fallback_enabled", "metrics", "set_cpu_fallback", "tpu"]
+__all__ = ["cpu_fallback_enabled", "export_stablehlo", "metrics", "set_cpu_fallback", "tpu"]
+
+
+def export_stablehlo(model, example_inputs):  # noqa: ANN001, ANN201  (documented in compile.export)
+    """The StableHLO text of `model(*example_inputs)`; see `torch_tpu.compile.export.export_stablehlo`."""
+    from torch_tpu.compile.export import export_stablehlo as export
+
+    return export(model, example_inputs)
 
 
 def _register() -> None:

@@ -35,6 +35,9 @@ class Lowering:
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
 KERNELS: dict[OpOverload, Callable] = {}
+# Lowerings only the graph compiler uses: views, allocation and copies, which eager runs as direct kernels
+# (a view must share storage in eager; in a functional graph it is just a value).
+GRAPH_LOWERINGS: dict[OpOverload, Lowering] = {}
 
 
 def _check_new(op: OpOverload) -> None:
@@ -58,6 +61,24 @@ def lower(
         return fn
 
     return register
+
+
+def lower_in_graphs(*ops: OpOverload, rng: bool = False) -> Callable[[Callable], Callable]:
+    """Register `fn` as the JAX lowering of `ops` inside compiled graphs only (see GRAPH_LOWERINGS)."""
+
+    def register(fn: Callable) -> Callable:
+        for op in ops:
+            if op in GRAPH_LOWERINGS or op in LOWERINGS:
+                raise ValueError(f"torch_tpu: {op} is registered twice")
+            GRAPH_LOWERINGS[op] = Lowering(op, fn, rng=rng)
+        return fn
+
+    return register
+
+
+def graph_lowering(op: OpOverload) -> Lowering | None:
+    """The lowering the compiler uses for `op`: the shared one, else a graph-only one."""
+    return LOWERINGS.get(op) or GRAPH_LOWERINGS.get(op)
 
 
 def kernel(*ops: OpOverload) -> Callable[[Callable], Callable]:

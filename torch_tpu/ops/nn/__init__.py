@@ -7,6 +7,7 @@ from torch_tpu.ops.nn import (  # noqa: F401  (imported for their registrations)
     loss,
     norm,
     pool,
+    rnn,
     softmax,
     upsample,
 )

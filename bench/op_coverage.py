@@ -1,0 +1,602 @@
+"""OpInfo coverage: every op in PyTorch's `op_db`, every sample input, on `tpu` against CPU PyTorch.
+
+For each op and each dtype of float32, bfloat16, int64 and bool that the OpInfo supports on CPU, every sample's
+forward outputs are compared with CPU PyTorch (tolerances: `torch_tpu.testing.compare.TOLERANCES`), and for
+differentiable ops in float32 also the gradients w.r.t. the sample's tensor inputs. Random ops (outputs that
+differ between two CPU runs with different seeds) are checked for shapes and dtypes only.
+
+Each (op, dtype) runs in a worker subprocess (spawned, a per-task timeout, restarted after a crash or hang), so
+a crash counts against that op only. The CPU fallback is on: an op that used it is classed `fallback`, never
+`passed`; PyTorch decompositions (`torch_tpu.metrics.decompositions`) are counted separately.
+
+Usage: python bench/op_coverage.py [--ops name1,name2] [--jobs 2] [--timeout 240] [--doc docs/op_coverage.md]
+`--ops` takes OpInfo names (`linalg.svd`) or names with variants (`linalg.svd` runs all its variants,
+`nn.functional.pad.reflect` one). Without `--ops`, the whole op_db runs and the doc is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import multiprocessing
+import multiprocessing.connection
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+DTYPES = ("float32", "bfloat16", "int64", "bool")
+STATUSES = ("passed", "wrong", "error", "fallback", "skipped")
+_SEVERITY = {"error": 4, "wrong": 3, "fallback": 2, "passed": 1}
+_WORKER_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
+    "TORCH_TPU_CPU_FALLBACK": "1",
+}
+# Ops whose outputs are unique only up to a gauge (signs or phases of singular vectors and eigenvectors): they
+# match when CPU's and tpu's outputs agree after the OpInfo's own `output_process_fn_grad`, which removes it.
+GAUGE_FREE = {"svd", "linalg.svd", "linalg.eig", "linalg.eigh", "svd_lowrank", "pca_lowrank"}
+_TASKS_PER_WORKER = 150  # restart workers now and then: executables and traced functions pile up
+
+
+def op_key(op: Any) -> str:
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+def one_line(error: BaseException) -> str:
+    """`Type: message`, squeezed onto one short line (assert_close's mismatch summary kept)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if isinstance(error, AssertionError) and len(lines) > 1 and lines[0].startswith(("Tensor-likes", "Scalars")):
+        lines = [lines[0]] + [line for line in lines[1:] if line.startswith(("Mismatched", "Greatest"))]
+    text = " ".join(lines)[:300]
+    return f"{type(error).__name__}: {text}"
+
+
+# ---------------------------------------------------------------- worker side
+
+
+class Tally:
+    """Sample outcomes of one (op, dtype) forward or gradient check."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.first: dict[str, str] = {}
+        self.fallbacks: collections.Counter[str] = collections.Counter()
+        self.decompositions: collections.Counter[str] = collections.Counter()
+
+    def add(self, outcome: str, message: str = "") -> None:
+        self.counts[outcome] += 1
+        if message and outcome not in self.first:
+            self.first[outcome] = message
+
+    def record(self, note: str = "") -> dict[str, Any]:
+        ran = {k: v for k, v in self.counts.items() if k in _SEVERITY}
+        if not ran:
+            status, message = "skipped", note or self.first.get("cpu_error", "no sample runs on CPU")
+        else:
+            status = max(ran, key=_SEVERITY.get)
+            message = self.first.get(status, "")
+            if status == "fallback":
+                message = "CPU fallback: " + ", ".join(sorted(self.fallbacks))
+        return {
+            "status": status,
+            "message": message,
+            "samples": dict(self.counts),
+            "fallbacks": dict(self.fallbacks),
+            "decompositions": dict(self.decompositions),
+        }
+
+
+def _leaves(value: Any) -> list[Any]:
+    import torch.utils._pytree as pytree
+
+    return pytree.tree_leaves(value)
+
+
+def _walk(value: Any, fn: Any) -> Any:
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_walk(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: _walk(v, fn) for k, v in value.items()}
+    return fn(value)
+
+
+def _moved(sample: Any, to_device: bool) -> Any:
+    """`sample` with tensors copied (to `tpu`, keeping requires_grad, or cloned on CPU without grad)."""
+    import torch
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    def move(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            with torch.no_grad():
+                if not to_device:
+                    return value.detach().clone()
+                return value.detach().to("tpu").requires_grad_(value.requires_grad)
+        if to_device and isinstance(value, torch.device) and value.type == "cpu":
+            return torch.device("tpu")
+        return value
+
+    kwargs = _walk(sample.kwargs, move)
+    if to_device and kwargs.get("device") in ("cpu", torch.device("cpu")):
+        kwargs["device"] = "tpu"
+    return SampleInput(
+        _walk(sample.input, move),
+        args=_walk(sample.args, move),
+        kwargs=kwargs,
+        output_process_fn_grad=sample.output_process_fn_grad,
+        broadcasts_input=sample.broadcasts_input,
+        name=sample.name,
+    )
+
+
+def _call(op: Any, sample: Any) -> Any:
+    return op(sample.input, *sample.args, **sample.kwargs)
+
+
+def _identical(a: Any, b: Any) -> bool:
+    import torch
+
+    flat_a, flat_b = _leaves(a), _leaves(b)
+    if len(flat_a) != len(flat_b):
+        return False
+    for x, y in zip(flat_a, flat_b, strict=True):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype:
+                return False
+            try:
+                torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+            except AssertionError:
+                return False
+        elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            return False
+    return True
+
+
+def _deterministic(op: Any, twin: Any, expected: Any) -> bool:
+    """Whether CPU runs under other seeds reproduce `expected` (a few seeds: tiny random samples can agree)."""
+    import torch
+
+    for seed in (1, 2, 3):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            try:
+                if not _identical(expected, _call(op, _moved(twin, to_device=False))):
+                    return False
+            except Exception:
+                return False
+    return True
+
+
+def _check_outputs(actual: Any, expected: Any, values: bool) -> None:
+    """Outputs on `tpu` and equal to CPU's (shapes and dtypes only unless `values`)."""
+    import torch
+
+    from torch_tpu.testing import compare
+
+    for value in _leaves(actual):
+        if isinstance(value, torch.Tensor) and value.device.type != "tpu":
+            raise AssertionError(f"an output is on {value.device}, expected tpu")
+    if values:
+        compare.assert_close(actual, expected)
+        return
+    flat_a, flat_e = _leaves(compare.to_cpu(actual)), _leaves(expected)
+    if len(flat_a) != len(flat_e):
+        raise AssertionError(f"{len(flat_a)} outputs != {len(flat_e)}")
+    for a, e in zip(flat_a, flat_e, strict=True):
+        if isinstance(e, torch.Tensor):
+            if not isinstance(a, torch.Tensor) or a.shape != e.shape or a.dtype != e.dtype:
+                raise AssertionError(f"random output {getattr(a, 'shape', a)} {getattr(a, 'dtype', '')} != "
+                                     f"{e.shape} {e.dtype}")
+
+
+def _same_processed(sample: Any, actual: Any, expected: Any) -> bool:
+    """Whether the outputs agree after the OpInfo's `output_process_fn_grad` (which fixes their gauge)."""
+    try:
+        _check_outputs(sample.output_process_fn_grad(actual), sample.output_process_fn_grad(expected), True)
+    except Exception:
+        return False
+    return True
+
+
+def _counters() -> tuple[collections.Counter, collections.Counter]:
+    from torch_tpu import metrics
+
+    return collections.Counter(metrics.cpu_fallbacks), collections.Counter(metrics.decompositions)
+
+
+def _note_dispatch(tally: Tally, before: tuple) -> bool:
+    """Add the fallbacks/decompositions since `before` to `tally`; True if anything fell back to the CPU."""
+    fallbacks, decompositions = _counters()
+    fell = fallbacks - before[0]
+    tally.fallbacks.update(fell)
+    tally.decompositions.update(decompositions - before[1])
+    return bool(fell)
+
+
+def _differentiable(outputs: Any) -> list[int]:
+    import torch
+
+    return [
+        i for i, o in enumerate(outputs)
+        if isinstance(o, torch.Tensor) and o.requires_grad and (o.is_floating_point() or o.is_complex())
+    ]
+
+
+def _run_sample(op: Any, sample: Any, forward: Tally, grad: Tally | None) -> None:
+    import torch
+
+    from torch_tpu.testing import compare
+
+    device_sample = _moved(sample, to_device=True)
+    twin = _moved(sample, to_device=False)
+    torch.manual_seed(0)
+    try:
+        expected = _call(op, sample)
+    except Exception as error:  # an invalid sample for this dtype on CPU: not the backend's failure
+        forward.add("cpu_error", one_line(error))
+        return
+    random = op.has_nondeterministic_output or not _deterministic(op, twin, expected)
+    before = _counters()
+    torch.manual_seed(0)
+    try:
+        actual = _call(op, device_sample)
+        _leaves(compare.to_cpu(actual))  # wait for the device: errors surface here
+    except Exception as error:
+        _note_dispatch(forward, before)
+        forward.add("error", one_line(error))
+        if grad is not None:
+            grad.add("error", "forward failed: " + one_line(error))
+        return
+    fell = _note_dispatch(forward, before)
+    try:
+        _check_outputs(actual, expected, values=not random)
+        forward.add("fallback" if fell else "passed")
+    except Exception as error:
+        if op.name in GAUGE_FREE and _same_processed(sample, actual, expected):
+            forward.add("fallback" if fell else "passed")
+        else:
+            forward.add("wrong", one_line(error))
+    if grad is not None:
+        _run_grad(sample, device_sample, expected, actual, random, grad)
+
+
+def _run_grad(sample: Any, device_sample: Any, expected: Any, actual: Any, random: bool, grad: Tally) -> None:
+    import torch
+
+    from torch_tpu.testing import compare
+
+    tensors = _leaves((sample.input, sample.args, sample.kwargs))
+    device_tensors = _leaves((device_sample.input, device_sample.args, device_sample.kwargs))
+    wrt = [i for i, t in enumerate(tensors) if isinstance(t, torch.Tensor) and t.requires_grad]
+    try:
+        outputs = _leaves(sample.output_process_fn_grad(expected))
+        picked = _differentiable(outputs)
+        if not wrt or not picked:
+            grad.add("no_grad")
+            return
+        seeds = [torch.randn_like(outputs[i]) for i in picked]
+        expected_grads = torch.autograd.grad(
+            [outputs[i] for i in picked], [tensors[i] for i in wrt], seeds, allow_unused=True
+        )
+    except Exception as error:
+        grad.add("cpu_error", one_line(error))
+        return
+    before = _counters()
+    try:
+        device_outputs = _leaves(sample.output_process_fn_grad(actual))
+        actual_grads = torch.autograd.grad(
+            [device_outputs[i] for i in picked],
+            [device_tensors[i] for i in wrt],
+            compare.to_tpu(seeds),
+            allow_unused=True,
+        )
+        actual_grads = list(actual_grads)
+        compare.to_cpu(actual_grads)
+    except Exception as error:
+        _note_dispatch(grad, before)
+        grad.add("error", one_line(error))
+        return
+    fell = _note_dispatch(grad, before)
+    try:
+        _check_outputs(actual_grads, list(expected_grads), values=not random)
+        grad.add("fallback" if fell else "passed")
+    except Exception as error:
+        grad.add("wrong", one_line(error))
+
+
+def run_task(op: Any, dtype_name: str) -> dict[str, dict[str, Any]]:
+    """Records for `op` in `dtype_name` (and, for differentiable ops in float32, for its gradients)."""
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    wants_grad = dtype == torch.float32 and op.supports_autograd
+    forward, grad = Tally(), Tally() if wants_grad else None
+    try:
+        samples = list(op.sample_inputs("cpu", dtype, requires_grad=wants_grad))
+    except Exception as error:
+        note = "sample_inputs failed: " + one_line(error)
+        result = {dtype_name: Tally().record(note)}
+        if wants_grad:
+            result["grad"] = Tally().record(note)
+        return result
+    for sample in samples:
+        _run_sample(op, sample, forward, grad)
+    result = {dtype_name: forward.record()}
+    if grad is not None:
+        result["grad"] = grad.record("no differentiable output or input in the samples")
+    return result
+
+
+def worker(conn: multiprocessing.connection.Connection) -> None:
+    """Receive (op key, dtype) tasks, send back records; None stops."""
+    os.environ.update(_WORKER_ENV)
+    import warnings
+
+    warnings.simplefilter("ignore")
+    import torch
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    import torch_tpu
+    from torch_tpu.eager.cache import executables
+
+    torch_tpu.set_cpu_fallback(True)
+    torch.set_num_threads(1)
+    ops = {op_key(op): op for op in op_db}
+    conn.send("ready")
+    while (task := conn.recv()) is not None:
+        key, dtype_name = task
+        try:
+            result = run_task(ops[key], dtype_name)
+        except BaseException as error:  # a bug in the sweep itself: report it against the op, keep going
+            result = {dtype_name: {"status": "error", "message": "sweep: " + one_line(error),
+                                   "trace": traceback.format_exc(limit=5)}}
+        executables.clear()
+        conn.send(result)
+
+
+# ---------------------------------------------------------------- parent side
+
+
+class Slot:
+    """One worker process and the task it runs."""
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+        self.start()
+
+    def start(self) -> None:
+        self.conn, child = self.context.Pipe()
+        self.process = self.context.Process(target=worker, args=(child,), daemon=True)
+        self.process.start()
+        child.close()
+        self.ready = False
+        self.task: tuple[str, str] | None = None
+        self.since = 0.0
+        self.done = 0
+
+    def restart(self) -> None:
+        self.process.kill()
+        self.process.join()
+        self.conn.close()
+        self.start()
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.process.join(timeout=5)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+def _failure_record(message: str) -> dict[str, Any]:
+    return {"status": "error", "message": message, "samples": {}, "fallbacks": {}, "decompositions": {}}
+
+
+def sweep(tasks: list[tuple[str, str]], jobs: int, timeout: float, grad_keys: set[str]) -> dict[str, dict]:
+    """Run `tasks` on `jobs` workers; results[op key][dtype or "grad"] = record."""
+    context = multiprocessing.get_context("spawn")
+    slots = [Slot(context) for _ in range(min(jobs, len(tasks)))]
+    pending = collections.deque(tasks)
+    results: dict[str, dict] = collections.defaultdict(dict)
+    finished = 0
+
+    def lost(slot: Slot, why: str) -> None:
+        nonlocal finished
+        key, dtype_name = slot.task
+        results[key][dtype_name] = _failure_record(why)
+        if dtype_name == "float32" and key in grad_keys:
+            results[key]["grad"] = _failure_record(why)
+        finished += 1
+        print(f"[{finished}/{len(tasks)}] {key} {dtype_name}: {why}", flush=True)
+        slot.restart()
+
+    while pending or any(s.task for s in slots):
+        for slot in slots:
+            if slot.ready and slot.task is None and pending:
+                slot.task = pending.popleft()
+                slot.since = time.monotonic()
+                slot.conn.send(slot.task)
+        waits = [slot.since + timeout - time.monotonic() for slot in slots if slot.task]
+        handles = [s.conn for s in slots] + [s.process.sentinel for s in slots]
+        multiprocessing.connection.wait(handles, timeout=max(min(waits, default=1.0), 0.01))
+        for slot in slots:
+            if slot.conn.poll():
+                try:
+                    message = slot.conn.recv()
+                except (EOFError, OSError):
+                    message = None
+                if message == "ready":
+                    slot.ready = True
+                    continue
+                if isinstance(message, dict):
+                    key = slot.task[0]
+                    results[key].update(message)
+                    finished += 1
+                    status = message[slot.task[1]]["status"]
+                    print(f"[{finished}/{len(tasks)}] {key} {slot.task[1]}: {status} "
+                          f"({time.monotonic() - slot.since:.1f}s)", flush=True)
+                    slot.task = None
+                    slot.done += 1
+                    if slot.done >= _TASKS_PER_WORKER:
+                        slot.restart()
+                    continue
+            if not slot.process.is_alive():
+                if slot.task:
+                    lost(slot, f"worker died (exit code {slot.process.exitcode})")
+                else:
+                    slot.restart()
+            elif slot.task and time.monotonic() - slot.since > timeout:
+                lost(slot, f"timeout: no result after {timeout:.0f}s")
+    for slot in slots:
+        slot.stop()
+    return results
+
+
+# ---------------------------------------------------------------- report
+
+
+def summarize(ops: list[Any], results: dict[str, dict]) -> dict[str, collections.Counter]:
+    table: dict[str, collections.Counter] = {d: collections.Counter() for d in (*DTYPES, "grad")}
+    for op in ops:
+        for column, record in results.get(op_key(op), {}).items():
+            table[column][record["status"]] += 1
+    return table
+
+
+def headline(ops: list[Any], results: dict[str, dict]) -> dict[str, tuple[int, int]]:
+    """(passing, eligible) op counts for the float32 forward and gradient targets."""
+    fwd = [results[op_key(op)]["float32"] for op in ops if "float32" in results.get(op_key(op), {})]
+    grad = [results[op_key(op)]["grad"] for op in ops if "grad" in results.get(op_key(op), {})]
+    fwd = [r for r in fwd if r["status"] != "skipped"]
+    grad = [r for r in grad if r["status"] != "skipped"]
+    return {
+        "float32 forward": (sum(r["status"] == "passed" for r in fwd), len(fwd)),
+        "float32 gradients": (sum(r["status"] == "passed" for r in grad), len(grad)),
+    }
+
+
+def table_lines(table: dict[str, collections.Counter]) -> list[str]:
+    lines = ["| check | " + " | ".join(STATUSES) + " | pass rate |", "|---" * (len(STATUSES) + 2) + "|"]
+    for column, counts in table.items():
+        tested = sum(counts[s] for s in STATUSES if s != "skipped")
+        rate = f"{100 * counts['passed'] / tested:.1f}%" if tested else "-"
+        name = "float32 gradients" if column == "grad" else f"{column} forward"
+        lines.append(f"| {name} | " + " | ".join(str(counts[s]) for s in STATUSES) + f" | {rate} |")
+    return lines
+
+
+def print_report(ops: list[Any], results: dict[str, dict], seconds: float) -> None:
+    print()
+    print("\n".join(table_lines(summarize(ops, results))))
+    for name, (passing, eligible) in headline(ops, results).items():
+        print(f"{name}: {passing}/{eligible} ops pass all samples ({100 * passing / max(eligible, 1):.1f}%)")
+    print(f"{len(ops)} OpInfos in {seconds / 60:.1f} min")
+
+
+def write_doc(path: str, ops: list[Any], results: dict[str, dict], seconds: float, jobs: int) -> None:
+    import torch
+
+    lines = [
+        "# Op coverage against PyTorch's OpInfo database",
+        "",
+        "<!-- Generated by bench/op_coverage.py: do not edit by hand; rerun "
+        "`.venv/bin/python bench/op_coverage.py` to refresh. -->",
+        "",
+        "*This file is generated by `bench/op_coverage.py`.* Every OpInfo of "
+        "`torch.testing._internal.common_methods_invocations.op_db` "
+        f"(torch {torch.__version__}, {len(ops)} entries), every sample input, for float32, bfloat16, int64 and "
+        "bool where the OpInfo supports the dtype on CPU: forward outputs on `tpu` against CPU PyTorch with the "
+        "tolerances of `torch_tpu/testing/compare.py`, and for differentiable ops in float32 the gradients "
+        "w.r.t. the sample's tensor inputs. Random ops are checked for shapes and dtypes only.",
+        "",
+        "A row counts OpInfos (one per op and variant): `passed` = every sample matches; `wrong` = a sample ran "
+        "but differs; `error` = a sample raised, crashed or timed out; `fallback` = results matched but some "
+        "ATen op ran on the CPU (`TORCH_TPU_CPU_FALLBACK`, never a pass); `skipped` = dtype unsupported on CPU, "
+        "or no sample runs on CPU.",
+        "",
+        f"Sweep time: {seconds / 60:.1f} min with {jobs} worker processes on {os.cpu_count()} CPU cores "
+        "(XLA CPU platform).",
+        "",
+        "## Summary",
+        "",
+        *table_lines(summarize(ops, results)),
+        "",
+    ]
+    for name, (passing, eligible) in headline(ops, results).items():
+        lines.append(f"- {name}: **{passing}/{eligible}** OpInfos pass every sample "
+                     f"({100 * passing / max(eligible, 1):.1f}%).")
+    decomposed: collections.Counter[str] = collections.Counter()
+    fell_back: collections.Counter[str] = collections.Counter()
+    for op in ops:
+        for record in results.get(op_key(op), {}).values():
+            decomposed.update(record.get("decompositions", {}))
+            fell_back.update(record.get("fallbacks", {}))
+    lines += [
+        "",
+        "## Failures",
+        "",
+        "One line per failing (OpInfo, check): the first failing sample's error.",
+        "",
+        "| OpInfo | check | status | first error |",
+        "|---|---|---|---|",
+    ]
+    for op in sorted(ops, key=op_key):
+        for column, record in sorted(results.get(op_key(op), {}).items()):
+            if record["status"] in ("wrong", "error", "fallback"):
+                message = record["message"].replace("|", "\\|").replace("\n", " ")
+                lines.append(f"| `{op_key(op)}` | {column} | {record['status']} | {message} |")
+    lines += ["", "## ATen ops that ran on the CPU fallback", ""]
+    lines += [f"- `{name}`: {count} calls" for name, count in fell_back.most_common()] or ["None."]
+    lines += ["", "## PyTorch decompositions used", ""]
+    lines += [f"- `{name}`: {count} calls" for name, count in decomposed.most_common()] or ["None."]
+    with open(path, "w") as file:
+        file.write("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", help="comma-separated OpInfo names (default: the whole op_db)")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--timeout", type=float, default=240.0, help="seconds per (op, dtype) task (default 240)")
+    parser.add_argument("--doc", default="docs/op_coverage.md", help="the generated doc (whole sweeps only)")
+    parser.add_argument("--json", help="also dump the raw results here")
+    args = parser.parse_args()
+
+    import torch
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    ops = list(op_db)
+    if args.ops:
+        wanted = set(args.ops.split(","))
+        ops = [op for op in ops if op.name in wanted or op_key(op) in wanted]
+        if not ops:
+            sys.exit(f"no OpInfo named {args.ops}")
+    tasks, results_skipped = [], collections.defaultdict(dict)
+    for op in ops:
+        supported = op.supported_dtypes("cpu")
+        for name in DTYPES:
+            if getattr(torch, name) in supported:
+                tasks.append((op_key(op), name))
+            else:
+                results_skipped[op_key(op)][name] = {"status": "skipped", "message": "dtype unsupported on CPU"}
+    grad_keys = {op_key(op) for op in ops if op.supports_autograd}
+    start = time.monotonic()
+    results = sweep(tasks, args.jobs, args.timeout, grad_keys)
+    seconds = time.monotonic() - start
+    for key, records in results_skipped.items():
+        results[key].update(records)
+    print_report(ops, results, seconds)
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(results, file, indent=1, sort_keys=True)
+    if not args.ops:
+        write_doc(args.doc, ops, results, seconds, args.jobs)
+        print(f"wrote {args.doc}")
+
+
+if __name__ == "__main__":
+    main()

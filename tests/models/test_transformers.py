@@ -1,0 +1,94 @@
+"""Hugging Face GPT-2, BERT, Llama and ViT from small random configs: forward, backward and an AdamW step on
+`tpu` against CPU PyTorch (logits, loss, every gradient, every updated parameter)."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, SEQ, BATCH = 100, 12, 2
+# Dropout draws from its own stream on tpu, so it is off; every model otherwise runs in training mode.
+NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def adamw(params):
+    # Adam's first step is -lr * g / (|g| + eps): for |g| near eps it magnifies the gradient's rounding error
+    # (~1e-7 where terms of size ~1 cancel, ~1e-10 for the exactly-zero gradient of key biases, which softmax
+    # ignores) by lr / eps. eps=1e-4 keeps that under 1e-6 while the step stays Adam's for every real gradient.
+    return torch.optim.AdamW(params, lr=1e-3, eps=1e-4, weight_decay=0.01)
+
+
+def token_batch(padded: bool):
+    torch.manual_seed(1)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+    if padded:
+        mask[1, SEQ - 3 :] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    return dict(input_ids=ids, attention_mask=mask, labels=labels)
+
+
+def gpt2(attn_implementation):
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4, n_inner=64,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+        attn_implementation=attn_implementation,
+    )  # fmt: skip
+    return transformers.GPT2LMHeadModel(config), token_batch(padded=True)
+
+
+def bert(attn_implementation):
+    config = transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=32, num_labels=3, attn_implementation=attn_implementation, **NO_DROPOUT,
+    )  # fmt: skip
+    batch = token_batch(padded=True)
+    batch["labels"] = torch.tensor([0, 2])
+    batch["token_type_ids"] = (torch.arange(SEQ) >= SEQ // 2).long().expand(BATCH, SEQ)
+    return transformers.BertForSequenceClassification(config), batch
+
+
+def llama(attn_implementation):
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=32, attn_implementation=attn_implementation,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(config), token_batch(padded=False)
+
+
+def vit(attn_implementation):
+    config = transformers.ViTConfig(
+        image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, num_labels=3, attn_implementation=attn_implementation, **NO_DROPOUT,
+    )  # fmt: skip
+    torch.manual_seed(1)
+    return transformers.ViTForImageClassification(config), dict(
+        pixel_values=torch.randn(BATCH, 3, 16, 16), labels=torch.tensor([0, 2])
+    )
+
+
+MODELS = {"gpt2": gpt2, "bert": bert, "llama": llama, "vit": vit}
+
+
+def forward(model, batch):
+    output = model(**batch)
+    return output.logits, output.loss
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model_trains_like_cpu(name, attn_implementation, check_training):
+    model, batch = MODELS[name](attn_implementation)
+    model.train()
+    check_training(model, [batch], forward, adamw)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Module.to re-creates parameters for a PrivateUse1 device (torch._has_compatible_shallow_copy_type "
+    "lists only built-in dense backends), so shared parameters are untied; call model.tie_weights() after .to",
+)
+def test_to_tpu_keeps_tied_weights():
+    model, _ = gpt2("sdpa")
+    model.to("tpu")
+    assert model.lm_head.weight is model.transformer.wte.weight

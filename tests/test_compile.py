@@ -1,0 +1,193 @@
+"""torch.compile(backend="tpu"): numerics against CPU, training steps, mutations, RNG, options and errors."""
+
+import copy
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+
+RTOL, ATOL = 1e-4, 1e-5  # fp32 over several optimizer steps
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def mlp():
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
+
+
+def test_forward_matches_cpu():
+    torch.manual_seed(0)
+    model, x = mlp(), torch.randn(8, 16)
+    compiled = torch.compile(copy.deepcopy(model).to("tpu"), backend="tpu")
+    out = compiled(x.to("tpu"))
+    assert out.device.type == "tpu"
+    torch.testing.assert_close(out.cpu(), model(x), rtol=1.3e-5, atol=1e-5)
+
+
+def test_forward_and_backward_match_cpu():
+    torch.manual_seed(0)
+    model, x = mlp(), torch.randn(8, 16)
+    tpu_model = copy.deepcopy(model).to("tpu")
+    compiled = torch.compile(tpu_model, backend="tpu")
+    compiled(x.to("tpu")).square().mean().backward()
+    model(x).square().mean().backward()
+    for ours, theirs in zip(tpu_model.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(ours.grad.cpu(), theirs.grad, rtol=1.3e-5, atol=1e-5)
+
+
+def _train(device, compiled, model, data, make_optimizer):
+    model = copy.deepcopy(model).to(device)
+    optimizer = make_optimizer(model.parameters())
+
+    def step(x, y):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    if compiled:
+        step = torch.compile(step, backend="tpu")
+    losses = [step(x.to(device), y.to(device)).detach().cpu() for x, y in data]
+    return model, torch.stack(losses)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_whole_training_step_compiled_matches_cpu(optimizer):
+    torch.manual_seed(0)
+    make = {
+        "sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+        "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2),
+    }[optimizer]
+    model = mlp()
+    data = [(torch.randn(8, 16), torch.randint(0, 4, (8,))) for _ in range(4)]
+    cpu_model, cpu_losses = _train("cpu", False, model, data, make)
+    tpu_model, tpu_losses = _train("tpu", True, model, data, make)
+    torch.testing.assert_close(tpu_losses, cpu_losses, rtol=RTOL, atol=ATOL)
+    for ours, theirs in zip(tpu_model.parameters(), cpu_model.parameters(), strict=True):
+        torch.testing.assert_close(ours.detach().cpu(), theirs.detach(), rtol=RTOL, atol=ATOL)
+
+
+def test_batchnorm_running_stats_are_updated_in_real_storages():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, bias=False), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+    x = torch.randn(2, 3, 8, 8)
+    tpu_model = copy.deepcopy(model).to("tpu")
+    compiled = torch.compile(tpu_model, backend="tpu")
+    for _ in range(2):
+        compiled(x.to("tpu")).sum().backward()
+        model(x).sum().backward()
+    bn_tpu, bn_cpu = tpu_model[1], model[1]
+    torch.testing.assert_close(bn_tpu.running_mean.cpu(), bn_cpu.running_mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(bn_tpu.running_var.cpu(), bn_cpu.running_var, rtol=1e-5, atol=1e-6)
+    assert bn_tpu.num_batches_tracked.item() == 2
+
+
+def test_compiled_dropout_is_reproducible_under_manual_seed():
+    model = torch.compile(torch.nn.Dropout(0.5).to("tpu"), backend="tpu")
+    x = torch.ones(64, 64, device="tpu")
+    torch.manual_seed(3)
+    first = model(x).cpu()
+    torch.manual_seed(3)
+    again = model(x).cpu()
+    other = model(x).cpu()
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    kept = (first != 0).float().mean().item()
+    assert 0.4 < kept < 0.6 and set(first.unique().tolist()) <= {0.0, 2.0}
+
+
+def test_second_call_reuses_the_executable():
+    compiled = torch.compile(mlp().to("tpu"), backend="tpu", options={"name": "reuse"})
+    x = torch.randn(4, 16, device="tpu")
+    compiled(x)
+    before = torch.tpu._get_cache_stats()
+    compiled(x)
+    after = torch.tpu._get_cache_stats()
+    assert after["num_cache_hits"] > before["num_cache_hits"]
+    assert after["num_entries"] == before["num_entries"]
+    names = [e["name"] for e in after["per_entry_stats"]]
+    assert any(n.startswith("reuse:") for n in names)
+
+
+def test_debug_callback_receives_fx_and_stablehlo():
+    seen = []
+    compiled = torch.compile(
+        torch.nn.Linear(4, 3).to("tpu"), backend="tpu", options={"debug_callback": lambda fx, hlo: seen.append((fx, hlo))}
+    )
+    compiled(torch.ones(2, 4, device="tpu"))
+    assert seen and "aten.addmm" in seen[0][0] and "stablehlo.dot_general" in seen[0][1]
+
+
+def test_export_stablehlo():
+    text = torch_tpu.export_stablehlo(torch.nn.Linear(4, 2).to("tpu"), (torch.ones(3, 4, device="tpu"),))
+    assert text.startswith("module") and "stablehlo.dot_general" in text
+
+
+def test_graph_break_falls_back_to_eager_on_tpu():
+    def fn(x):
+        y = x * 2
+        if y.sum().item() > 0:  # data-dependent control flow: a graph break
+            return y + 1
+        return y - 1
+
+    compiled = torch.compile(fn, backend="tpu")
+    x = torch.arange(4.0)
+    out = compiled(x.to("tpu"))
+    assert out.device.type == "tpu" and torch.equal(out.cpu(), fn(x))
+
+
+def test_unlowered_op_names_op_and_source_line():
+    def fn(x):
+        return torch.special.bessel_j0(x) + 1  # the line the error must name
+
+    with pytest.raises(Exception, match=r"special_bessel_j0.*test_compile\.py"):
+        torch.compile(fn, backend="tpu")(torch.ones(3, device="tpu"))
+
+
+def test_failed_compile_leaves_model_unchanged():
+    model = torch.nn.Linear(3, 3).to("tpu")
+    before = {k: v.cpu().clone() for k, v in model.state_dict().items()}
+
+    def step(x):
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        return torch.special.bessel_j0(model(x))
+
+    with pytest.raises(Exception, match="special_bessel_j0"):
+        torch.compile(step, backend="tpu")(torch.ones(2, 3, device="tpu"))
+    for k, v in model.state_dict().items():
+        assert torch.equal(v.cpu(), before[k]), k
+
+
+def test_dynamic_true_is_refused_clearly():
+    with pytest.raises(Exception, match="dynamic shapes"):
+        torch.compile(lambda x: x * 2, backend="tpu", dynamic=True)(torch.ones(5, device="tpu"))
+
+
+def test_unknown_option_is_refused():
+    with pytest.raises(Exception, match="unknown torch.compile options"):
+        torch.compile(lambda x: x + 1, backend="tpu", options={"fast": True})(torch.ones(2, device="tpu"))
+
+
+SMOKE = pathlib.Path(__file__).resolve().parents[2] / "shared" / "seeds" / "smoke.py"
+
+
+@pytest.mark.skipif(not SMOKE.exists(), reason="../shared/seeds/smoke.py is not beside this checkout")
+def test_seed_smoke_compiled():
+    env = dict(os.environ, EXECUTION_MODE="compiled")
+    out = subprocess.run([sys.executable, str(SMOKE)], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["finite"] is True and report["mode"] == "compiled"

@@ -1,0 +1,122 @@
+"""`torch.compile(backend="tpu")`: Dynamo FX -> AOTAutograd (min-cut partitioner) -> ATen graphs -> the same
+lowerings as eager -> one `jax.jit` per graph -> StableHLO -> an XLA executable."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+from torch_tpu import random as tpu_random
+from torch_tpu.compile import graph
+from torch_tpu.eager.cache import Entry, executables
+from torch_tpu.ops.registry import graph_lowering
+from torch_tpu.runtime import platform, storage
+
+_OPTIONS = {"async_compile", "num_dynamic_buckets", "bucket_size", "serializable", "debug_callback", "name"}
+
+
+@functools.cache
+def decompositions() -> dict:
+    """PyTorch's core-ATen decompositions, except for ops we lower directly (ours are kept whole)."""
+    from torch._decomp import core_aten_decompositions
+
+    return {op: fn for op, fn in core_aten_decompositions().items() if graph_lowering(op) is None}
+
+
+class CompiledGraph:
+    """One ATen graph as a cached XLA executable, called with and returning ordinary torch tensors."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str, debug_callback: Callable | None) -> None:
+        self.name = name
+        self.fn, self.mutations = graph.to_jax(gm)
+        self.jitted = jax.jit(self.fn)
+        output_node = next(n for n in gm.graph.nodes if n.op == "output")
+        self.host_outputs = [
+            isinstance(v := getattr(o, "meta", {}).get("val"), torch.Tensor) and v.device.type == "cpu"
+            for o in output_node.args[0]
+        ]
+        self.debug_callback = debug_callback
+        self.gm = gm
+        self.entry: Entry | None = None
+
+    def _inputs(self, args: Sequence[Any]) -> list[Any]:
+        return [
+            (storage.value(a) if a.device.type == "tpu" else storage.to_device(a)) if isinstance(a, torch.Tensor)
+            else a
+            for a in args
+        ]
+
+    def __call__(self, *args: Any) -> list[Any]:
+        key = tpu_random.next_key()
+        inputs = self._inputs(args)
+        if self.entry is None:
+            platform.devices()
+            start = time.perf_counter()
+            lowered = self.jitted.lower(key, *inputs)
+            if self.debug_callback is not None:
+                self.debug_callback(self.gm.code, lowered.as_text())
+            outputs = jax.block_until_ready(self.jitted(key, *inputs))
+            self.entry = executables.insert(
+                ("graph", self.name, id(self)),
+                Entry(self.name, self.jitted, None, compilation_duration=time.perf_counter() - start),
+            )
+        else:
+            executables.lookup(("graph", self.name, id(self)))
+            outputs = self.jitted(key, *inputs)
+        for index, position in self.mutations:
+            target = args[index]
+            if target.device.type == "tpu":
+                storage.write(target, outputs[position])
+            else:
+                target.copy_(storage.to_host(outputs[position], target.dtype))
+        results = []
+        for value, host in zip(outputs, self.host_outputs + [False] * len(outputs), strict=False):
+            if isinstance(value, jax.Array):
+                wrapped = storage.wrap(value)
+                results.append(wrapped.cpu() if host else wrapped)
+            else:
+                results.append(value)
+        return results[: len(outputs) - len(self.mutations)]
+
+
+def _compiler(kind: str, name: str, debug_callback: Callable | None) -> Callable:
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        compiled = CompiledGraph(gm, f"{name}:{kind}", debug_callback)
+        return make_boxed_func(torch._dynamo.disable(compiled))
+
+    return compile_graph
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None,
+            **_: Any) -> Callable:
+    """The Dynamo backend registered as "tpu"."""
+    options = dict(options or {})
+    if any(isinstance(x, torch.SymInt) for x in example_inputs) or any(
+        isinstance(x, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in x.shape) for x in example_inputs
+    ):
+        raise NotImplementedError(
+            "torch_tpu: dynamic shapes (torch.compile(dynamic=True) or mark_dynamic) are not compiled as symbolic "
+            "programs; XLA needs static shapes. Use torch.compile(..., dynamic=False) — bounded dynamism via "
+            "options num_dynamic_buckets/bucket_size is not available yet in this release."
+        )
+    unknown = set(options) - _OPTIONS
+    if unknown:
+        raise ValueError(f"torch_tpu: unknown torch.compile options {sorted(unknown)}; known: {sorted(_OPTIONS)}")
+    name = options.get("name", "graph")
+    debug_callback = options.get("debug_callback")
+    return aot_autograd(
+        fw_compiler=_compiler("forward", name, debug_callback),
+        bw_compiler=_compiler("backward", name, debug_callback),
+        inference_compiler=_compiler("inference", name, debug_callback),
+        partition_fn=min_cut_rematerialization_partition,
+        decompositions=decompositions(),
+        keep_inference_input_mutations=True,
+    )(gm, example_inputs)

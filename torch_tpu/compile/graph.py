@@ -1,0 +1,128 @@
+"""An ATen FX graph replayed through the lowering registry into one JAX function.
+
+The same lowerings as eager run here; each node's output is cast to the dtype its FakeTensor value says,
+exactly as eager casts to its meta kernel's dtype. Random ops get keys folded from one key input, so a
+compiled graph draws from the device RNG stream like eager does.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import torch
+from torch._ops import OpOverload
+from torch.fx.node import map_aggregate
+
+from torch_tpu.ops.registry import graph_lowering
+from torch_tpu.runtime import dtypes
+
+aten = torch.ops.aten
+
+
+class UnsupportedOp(NotImplementedError):
+    """An op in a compiled graph that has no lowering; names the op and the user's source line."""
+
+
+def _user_line(node: torch.fx.Node) -> str:
+    """`File "...", line N, in f: code` of the innermost user frame that produced `node`."""
+    lines = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines()]
+    frames = [i for i, line in enumerate(lines) if line.startswith("File ")]
+    if not frames:
+        return "(no source line recorded)"
+    last = frames[-1]
+    code = lines[last + 1] if last + 1 < len(lines) else ""
+    return f"{lines[last]}: {code}"
+
+
+def _out_dtypes(node: torch.fx.Node) -> Any:
+    value = node.meta.get("val")
+    if isinstance(value, torch.Tensor):
+        return dtypes.to_jax(value.dtype)
+    if isinstance(value, (list, tuple)):
+        return tuple(dtypes.to_jax(v.dtype) if isinstance(v, torch.Tensor) else None for v in value)
+    return None
+
+
+def _cast(result: Any, out_dtypes: Any) -> Any:
+    if out_dtypes is None or result is None:
+        return result
+    if isinstance(out_dtypes, tuple):
+        return type(result)(_cast(r, d) for r, d in zip(result, out_dtypes, strict=False))
+    return result if getattr(result, "dtype", out_dtypes) == out_dtypes else result.astype(out_dtypes)
+
+
+def check_supported(gm: torch.fx.GraphModule) -> None:
+    """Raise `UnsupportedOp` for the first node with no lowering, before anything is traced or run."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, OpOverload):
+            if node.target is aten.copy_.default:
+                continue
+            lowering = graph_lowering(node.target)
+            if lowering is None:
+                raise UnsupportedOp(
+                    f"torch_tpu: '{node.target}' has no tpu lowering (in a torch.compile graph), "
+                    f"from: {_user_line(node)}"
+                )
+            if not lowering.jit:
+                raise UnsupportedOp(
+                    f"torch_tpu: '{node.target}' has a data-dependent output shape and cannot be compiled, "
+                    f"from: {_user_line(node)}"
+                )
+
+
+def to_jax(gm: torch.fx.GraphModule) -> tuple[Callable[..., Any], list[tuple[int, int]]]:
+    """`fn(key, *inputs) -> outputs` for the graph, and the (input index, output index) pairs of the input
+    mutations (`aten.copy_` into a placeholder) that the caller must write back; their values are appended
+    to the outputs."""
+    check_supported(gm)
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    mutated = list(dict.fromkeys(n.args[0] for n in nodes if n.op == "call_function" and n.target is aten.copy_.default))
+    output_node = next(n for n in nodes if n.op == "output")
+    n_outputs = len(output_node.args[0])
+    mutations = [(placeholders.index(p), n_outputs + i) for i, p in enumerate(mutated)]
+
+    def fn(key: jax.Array, *inputs: Any) -> tuple:
+        env: dict[torch.fx.Node, Any] = dict(zip(placeholders, inputs, strict=True))
+        written: dict[torch.fx.Node, Any] = {}
+        draws = 0
+        for node in nodes:
+            if node.op != "call_function":
+                if node.op == "get_attr":
+                    env[node] = _constant(getattr(gm, node.target))
+                continue
+            args = map_aggregate(node.args, lambda a: env[a] if isinstance(a, torch.fx.Node) else a)
+            kwargs = map_aggregate(node.kwargs, lambda a: env[a] if isinstance(a, torch.fx.Node) else a)
+            target = node.target
+            if target is operator.getitem:
+                env[node] = args[0][args[1]]
+                continue
+            if target is aten.copy_.default:
+                value = jax.numpy.broadcast_to(args[1], args[0].shape).astype(args[0].dtype)
+                written[node.args[0]] = env[node] = value
+                continue
+            lowering = graph_lowering(target)
+            if lowering.rng:
+                kwargs = dict(kwargs, key=jax.random.key_data(jax.random.fold_in(_key(key), draws)))
+                draws += 1
+            with jax.named_scope(str(target)):
+                env[node] = _cast(lowering.fn(*args, **kwargs), _out_dtypes(node))
+        outputs = map_aggregate(output_node.args[0], lambda a: env[a] if isinstance(a, torch.fx.Node) else a)
+        return tuple(outputs) + tuple(written[p] for p in mutated)
+
+    return fn, mutations
+
+
+def _key(data: jax.Array) -> jax.Array:
+    return jax.random.wrap_key_data(data, impl="threefry2x32")
+
+
+def _constant(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        from torch_tpu.runtime import storage
+
+        return storage.value(value) if value.device.type == "tpu" else storage.to_device(value)
+    return value
