@@ -123,9 +123,8 @@ def test_second_call_reuses_the_executable():
 
 def test_debug_callback_receives_fx_and_stablehlo():
     seen = []
-    compiled = torch.compile(
-        torch.nn.Linear(4, 3).to("tpu"), backend="tpu", options={"debug_callback": lambda fx, hlo: seen.append((fx, hlo))}
-    )
+    options = {"debug_callback": lambda fx, hlo: seen.append((fx, hlo))}
+    compiled = torch.compile(torch.nn.Linear(4, 3).to("tpu"), backend="tpu", options=options)
     compiled(torch.ones(2, 4, device="tpu"))
     assert seen and "aten.addmm" in seen[0][0] and "stablehlo.dot_general" in seen[0][1]
 

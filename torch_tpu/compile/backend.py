@@ -10,15 +10,21 @@ from typing import Any
 
 import jax
 import torch
+import torch._dynamo.trace_rules
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from torch_tpu import random as tpu_random
-from torch_tpu.compile import graph
+from torch_tpu.compile import cache, graph
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import graph_lowering
 from torch_tpu.runtime import platform, storage
+
+# Our eager kernels run as Python under the dispatcher, calling into JAX; when a compiled function runs eager
+# code after a graph break, Dynamo must never try to compile those frames.
+for _module in ("torch_tpu", "jax", "jaxlib", "ml_dtypes", "opt_einsum"):
+    torch._dynamo.trace_rules.add(_module)
 
 _OPTIONS = {"async_compile", "num_dynamic_buckets", "bucket_size", "serializable", "debug_callback", "name"}
 
@@ -63,14 +69,17 @@ class CompiledGraph:
             lowered = self.jitted.lower(key, *inputs)
             if self.debug_callback is not None:
                 self.debug_callback(self.gm.code, lowered.as_text())
-            outputs = jax.block_until_ready(self.jitted(key, *inputs))
+            executable, from_disk = cache.compile_lowered(lowered)
+            outputs = jax.block_until_ready(executable(key, *inputs))
+            executable = cache.fast_call(executable)
             self.entry = executables.insert(
                 ("graph", self.name, id(self)),
-                Entry(self.name, self.jitted, None, compilation_duration=time.perf_counter() - start),
+                Entry(self.name, executable, None, compilation_duration=time.perf_counter() - start,
+                      source="disk" if from_disk else "compiled"),
             )
         else:
             executables.lookup(("graph", self.name, id(self)))
-            outputs = self.jitted(key, *inputs)
+            outputs = self.entry.executable(key, *inputs)
         for index, position in self.mutations:
             target = args[index]
             if target.device.type == "tpu":

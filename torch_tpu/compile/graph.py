@@ -80,7 +80,8 @@ def to_jax(gm: torch.fx.GraphModule) -> tuple[Callable[..., Any], list[tuple[int
     check_supported(gm)
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
-    mutated = list(dict.fromkeys(n.args[0] for n in nodes if n.op == "call_function" and n.target is aten.copy_.default))
+    copies = [n for n in nodes if n.op == "call_function" and n.target is aten.copy_.default]
+    mutated = list(dict.fromkeys(n.args[0] for n in copies))
     output_node = next(n for n in nodes if n.op == "output")
     n_outputs = len(output_node.args[0])
     mutations = [(placeholders.index(p), n_outputs + i) for i, p in enumerate(mutated)]

@@ -16,6 +16,7 @@ class Entry:
     executable: Callable
     meta: Any
     compilation_duration: float = 0.0
+    source: str = "compiled"  # "compiled" now, loaded from "disk", or run op by op ("eager")
     read_count: int = 0
     last_read: float = 0.0
 
@@ -44,7 +45,10 @@ class ExecutableCache:
         return entry
 
     def stats(self) -> dict[str, Any]:
+        from torch_tpu.compile import cache as persistent
+
         return {
+            "persistent": persistent.stats.as_dict(),
             "num_cache_reqs": self.num_cache_reqs,
             "num_cache_hits": self.num_cache_hits,
             "num_entries": len(self.entries),
@@ -54,6 +58,7 @@ class ExecutableCache:
                     "read_count": e.read_count,
                     "compilation_duration": e.compilation_duration,
                     "last_read": e.last_read,
+                    "source": e.source,
                 }
                 for e in self.entries.values()
             ],

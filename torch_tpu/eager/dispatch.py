@@ -16,6 +16,7 @@ import torch
 from torch._ops import OpOverload
 
 from torch_tpu import random as tpu_random
+from torch_tpu.compile import cache as persistent
 from torch_tpu.eager import modes
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import Lowering, mutated_args
@@ -150,9 +151,14 @@ class Runner:
             return _cast(result, out_dtypes)
 
         start = time.perf_counter()
-        executable = jax.jit(traced) if self.lowering.jit else traced
+        source = "eager"
+        executable = traced
+        if self.lowering.jit:
+            executable, from_disk = persistent.compile_lowered(jax.jit(traced).lower(*leaves))
+            source = "disk" if from_disk else "compiled"
         result = jax.block_until_ready(executable(*leaves))
-        entry = Entry(str(meta_op), executable, out_dtypes, compilation_duration=time.perf_counter() - start)
+        executable = persistent.fast_call(executable)
+        entry = Entry(str(meta_op), executable, out_dtypes, time.perf_counter() - start, source=source)
         executables.insert(key, entry)
         return result
 

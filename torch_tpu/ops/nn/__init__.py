@@ -6,6 +6,7 @@ from torch_tpu.ops.nn import (  # noqa: F401  (imported for their registrations)
     embedding,
     loss,
     norm,
+    optim,
     pool,
     rnn,
     softmax,

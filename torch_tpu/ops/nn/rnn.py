@@ -40,10 +40,9 @@ def _thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has
     grad_c = grad_hy * o * (1 - tanh_cy * tanh_cy)
     if grad_cy is not None:
         grad_c = grad_c + upcast(grad_cy)
-    grad_gates = jnp.concatenate(
-        [grad_c * g * i * (1 - i), grad_c * cx * f * (1 - f), grad_c * i * (1 - g * g), grad_hy * tanh_cy * o * (1 - o)],
-        axis=1,
-    )
+    grad_i, grad_f = grad_c * g * i * (1 - i), grad_c * cx * f * (1 - f)
+    grad_g, grad_o = grad_c * i * (1 - g * g), grad_hy * tanh_cy * o * (1 - o)
+    grad_gates = jnp.concatenate([grad_i, grad_f, grad_g, grad_o], axis=1)
     grad_bias = jnp.sum(grad_gates, axis=0) if has_bias else None
     return _cast(workspace.dtype, grad_gates, grad_c * f, grad_bias)
 

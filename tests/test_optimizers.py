@@ -1,0 +1,165 @@
+"""torch.optim on `tpu` against CPU PyTorch: every optimizer in its for-loop, foreach, fused and capturable
+implementations, LR schedulers, and gradient clipping.
+
+PyTorch lists every PrivateUse1 backend among the devices with fused optimizers (and capturable ones), so
+`fused=True` runs torch_tpu's fused kernels (`ops/nn/optim.py`); CPU runs its own fused kernels to compare with.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.optim import lr_scheduler
+from torch.optim.optimizer import _get_capturable_supported_devices
+from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+STEPS = 3
+# fp32 over a few optimizer steps: per-op differences (~1e-6 relative) compound through the updates.
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def model():
+    """A small MLP in which every parameter gets a real (nonzero) gradient."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def batches(steps=STEPS):
+    torch.manual_seed(1)
+    return [(torch.randn(5, 6), torch.randn(5, 3)) for _ in range(steps)]
+
+
+def train(optimizer_fn, device, steps=STEPS, scheduler_fn=None):
+    """`steps` optimizer steps on `device`; the parameters, optimizer state and learning rates afterwards."""
+    net = copy.deepcopy(model()).to(device)
+    optimizer = optimizer_fn(net.parameters())
+    scheduler = scheduler_fn(optimizer) if scheduler_fn else None
+    lrs = []
+    for inputs, targets in batches(steps):
+        optimizer.zero_grad()
+        F.mse_loss(net(inputs.to(device)), targets.to(device)).backward()
+        optimizer.step()
+        if scheduler:
+            scheduler.step()
+        lrs.append(optimizer.param_groups[0]["lr"])
+    state = [
+        {key: value.cpu() if isinstance(value, torch.Tensor) else value for key, value in s.items()}
+        for s in optimizer.state.values()
+    ]
+    return [p.detach().cpu() for p in net.parameters()], state, lrs
+
+
+def assert_matches_cpu(optimizer_fn, cpu_optimizer_fn=None, **kwargs):
+    ours = train(optimizer_fn, "tpu", **kwargs)
+    theirs = train(cpu_optimizer_fn or optimizer_fn, "cpu", **kwargs)
+    torch.testing.assert_close(ours, theirs, rtol=RTOL, atol=ATOL)
+
+
+OPTIMIZERS = {
+    "sgd": (torch.optim.SGD, dict(lr=0.1)),
+    "sgd_momentum": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.1)),
+    "sgd_nesterov_wd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    "sgd_maximize": (torch.optim.SGD, dict(lr=0.1, momentum=0.5, maximize=True)),
+    "adam": (torch.optim.Adam, dict(lr=0.01)),
+    "adam_amsgrad_wd": (torch.optim.Adam, dict(lr=0.01, amsgrad=True, weight_decay=0.1)),
+    "adam_maximize": (torch.optim.Adam, dict(lr=0.01, betas=(0.8, 0.9), maximize=True)),
+    "adamw": (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1)),
+    "adamw_amsgrad": (torch.optim.AdamW, dict(lr=0.01, amsgrad=True)),
+    "rmsprop": (torch.optim.RMSprop, dict(lr=0.01)),
+    "rmsprop_centered_momentum_wd": (
+        torch.optim.RMSprop, dict(lr=0.01, centered=True, momentum=0.9, weight_decay=0.01)
+    ),
+    "adagrad": (torch.optim.Adagrad, dict(lr=0.1)),
+    "adagrad_decay_wd": (torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01, weight_decay=0.1, eps=1e-6)),
+}
+FUSED = {torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad}
+CAPTURABLE = {torch.optim.Adam, torch.optim.AdamW, torch.optim.RMSprop}
+
+
+@pytest.mark.parametrize("implementation", ["for_loop", "foreach"])
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_optimizer(name, implementation):
+    cls, kwargs = OPTIMIZERS[name]
+    assert_matches_cpu(lambda p: cls(p, foreach=implementation == "foreach", **kwargs))
+
+
+def test_tpu_has_fused_and_capturable_optimizers():
+    assert "tpu" in _get_fused_kernels_supported_devices()
+    assert "tpu" in _get_capturable_supported_devices()
+
+
+@pytest.mark.parametrize("name", sorted(n for n, (cls, _) in OPTIMIZERS.items() if cls in FUSED))
+def test_fused_optimizer(name):
+    cls, kwargs = OPTIMIZERS[name]
+    assert_matches_cpu(lambda p: cls(p, fused=True, **kwargs))
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw_amsgrad", "sgd_nesterov_wd", "adagrad_decay_wd"])
+def test_fused_optimizer_with_tensor_lr(name):
+    cls, kwargs = OPTIMIZERS[name]
+    kwargs = dict(kwargs, lr=torch.tensor(kwargs["lr"]))
+    assert_matches_cpu(lambda p: cls(p, fused=True, **kwargs))
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("name", sorted(n for n, (cls, _) in OPTIMIZERS.items() if cls in CAPTURABLE))
+def test_capturable_optimizer(name, foreach):
+    """Capturable: the step count and learning-rate arithmetic stays on the device (CPU runs the default path)."""
+    cls, kwargs = OPTIMIZERS[name]
+    assert_matches_cpu(lambda p: cls(p, capturable=True, foreach=foreach, **kwargs), lambda p: cls(p, **kwargs))
+
+
+SCHEDULERS = {
+    "step": (lambda o: lr_scheduler.StepLR(o, step_size=2, gamma=0.5)),
+    "cosine": (lambda o: lr_scheduler.CosineAnnealingLR(o, T_max=4, eta_min=0.001)),
+    "one_cycle": (lambda o: lr_scheduler.OneCycleLR(o, max_lr=0.05, total_steps=6)),
+}
+
+
+@pytest.mark.parametrize("optimizer", ["sgd_momentum", "adamw"])
+@pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
+def test_lr_scheduler(scheduler, optimizer):
+    cls, kwargs = OPTIMIZERS[optimizer]
+    assert_matches_cpu(lambda p: cls(p, **kwargs), steps=6, scheduler_fn=SCHEDULERS[scheduler])
+
+
+def test_fused_adam_with_lr_scheduler():
+    """A fused step reads the learning rate at run time: changing it does not recompile."""
+    cls, kwargs = OPTIMIZERS["adam"]
+    assert_matches_cpu(lambda p: cls(p, fused=True, **kwargs), steps=6, scheduler_fn=SCHEDULERS["one_cycle"])
+
+
+def gradients(device):
+    net = model().to(device)
+    inputs, targets = batches(1)[0]
+    F.mse_loss(net(inputs.to(device)), targets.to(device)).backward()
+    return list(net.parameters())
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")])
+@pytest.mark.parametrize("max_norm", [0.05, 100.0])
+def test_clip_grad_norm(max_norm, norm_type, foreach):
+    ours, theirs = gradients("tpu"), gradients("cpu")
+    total = torch.nn.utils.clip_grad_norm_(ours, max_norm, norm_type, foreach=foreach)
+    expected = torch.nn.utils.clip_grad_norm_(theirs, max_norm, norm_type, foreach=foreach)
+    assert total.device.type == "tpu"
+    torch.testing.assert_close(total.cpu(), expected, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close([p.grad.cpu() for p in ours], [p.grad for p in theirs], rtol=RTOL, atol=ATOL)
+
+
+def test_clip_grad_norm_nonfinite():
+    ours = gradients("tpu")
+    ours[0].grad[0, 0] = float("nan")
+    with pytest.raises(RuntimeError, match="non-finite"):
+        torch.nn.utils.clip_grad_norm_(ours, 1.0, error_if_nonfinite=True)
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_clip_grad_value(foreach):
+    ours, theirs = gradients("tpu"), gradients("cpu")
+    torch.nn.utils.clip_grad_value_(ours, 0.05, foreach=foreach)
+    torch.nn.utils.clip_grad_value_(theirs, 0.05, foreach=foreach)
+    torch.testing.assert_close([p.grad.cpu() for p in ours], [p.grad for p in theirs], rtol=RTOL, atol=ATOL)
+    assert max(p.grad.abs().max().item() for p in ours) == torch.tensor(0.05).item()  # some were clipped

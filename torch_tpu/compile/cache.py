@@ -1,0 +1,131 @@
+"""The persistent tier of the compile cache: XLA executables on disk, shared by processes and restarts.
+
+Entries live under `TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT` (default: `$XDG_CACHE_HOME/torch_tpu/xla`, i.e.
+`~/.cache/torch_tpu/xla`), in a directory private to the user. An entry's key is a SHA-256 of the program's
+StableHLO and of the torch, jax, jaxlib and torch_tpu versions and the platform and device kind, so a new
+version or another chip never reads it. Writes are atomic (a temporary file renamed into place); an entry that
+fails to load is discarded with a warning and the program is compiled again. `TORCH_TPU_PERSISTENT_CACHE=0`
+turns the tier off.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pathlib
+import pickle
+import tempfile
+import warnings
+from importlib.metadata import version
+from typing import Any
+
+import jax
+from jax.experimental import serialize_executable
+
+from torch_tpu.runtime import platform
+
+_FORMAT = 1
+
+
+def root() -> pathlib.Path:
+    """The cache directory (not created until the first write)."""
+    configured = os.environ.get("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT")
+    if configured:
+        return pathlib.Path(configured).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return pathlib.Path(base) / "torch_tpu" / "xla"
+
+
+def enabled() -> bool:
+    return os.environ.get("TORCH_TPU_PERSISTENT_CACHE", "1") != "0"
+
+
+@functools.cache
+def environment() -> str:
+    """What an executable depends on besides its program: versions, platform, device kind."""
+    device = platform.device()
+    parts = [f"{name}={version(name)}" for name in ("torch", "jax", "jaxlib", "torch_tpu")]
+    parts += [f"platform={platform.platform()}", f"device={device.device_kind}", f"format={_FORMAT}"]
+    return ";".join(parts)
+
+
+class DiskStats:
+    """Counters of the persistent tier, reported by `torch.tpu._get_cache_stats()["persistent"]`."""
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.misses = 0
+        self.writes = 0
+        self.discarded = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"root": str(root()), "enabled": enabled(), "hits": self.hits, "misses": self.misses,
+                "writes": self.writes, "discarded": self.discarded}
+
+
+stats = DiskStats()
+
+
+def _path(key: str) -> pathlib.Path:
+    return root() / key[:2] / f"{key}.xla"
+
+
+def _private_dirs(path: pathlib.Path) -> None:
+    top = root()
+    top.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(top, 0o700)
+    path.mkdir(mode=0o700, exist_ok=True)
+
+
+def _load(key: str) -> Any | None:
+    path = _path(key)
+    if not path.exists():
+        return None
+    try:
+        with open(path, "rb") as handle:
+            header, payload = pickle.load(handle)
+        if header != environment():
+            raise ValueError("entry written by another environment")
+        return serialize_executable.deserialize_and_load(*payload)
+    except Exception as error:  # any unreadable entry is recompiled, never trusted
+        stats.discarded += 1
+        warnings.warn(f"torch_tpu: discarding unreadable compile-cache entry {path}: {error}", stacklevel=3)
+        path.unlink(missing_ok=True)
+        return None
+
+
+def _store(key: str, compiled: Any) -> None:
+    path = _path(key)
+    try:
+        payload = serialize_executable.serialize(compiled)
+        _private_dirs(path.parent)
+        descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(descriptor, "wb") as handle:
+            pickle.dump((environment(), payload), handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+        stats.writes += 1
+    except Exception as error:  # a cache that cannot be written only costs a recompile next time
+        warnings.warn(f"torch_tpu: could not write compile-cache entry {path}: {error}", stacklevel=3)
+
+
+def fast_call(compiled: Any) -> Any:
+    """The C++ call path of a `jax.stages.Compiled` once it has been called (skips a Python frame per call)."""
+    return getattr(compiled, "_call", None) or compiled
+
+
+def compile_lowered(lowered: jax.stages.Lowered) -> tuple[Any, bool]:
+    """The executable of `lowered`, from disk if present (and then True), else compiled and stored."""
+    if not enabled():
+        return lowered.compile(), False
+    key = hashlib.sha256((environment() + "\n" + lowered.as_text()).encode()).hexdigest()
+    compiled = _load(key)
+    if compiled is not None:
+        stats.hits += 1
+        return compiled, True
+    stats.misses += 1
+    compiled = lowered.compile()
+    _store(key, compiled)
+    return compiled, False
