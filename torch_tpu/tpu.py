@@ -12,9 +12,11 @@ from typing import Any
 import jax
 import torch
 
+from torch_tpu import precision as _precision
 from torch_tpu.eager import modes
 from torch_tpu.eager.cache import executables
 from torch_tpu.eager.modes import EagerMode, set_eager_mode
+from torch_tpu.precision import Precision, precision
 from torch_tpu.random import (
     get_rng_state,
     initial_seed,
@@ -29,6 +31,8 @@ from torch_tpu.runtime.storage import memory
 
 __all__ = [
     "EagerMode",
+    "Precision",
+    "precision",
     "Event",
     "Stream",
     "current_device",
@@ -238,6 +242,14 @@ class _DeviceModule(types.ModuleType):
     @eager_mode.setter
     def eager_mode(self, mode: EagerMode) -> None:
         modes.set_mode(mode)
+
+    @property
+    def allow_excess_precision(self) -> bool:
+        return _precision.allow_excess_precision()
+
+    @allow_excess_precision.setter
+    def allow_excess_precision(self, allowed: bool) -> None:
+        _precision.set_allow_excess_precision(allowed)
 
 
 sys.modules[__name__].__class__ = _DeviceModule

@@ -15,6 +15,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+from torch_tpu import precision
 from torch_tpu import random as tpu_random
 from torch_tpu.compile import cache, graph
 from torch_tpu.eager.cache import Entry, executables
@@ -43,7 +44,6 @@ class CompiledGraph:
     def __init__(self, gm: torch.fx.GraphModule, name: str, debug_callback: Callable | None) -> None:
         self.name = name
         self.fn, self.mutations = graph.to_jax(gm)
-        self.jitted = jax.jit(self.fn)
         output_node = next(n for n in gm.graph.nodes if n.op == "output")
         self.host_outputs = [
             isinstance(v := getattr(o, "meta", {}).get("val"), torch.Tensor) and v.device.type == "cpu"
@@ -51,7 +51,20 @@ class CompiledGraph:
         ]
         self.debug_callback = debug_callback
         self.gm = gm
-        self.entry: Entry | None = None
+
+    def _compile(self, key: Any, inputs: list[Any]) -> tuple[Any, Entry]:
+        """Trace (afresh: the precision in force is read while tracing), compile or load, and run once."""
+        platform.devices()
+        start = time.perf_counter()
+        fresh = lambda *values: self.fn(*values)  # noqa: E731  (a new function: JAX caches traces per function)
+        lowered = jax.jit(fresh).lower(key, *inputs)
+        if self.debug_callback is not None:
+            self.debug_callback(self.gm.code, lowered.as_text())
+        executable, from_disk = cache.compile_lowered(lowered)
+        outputs = jax.block_until_ready(executable(key, *inputs))
+        entry = Entry(self.name, cache.fast_call(executable), None, time.perf_counter() - start,
+                      source="disk" if from_disk else "compiled")
+        return outputs, entry
 
     def _inputs(self, args: Sequence[Any]) -> list[Any]:
         return [
@@ -63,23 +76,14 @@ class CompiledGraph:
     def __call__(self, *args: Any) -> list[Any]:
         key = tpu_random.next_key()
         inputs = self._inputs(args)
-        if self.entry is None:
-            platform.devices()
-            start = time.perf_counter()
-            lowered = self.jitted.lower(key, *inputs)
-            if self.debug_callback is not None:
-                self.debug_callback(self.gm.code, lowered.as_text())
-            executable, from_disk = cache.compile_lowered(lowered)
-            outputs = jax.block_until_ready(executable(key, *inputs))
-            executable = cache.fast_call(executable)
-            self.entry = executables.insert(
-                ("graph", self.name, id(self)),
-                Entry(self.name, executable, None, compilation_duration=time.perf_counter() - start,
-                      source="disk" if from_disk else "compiled"),
-            )
+        token = precision.cache_token()
+        cache_key = ("graph", self.name, id(self), token)
+        entry = executables.lookup(cache_key)
+        if entry is None:  # first call, or first call under this precision state
+            outputs, entry = self._compile(key, inputs)
+            executables.insert(cache_key, entry)
         else:
-            executables.lookup(("graph", self.name, id(self)))
-            outputs = self.entry.executable(key, *inputs)
+            outputs = entry.executable(key, *inputs)
         for index, position in self.mutations:
             target = args[index]
             if target.device.type == "tpu":

@@ -23,6 +23,7 @@ from typing import Any
 import jax
 from jax.experimental import serialize_executable
 
+from torch_tpu import precision
 from torch_tpu.runtime import platform
 
 _FORMAT = 1
@@ -118,14 +119,16 @@ def fast_call(compiled: Any) -> Any:
 
 def compile_lowered(lowered: jax.stages.Lowered) -> tuple[Any, bool]:
     """The executable of `lowered`, from disk if present (and then True), else compiled and stored."""
+    options = precision.compiler_options()
     if not enabled():
-        return lowered.compile(), False
-    key = hashlib.sha256((environment() + "\n" + lowered.as_text()).encode()).hexdigest()
+        return lowered.compile(options), False
+    text = f"{environment()}\n{sorted(options.items())}\n{lowered.as_text()}"
+    key = hashlib.sha256(text.encode()).hexdigest()
     compiled = _load(key)
     if compiled is not None:
         stats.hits += 1
         return compiled, True
     stats.misses += 1
-    compiled = lowered.compile()
+    compiled = lowered.compile(options)
     _store(key, compiled)
     return compiled, False

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
+from torch_tpu import precision
 from torch_tpu import random as tpu_random
 from torch_tpu.compile import cache as persistent
 from torch_tpu.eager import modes
@@ -122,6 +123,7 @@ class Runner:
                 self._encode(meta_op, value, self.keyword[name], leaves, key)
         if self.lowering.rng:
             leaves.append(tpu_random.next_key(kwargs.get("generator")))
+        key.append(precision.cache_token())
         key = tuple(key)
         entry = executables.lookup(key)
         if entry is None:

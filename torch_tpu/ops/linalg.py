@@ -1,17 +1,16 @@
 """Lowerings: matrix products (the GEMM family) and dense linear algebra.
 
-fp32 products run at HIGHEST precision (full fp32 accuracy, as on PyTorch's CPU); bf16/fp16 products
-accumulate in float32 and the result is rounded once, and integer products accumulate in int64
+fp32 products run at the precision in force (`torch_tpu.precision`; full fp32 by default, as on PyTorch's
+CPU); bf16/fp16 products accumulate in float32 and the result is rounded once, and integer products accumulate in int64
 (wrap-around matches the narrow type's). The dispatcher casts each result to PyTorch's output dtype.
 """
 
 import jax
 import jax.numpy as jnp
 
+from torch_tpu import precision
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.runtime import dtypes
-
-_HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def _accumulator(*arrays):
@@ -24,8 +23,8 @@ def _accumulator(*arrays):
 
 
 def _product(spec, a, b):
-    """einsum `spec` of `a` and `b` at full precision, in the accumulator dtype."""
-    return jnp.einsum(spec, a, b, precision=_HIGHEST, preferred_element_type=_accumulator(a, b))
+    """einsum `spec` of `a` and `b` at the precision in force, in the accumulator dtype."""
+    return jnp.einsum(spec, a, b, precision=precision.for_dot(), preferred_element_type=_accumulator(a, b))
 
 
 def _blend(self, product, beta, alpha):

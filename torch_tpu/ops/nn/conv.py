@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from torch_tpu import precision
 from torch_tpu.ops.nn.common import accumulation_dtype, expand, linear_adjoint, masked, padded_windows
 from torch_tpu.ops.registry import aten, lower
 
@@ -31,7 +32,7 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
         rhs_dilation=dilation,
         dimension_numbers=_dimension_numbers(n),
         feature_group_count=groups,
-        precision=lax.Precision.HIGHEST,
+        precision=precision.for_dot(),
         preferred_element_type=accumulation_dtype(input.dtype),
     )
     if not transposed:

@@ -1,4 +1,5 @@
-"""Kernels: the fused optimizer steps (`torch.optim.{SGD,Adam,AdamW,Adagrad}(..., fused=True)`).
+"""Kernels: the fused optimizer steps (`torch.optim.{SGD,Adam,AdamW,Adagrad}(..., fused=True)`) and the ops of
+`torch.amp.GradScaler` (unscale-and-check of the gradients, scale update).
 
 PyTorch lists every PrivateUse1 backend among the devices with fused optimizers, so `fused=True` calls
 `_fused_{sgd,adam,adamw,adagrad}_` on `tpu`. Each updates several tensor lists in place, which the derived
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import torch
 
 from torch_tpu.ops.nn.common import upcast
-from torch_tpu.ops.registry import aten, kernel
+from torch_tpu.ops.registry import aten, kernel, lower
 from torch_tpu.runtime import storage
 
 
@@ -187,3 +188,39 @@ def _fused_adagrad_(self, grads, state_sums, state_steps, *, lr, lr_decay, weigh
     _write(state_sums, sums)
     if grad_scale is not None:
         _write(grads, unscaled)
+
+
+@jax.jit
+def _unscale_and_check(grads, found_inf, inv_scale):
+    nonfinite = [~jnp.all(jnp.isfinite(g)) for g in grads]
+    found = jnp.any(jnp.stack(nonfinite)) if grads else False
+    return [g * inv_scale.astype(g.dtype) for g in grads], jnp.where(found, jnp.ones_like(found_inf), found_inf)
+
+
+@kernel(aten._amp_foreach_non_finite_check_and_unscale_.default)
+def _amp_foreach_non_finite_check_and_unscale_(self, found_inf, inv_scale):
+    grads, found = _unscale_and_check([storage.value(t) for t in self], storage.value(found_inf),
+                                      storage.value(inv_scale))
+    _write(self, grads)
+    storage.write(found_inf, found)
+
+
+@lower(aten._amp_update_scale.default)
+def _amp_update_scale(self, growth_tracker, found_inf, scale_growth_factor, scale_backoff_factor, growth_interval):
+    found = found_inf.reshape(self.shape) != 0
+    successful = growth_tracker + 1
+    grow = successful == growth_interval
+    grown = self * scale_growth_factor
+    grown = jnp.where(grow & jnp.isfinite(grown), grown, self)
+    scale = jnp.where(found, self * scale_backoff_factor, grown)
+    return scale, jnp.where(found | grow, jnp.zeros_like(growth_tracker), successful)
+
+
+@kernel(aten._amp_update_scale_.default)
+def _amp_update_scale_(self, growth_tracker, found_inf, scale_growth_factor, scale_backoff_factor, growth_interval):
+    scale, tracker = aten._amp_update_scale(
+        self, growth_tracker, found_inf, scale_growth_factor, scale_backoff_factor, growth_interval
+    )
+    self.copy_(scale)
+    growth_tracker.copy_(tracker)
+    return self
