@@ -13,7 +13,7 @@ import jax
 import torch
 
 from torch_tpu import precision as _precision
-from torch_tpu.eager import modes
+from torch_tpu.eager import fused, modes
 from torch_tpu.eager.cache import executables
 from torch_tpu.eager.modes import EagerMode, set_eager_mode
 from torch_tpu.precision import Precision, precision
@@ -135,7 +135,8 @@ def get_device_properties(device: Any = None) -> DeviceProperties:
 
 
 def synchronize(device: Any = None) -> None:
-    """Wait for all work issued to the device so far."""
+    """Wait for all work issued to the device so far (in Fused mode, run the pending cluster first)."""
+    fused.flush()
     if is_initialized():
         for array in jax.live_arrays():
             array.block_until_ready()

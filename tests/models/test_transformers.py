@@ -1,10 +1,16 @@
 """Hugging Face GPT-2, BERT, Llama and ViT from small random configs: forward, backward and an AdamW step on
 `tpu` against CPU PyTorch (logits, loss, every gradient, every updated parameter)."""
 
+import copy
+
 import pytest
 import torch
 
+import torch_tpu.amp
+from torch_tpu.testing.compare import TOLERANCES
+
 transformers = pytest.importorskip("transformers")
+torch_tpu.amp.install()  # idempotent; torch_tpu's own registration does the same
 
 VOCAB, SEQ, BATCH = 100, 12, 2
 # Dropout draws from its own stream on tpu, so it is off; every model otherwise runs in training mode.
@@ -81,6 +87,25 @@ def test_model_trains_like_cpu(name, attn_implementation, check_training):
     model, batch = MODELS[name](attn_implementation)
     model.train()
     check_training(model, [batch], forward, adamw)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_autocast_forward_backward(name):
+    """Under torch.autocast(bfloat16) the logits are bfloat16 and logits, loss and the float32 gradients match
+    CPU autocast within bfloat16 tolerance (tpu follows the accelerator policy: softmax, norms in float32)."""
+    model, batch = MODELS[name]("sdpa")
+    results = {}
+    for device in ("cpu", "tpu"):
+        moved = copy.deepcopy(model).to(device)
+        moved.tie_weights()
+        with torch.autocast(device, dtype=torch.bfloat16):
+            output = moved(**{k: v.to(device) for k, v in batch.items()})
+        output.loss.backward()
+        assert output.logits.dtype == torch.bfloat16
+        grads = {n: p.grad.cpu() for n, p in moved.named_parameters()}
+        results[device] = output.logits.detach().cpu(), output.loss.detach().cpu(), grads
+    rtol, atol = TOLERANCES[torch.bfloat16]
+    torch.testing.assert_close(results["tpu"], results["cpu"], rtol=rtol, atol=atol)
 
 
 @pytest.mark.xfail(

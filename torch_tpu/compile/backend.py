@@ -18,6 +18,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch_tpu import precision
 from torch_tpu import random as tpu_random
 from torch_tpu.compile import cache, graph
+from torch_tpu.eager import fused
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import graph_lowering
 from torch_tpu.runtime import platform, storage
@@ -67,6 +68,7 @@ class CompiledGraph:
         return outputs, entry
 
     def _inputs(self, args: Sequence[Any]) -> list[Any]:
+        fused.flush()  # a compiled graph runs on computed values
         return [
             (storage.value(a) if a.device.type == "tpu" else storage.to_device(a)) if isinstance(a, torch.Tensor)
             else a

@@ -18,7 +18,7 @@ from torch._ops import OpOverload
 from torch_tpu import precision
 from torch_tpu import random as tpu_random
 from torch_tpu.compile import cache as persistent
-from torch_tpu.eager import modes
+from torch_tpu.eager import fused, modes
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import Lowering, mutated_args
 from torch_tpu.runtime import dtypes, platform, storage
@@ -125,6 +125,8 @@ class Runner:
             leaves.append(tpu_random.next_key(kwargs.get("generator")))
         key.append(precision.cache_token())
         key = tuple(key)
+        if modes.state.fused:
+            return self._record(meta_op, key, args, kwargs, leaves)
         entry = executables.lookup(key)
         if entry is None:
             result = self._compile(meta_op, key, args, kwargs, leaves)
@@ -134,8 +136,8 @@ class Runner:
             _check(meta_op, result)
         return result
 
-    def _compile(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list) -> Any:
-        """Trace and compile the lowering for this signature, cache it, and return its first result."""
+    def _trace(self, meta_op: OpOverload, args: tuple, kwargs: dict) -> tuple[Callable, Any]:
+        """The lowering as a function of the run-time inputs, and the output dtypes PyTorch's meta kernel gives."""
         platform.devices()
         count = [0]
         template_args = [self._template(v, k, count) for v, k in zip(args, self.positional, strict=False)]
@@ -152,17 +154,37 @@ class Runner:
             result = fn(*call_args, **call_kwargs)
             return _cast(result, out_dtypes)
 
+        return traced, out_dtypes
+
+    def _compile(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list) -> Any:
+        """Trace and compile the lowering for this signature, cache it, and return its first result."""
+        traced, out_dtypes = self._trace(meta_op, args, kwargs)
         start = time.perf_counter()
         source = "eager"
         executable = traced
         if self.lowering.jit:
             executable, from_disk = persistent.compile_lowered(jax.jit(traced).lower(*leaves))
             source = "disk" if from_disk else "compiled"
+        else:
+            leaves = [fused.concrete(x) for x in leaves]
         result = jax.block_until_ready(executable(*leaves))
         executable = persistent.fast_call(executable)
         entry = Entry(str(meta_op), executable, out_dtypes, time.perf_counter() - start, source=source)
         executables.insert(key, entry)
         return result
+
+    def _record(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list) -> Any:
+        """Fused mode: record the op into the pending cluster instead of running it."""
+        if not self.lowering.jit:  # a data-dependent shape: run the cluster so far, then this op, now
+            fused.flush()
+            entry = executables.lookup(key)
+            return self._compile(meta_op, key, args, kwargs, leaves) if entry is None else entry.executable(
+                *[fused.concrete(x) for x in leaves])
+        trace = fused.recorder.traces.get(key)
+        if trace is None:
+            traced, _ = self._trace(meta_op, args, kwargs)
+            trace = fused.recorder.traces[key] = (traced, fused.output_avals(traced, leaves))
+        return fused.record(key, trace[0], leaves, trace[1])
 
 
 _JAX_DTYPE = dtypes._TORCH_TO_JAX

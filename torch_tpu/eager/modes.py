@@ -1,4 +1,5 @@
-"""Eager modes: Strict (async, default) and Debug (each op completes before the next, NaNs surface)."""
+"""Eager modes: Strict (async, default), Debug (each op completes before the next, NaNs surface) and Fused
+(ops deferred and run as compiled clusters, see `eager.fused`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import contextlib
 import enum
 import os
 from collections.abc import Iterator
+
+import torch
 
 
 class EagerMode(enum.Enum):
@@ -20,17 +23,19 @@ def _from_environment() -> EagerMode:
     if os.environ.get("TORCH_TPU_LAUNCH_BLOCKING") == "1":
         return EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
     if os.environ.get("TORCH_TPU_DEFER_AND_FUSE") == "1":
-        raise NotImplementedError("torch_tpu: DEFER_AND_FUSE (Fused eager) is not implemented yet")
+        return EagerMode.DEFER_AND_FUSE
     return EagerMode.DEFER_NEVER
 
 
 class _State:
-    """The current mode; `blocking` (Debug mode or NaN checks on) is kept precomputed for the dispatch path."""
+    """The current mode; `blocking` (Debug mode or NaN checks on) and `fused` are kept precomputed for the
+    dispatch path."""
 
     def __init__(self) -> None:
         self._mode = _from_environment()
         self._debug_nans = os.environ.get("TORCH_TPU_DEBUG_NANS") == "1"
         self.blocking = self._is_blocking()
+        self.fused = self._mode is EagerMode.DEFER_AND_FUSE
 
     def _is_blocking(self) -> bool:
         return self._mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING or self._debug_nans
@@ -41,8 +46,13 @@ class _State:
 
     @mode.setter
     def mode(self, mode: EagerMode) -> None:
+        if self.fused and mode is not EagerMode.DEFER_AND_FUSE:
+            from torch_tpu.eager import fused
+
+            fused.flush()
         self._mode = mode
         self.blocking = self._is_blocking()
+        self.fused = mode is EagerMode.DEFER_AND_FUSE
 
     @property
     def debug_nans(self) -> bool:
@@ -64,8 +74,8 @@ def get_mode() -> EagerMode:
 def set_mode(mode: EagerMode) -> None:
     if not isinstance(mode, EagerMode):
         raise TypeError(f"torch_tpu: eager mode must be a torch.tpu.EagerMode, got {mode!r}")
-    if mode is EagerMode.DEFER_AND_FUSE:
-        raise NotImplementedError("torch_tpu: DEFER_AND_FUSE (Fused eager) is not implemented yet")
+    if torch.compiler.is_compiling():
+        raise RuntimeError("torch_tpu: the eager mode cannot change inside a torch.compile region")
     state.mode = mode
 
 
@@ -77,7 +87,7 @@ def set_eager_mode(mode: EagerMode) -> Iterator[None]:
     try:
         yield
     finally:
-        state.mode = previous
+        set_mode(previous)
 
 
 def launch_blocking() -> bool:

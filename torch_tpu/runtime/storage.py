@@ -11,12 +11,14 @@ import functools
 import itertools
 import math
 import threading
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 
+from torch_tpu.eager import fused
 from torch_tpu.runtime import dtypes, platform
 
 _ATTR = "_tpu_buffer"
@@ -81,7 +83,7 @@ class DeviceBuffer:
     a read of an unwritten buffer sees zeros.
     """
 
-    __slots__ = ("_array", "nbytes", "dtype", "shape")
+    __slots__ = ("_array", "nbytes", "dtype", "shape", "__weakref__")
 
     def __init__(
         self, nbytes: int, dtype: np.dtype, array: jax.Array | None = None, shape: tuple[int, ...] | None = None
@@ -90,6 +92,8 @@ class DeviceBuffer:
         self.nbytes = nbytes
         self.dtype = dtype
         self.shape = shape if shape is not None or array is None else array.shape
+        if type(array) is fused.Pending:
+            fused.track(self)
         stats = memory
         stats.allocated += nbytes
         stats.num_alloc += 1
@@ -111,6 +115,8 @@ class DeviceBuffer:
         self._array = value
         self.dtype = value.dtype
         self.shape = value.shape
+        if type(value) is fused.Pending:
+            fused.track(self)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -160,7 +166,8 @@ def _layout(shape: tuple[int, ...], jdtype: np.dtype) -> tuple[torch.dtype, int,
 def wrap(array: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A new contiguous `tpu` tensor owning `array` (cast to `dtype` if given)."""
     if dtype is not None and array.dtype != _JAX_DTYPE.get(dtype):
-        array = array.astype(dtypes.to_jax(dtype))
+        target = dtypes.to_jax(dtype)
+        array = fused.apply(("astype", target), lambda a: a.astype(target), array)
     shape, jdtype = array.shape, array.dtype
     layout = _layouts.get((shape, jdtype)) or _layout(shape, jdtype)
     nbytes = layout[1]
@@ -198,19 +205,20 @@ def read(tensor: torch.Tensor) -> jax.Array:
     elif array.shape == tensor.shape and tensor.is_contiguous() and not tensor.storage_offset():
         if array.dtype == _JAX_DTYPE.get(tensor.dtype):
             return array
+    shape = tuple(tensor.shape)
     if _covers(tensor, buffer):
-        return array.reshape(tuple(tensor.shape))
-    return _gather(array, dtypes.to_jax(tensor.dtype), tuple(tensor.shape), tuple(tensor.stride()),
-                   tensor.storage_offset())
+        return fused.apply(("reshape", shape), lambda a: a.reshape(shape), array)
+    return _call(_gather, (array,), (dtypes.to_jax(tensor.dtype), shape, tuple(tensor.stride()),
+                                     tensor.storage_offset()))
 
 
 def value(tensor: torch.Tensor) -> jax.Array:
     """The tensor's logical value: `read` with PyTorch's lazy conjugate and negative bits applied."""
     array = read(tensor)
     if tensor.is_conj():
-        array = jnp.conj(array)
+        array = fused.apply(("conj",), jnp.conj, array)
     if tensor.is_neg():
-        array = -array
+        array = fused.apply(("neg",), jnp.negative, array)
     return array
 
 
@@ -220,15 +228,21 @@ def write(tensor: torch.Tensor, value: jax.Array) -> None:
     jdtype = dtypes.to_jax(tensor.dtype)
     shape = tuple(tensor.shape)
     if tensor.is_conj():
-        value = jnp.conj(value)
+        value = fused.apply(("conj",), jnp.conj, value)
     if tensor.is_neg():
-        value = -value
+        value = fused.apply(("neg",), jnp.negative, value)
     if _covers(tensor, buffer):
         if getattr(value, "shape", None) != shape or value.dtype != jdtype:
-            value = _fit(value, shape, jdtype)
+            value = _call(_fit, (value,), (shape, jdtype))
         buffer.array = value
         return
-    buffer.array = _scatter(buffer.array, value, jdtype, shape, tuple(tensor.stride()), tensor.storage_offset())
+    statics = (jdtype, shape, tuple(tensor.stride()), tensor.storage_offset())
+    buffer.array = _call(_scatter, (buffer.array, value), statics)
+
+
+def _call(helper: Any, arrays: tuple, statics: tuple) -> Any:
+    """A jitted storage helper on `arrays` (then its static arguments): now, or recorded in Fused mode."""
+    return fused.apply((helper.__name__, *statics), lambda *values: helper(*values, *statics), *arrays)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
@@ -302,7 +316,7 @@ def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:
 
 def to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     """Copy a device array to a new CPU tensor of `dtype` (waits for the value)."""
-    host = np.asarray(array)
+    host = np.asarray(fused.concrete(array))
     carrier = dtypes.host_carrier(dtype)
     if carrier:
         return torch.from_numpy(host.view(dtypes.to_jax(carrier)).copy()).view(dtype)
