@@ -171,8 +171,26 @@ def test_failed_compile_leaves_model_unchanged():
 
 
 def test_dynamic_true_is_refused_clearly():
-    with pytest.raises(Exception, match="dynamic shapes"):
+    with pytest.raises(Exception, match=r"dynamic=True\) is not supported"):
         torch.compile(lambda x: x * 2, backend="tpu", dynamic=True)(torch.ones(5, device="tpu"))
+
+
+def test_new_shapes_compile_new_programs_and_match_cpu():
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+    compiled = torch.compile(copy.deepcopy(model).to("tpu"), backend="tpu")
+    for batch in (3, 5, 9, 5):  # the third shape triggers Dynamo's automatic dynamic dimension
+        x = torch.randn(batch, 6)
+        torch.testing.assert_close(compiled(x.to("tpu")).cpu(), model(x), rtol=1.3e-5, atol=1e-5)
+
+
+def test_marked_dynamic_dimension_matches_cpu():
+    model = torch.nn.Linear(4, 3)
+    compiled = torch.compile(copy.deepcopy(model).to("tpu"), backend="tpu")
+    for batch in (7, 12):
+        x = torch.randn(batch, 4)
+        x_tpu = x.to("tpu")
+        torch._dynamo.mark_dynamic(x_tpu, 0)
+        torch.testing.assert_close(compiled(x_tpu).cpu(), model(x), rtol=1.3e-5, atol=1e-5)
 
 
 def test_unknown_option_is_refused():

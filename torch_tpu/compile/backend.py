@@ -54,15 +54,19 @@ class CompiledGraph:
         self.gm = gm
 
     def _compile(self, key: Any, inputs: list[Any]) -> tuple[Any, Entry]:
-        """Trace (afresh: the precision in force is read while tracing), compile or load, and run once."""
+        """Trace (afresh: the precision in force is read while tracing), compile or load, and run once.
+
+        Integer inputs are sizes of dynamic dimensions: they are compiled in, one program per size.
+        """
         platform.devices()
         start = time.perf_counter()
         fresh = lambda *values: self.fn(*values)  # noqa: E731  (a new function: JAX caches traces per function)
-        lowered = jax.jit(fresh).lower(key, *inputs)
+        sizes = tuple(i + 1 for i, value in enumerate(inputs) if isinstance(value, int))
+        lowered = jax.jit(fresh, static_argnums=sizes).lower(key, *inputs)
         if self.debug_callback is not None:
             self.debug_callback(self.gm.code, lowered.as_text())
         executable, from_disk = cache.compile_lowered(lowered)
-        outputs = jax.block_until_ready(executable(key, *inputs))
+        outputs = jax.block_until_ready(executable(key, *[value for value in inputs if not isinstance(value, int)]))
         entry = Entry(self.name, cache.fast_call(executable), None, time.perf_counter() - start,
                       source="disk" if from_disk else "compiled")
         return outputs, entry
@@ -78,14 +82,17 @@ class CompiledGraph:
     def __call__(self, *args: Any) -> list[Any]:
         key = tpu_random.next_key()
         inputs = self._inputs(args)
-        token = precision.cache_token()
-        cache_key = ("graph", self.name, id(self), token)
+        sizes = tuple(value for value in inputs if isinstance(value, int))
+        cache_key = ("graph", self.name, id(self), precision.cache_token(), sizes)
         entry = executables.lookup(cache_key)
         if entry is None:  # first call, or first call under this precision state
             outputs, entry = self._compile(key, inputs)
             executables.insert(cache_key, entry)
         else:
-            outputs = entry.executable(key, *inputs)
+            outputs = entry.executable(key, *[value for value in inputs if not isinstance(value, int)])
+        outputs = list(outputs)
+        for position, size in self.fn.sizes.get(sizes, {}).items():
+            outputs[position] = size
         for index, position in self.mutations:
             target = args[index]
             if target.device.type == "tpu":
@@ -114,13 +121,11 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: di
             **_: Any) -> Callable:
     """The Dynamo backend registered as "tpu"."""
     options = dict(options or {})
-    if any(isinstance(x, torch.SymInt) for x in example_inputs) or any(
-        isinstance(x, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in x.shape) for x in example_inputs
-    ):
+    if not torch._dynamo.config.assume_static_by_default:
         raise NotImplementedError(
-            "torch_tpu: dynamic shapes (torch.compile(dynamic=True) or mark_dynamic) are not compiled as symbolic "
-            "programs; XLA needs static shapes. Use torch.compile(..., dynamic=False) — bounded dynamism via "
-            "options num_dynamic_buckets/bucket_size is not available yet in this release."
+            "torch_tpu: torch.compile(dynamic=True) is not supported: XLA compiles static shapes. Leave `dynamic` "
+            "unset (each new shape compiles its own program) or mark a dimension with torch._dynamo.mark_dynamic "
+            "and bound the programs with options num_dynamic_buckets/bucket_size."
         )
     unknown = set(options) - _OPTIONS
     if unknown:

@@ -54,11 +54,19 @@ def _cast(result: Any, out_dtypes: Any) -> Any:
     return result if getattr(result, "dtype", out_dtypes) == out_dtypes else result.astype(out_dtypes)
 
 
+# Size queries: with dynamic dimensions, sizes are Python ints at run time (each size compiles its own program).
+_SIZES = {
+    aten.sym_size.int: lambda tensor, dim: tensor.shape[dim],
+    aten.sym_numel.default: lambda tensor: tensor.size,
+    aten.sym_storage_offset.default: lambda tensor: 0,
+}
+
+
 def check_supported(gm: torch.fx.GraphModule) -> None:
     """Raise `UnsupportedOp` for the first node with no lowering, before anything is traced or run."""
     for node in gm.graph.nodes:
         if node.op == "call_function" and isinstance(node.target, OpOverload):
-            if node.target is aten.copy_.default:
+            if node.target is aten.copy_.default or node.target in _SIZES:
                 continue
             lowering = graph_lowering(node.target)
             if lowering is None:
@@ -76,7 +84,11 @@ def check_supported(gm: torch.fx.GraphModule) -> None:
 def to_jax(gm: torch.fx.GraphModule) -> tuple[Callable[..., Any], list[tuple[int, int]]]:
     """`fn(key, *inputs) -> outputs` for the graph, and the (input index, output index) pairs of the input
     mutations (`aten.copy_` into a placeholder) that the caller must write back; their values are appended
-    to the outputs."""
+    to the outputs.
+
+    Outputs that are sizes (Python ints, known while tracing) come back as None; tracing records them in
+    `fn.sizes[static size inputs][position]`.
+    """
     check_supported(gm)
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
@@ -101,6 +113,12 @@ def to_jax(gm: torch.fx.GraphModule) -> tuple[Callable[..., Any], list[tuple[int
             if target is operator.getitem:
                 env[node] = args[0][args[1]]
                 continue
+            if target in _SIZES:
+                env[node] = _SIZES[target](*args, **kwargs)
+                continue
+            if not isinstance(target, OpOverload):  # Python arithmetic on sizes (operator.mul, sym_max, ...)
+                env[node] = target(*args, **kwargs)
+                continue
             if target is aten.copy_.default:
                 value = jax.numpy.broadcast_to(args[1], args[0].shape).astype(args[0].dtype)
                 written[node.args[0]] = env[node] = value
@@ -112,8 +130,12 @@ def to_jax(gm: torch.fx.GraphModule) -> tuple[Callable[..., Any], list[tuple[int
             with jax.named_scope(str(target)):
                 env[node] = _cast(lowering.fn(*args, **kwargs), _out_dtypes(node))
         outputs = map_aggregate(output_node.args[0], lambda a: env[a] if isinstance(a, torch.fx.Node) else a)
-        return tuple(outputs) + tuple(written[p] for p in mutated)
+        outputs = tuple(outputs) + tuple(written[p] for p in mutated)
+        static = tuple(value for value in inputs if isinstance(value, int))
+        fn.sizes[static] = {i: value for i, value in enumerate(outputs) if isinstance(value, int)}
+        return tuple(None if isinstance(value, int) else value for value in outputs)
 
+    fn.sizes = {}
     return fn, mutations
 
 
