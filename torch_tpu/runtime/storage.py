@@ -283,14 +283,74 @@ def _flat_indices(shape: tuple[int, ...], stride: tuple[int, ...], offset: int) 
     return index
 
 
+class _Blocked:
+    """A strided view as a block of the flat buffer: `flat[offset:offset + length]` reshaped to `block`, the
+    leading `shape`-sized corner of each block dimension (and element 0 of the trailing step dimension) taken,
+    then transposed by `order` and broadcast over stride-0 dimensions.
+
+    Transposes, permutes, slices with steps, `select`, `diagonal` and `expand` all have this form; only
+    overlapping views (`unfold` with step < size, `as_strided` tricks) need an index gather.
+    """
+
+    def __init__(self, shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> None:
+        dims = sorted((d for d in range(len(shape)) if shape[d] > 1 and stride[d] != 0), key=lambda d: -stride[d])
+        self.dims = dims
+        self.sizes = [shape[d] for d in dims]
+        strides = [stride[d] for d in dims]
+        self.block: list[int] = [self.sizes[0]] if dims else []
+        for i in range(1, len(dims)):
+            if strides[i] <= 0 or strides[i - 1] % strides[i] or strides[i - 1] // strides[i] < self.sizes[i]:
+                raise ValueError("overlapping or non-nested strides")
+            self.block.append(strides[i - 1] // strides[i])
+        self.step = strides[-1] if dims else 1
+        if dims and strides[-1] <= 0:
+            raise ValueError("negative stride")
+        self.length = (self.sizes[0] * strides[0]) if dims else 1
+        self.offset = offset
+        self.shape = shape
+        inverse = {d: i for i, d in enumerate(dims)}
+        self.order = [inverse[d] for d in range(len(shape)) if d in inverse]
+        self.squeezed = tuple(shape[d] for d in range(len(shape)) if d in inverse)
+
+    def region(self, flat: jax.Array) -> jax.Array:
+        end = self.offset + self.length
+        if end > flat.shape[0]:
+            flat = jnp.pad(flat, (0, end - flat.shape[0]))
+        return jax.lax.slice_in_dim(flat, self.offset, end).reshape(*self.block, self.step)
+
+    def corner(self) -> tuple:
+        return (*(slice(0, n) for n in self.sizes), 0)
+
+    def read(self, flat: jax.Array) -> jax.Array:
+        value = self.region(flat)[self.corner()]
+        value = jnp.transpose(value, self.order) if self.order else value.reshape(())
+        kept = [self.shape[d] if d in self.dims else 1 for d in range(len(self.shape))]
+        return jnp.broadcast_to(value.reshape(kept), self.shape)
+
+    def write(self, flat: jax.Array, value: jax.Array) -> jax.Array:
+        inverse = np.argsort(self.order).tolist() if self.order else []
+        block = jnp.transpose(value.reshape(self.squeezed), inverse) if inverse else value.reshape(())
+        end = self.offset + self.length
+        padded = jnp.pad(flat, (0, max(0, end - flat.shape[0])))
+        region = self.region(padded).at[self.corner()].set(block).reshape(-1)
+        return jax.lax.dynamic_update_slice_in_dim(padded, region, self.offset, 0)[: flat.shape[0]]
+
+
+def _blocked(shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> _Blocked | None:
+    try:
+        return _Blocked(shape, stride, offset)
+    except ValueError:
+        return None
+
+
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
 def _gather(array: jax.Array, dtype: np.dtype, shape, stride, offset: int) -> jax.Array:
     flat = _bitcast_flat(array.reshape(-1), dtype)
-    count = math.prod(shape)
-    if count == 0:
+    if math.prod(shape) == 0:
         return jnp.zeros(shape, dtype)
-    if stride == contiguous_strides(shape):
-        return jax.lax.slice_in_dim(flat, offset, offset + count).reshape(shape)
+    blocked = _blocked(shape, stride, offset)
+    if blocked is not None:
+        return blocked.read(flat)
     return flat[_flat_indices(shape, stride, offset)]
 
 
@@ -298,7 +358,11 @@ def _gather(array: jax.Array, dtype: np.dtype, shape, stride, offset: int) -> ja
 def _scatter(array: jax.Array, value: jax.Array, dtype: np.dtype, shape, stride, offset: int) -> jax.Array:
     flat = _bitcast_flat(array.reshape(-1), dtype)
     value = jnp.broadcast_to(jnp.asarray(value).astype(dtype), shape)
-    updated = flat.at[_flat_indices(shape, stride, offset).reshape(-1)].set(value.reshape(-1))
+    blocked = _blocked(shape, stride, offset) if 0 not in stride else None
+    if blocked is not None:
+        updated = blocked.write(flat, value)
+    else:
+        updated = flat.at[_flat_indices(shape, stride, offset).reshape(-1)].set(value.reshape(-1))
     return _bitcast_flat(updated, array.dtype).reshape(array.shape)
 
 
