@@ -57,9 +57,15 @@ def for_dot() -> jax.lax.Precision:
     return _TO_LAX[current()]
 
 
-def cache_token() -> tuple[Precision, bool]:
-    """What of the precision state a cached executable depends on (part of every cache key)."""
-    return current(), _excess["allowed"]
+_TOKENS = {"medium": "default", "high": "high", "highest": "highest"}
+_get_torch_precision = torch._C._get_float32_matmul_precision
+
+
+def cache_token() -> tuple[str, bool]:
+    """What of the precision state a cached executable depends on (part of every cache key; plain strings,
+    which hash in C, since this runs for every eager op)."""
+    level = _state.stack[-1].value if _state.stack else _TOKENS.get(_get_torch_precision(), "highest")
+    return level, _excess["allowed"]
 
 
 @contextlib.contextmanager
