@@ -104,7 +104,7 @@ def test_recurrent_layer(name):
 def test_packed_sequence(kind):
     module = getattr(nn, kind)(4, 5, bidirectional=True)
     names = [n for n, _ in module.named_parameters()]
-    lengths = torch.tensor([6, 4, 2])
+    lengths = torch.tensor([4, 2, 1])
 
     def fn(x, *params):
         packed = pack_padded_sequence(x, lengths)
@@ -112,4 +112,4 @@ def test_packed_sequence(kind):
         return pad_packed_sequence(out)[0]
 
     params = [p.detach().clone().requires_grad_() for p in module.parameters()]
-    check_op(fn, make(6, 3, 4), *params, grad=True)
+    check_op(fn, make(4, 3, 4), *params, grad=True)

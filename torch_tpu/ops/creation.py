@@ -130,9 +130,9 @@ def triu(self, diagonal=0):
 
 @lower(aten.complex.default)
 def complex(real, imag):
-    return jax.lax.complex(real, imag)
+    return jax.lax.complex(*jnp.broadcast_arrays(real, imag))
 
 
 @lower(aten.polar.default)
 def polar(abs, angle):
-    return jax.lax.complex(abs * jnp.cos(angle), abs * jnp.sin(angle))
+    return complex(abs * jnp.cos(angle), abs * jnp.sin(angle))

@@ -228,7 +228,7 @@ def masked_scatter_backward(grad_output, mask, sizes):
 
 @lower(aten.masked_select.default, jit=False)
 def masked_select(self, mask):
-    shape = jnp.broadcast_shapes(self.shape, mask.shape)
+    shape = jnp.broadcast_shapes(self.shape, mask.shape) or (1,)
     return _gather(jnp.broadcast_to(self, shape), jnp.nonzero(jnp.broadcast_to(mask, shape)))
 
 

@@ -28,7 +28,9 @@ def _product(spec, a, b):
 
 
 def _blend(self, product, beta, alpha):
-    """beta * self + alpha * product; beta == 0 ignores `self` (NaN and inf included), as PyTorch does."""
+    """beta * self + alpha * product, with beta and alpha in the product's dtype (an integer product truncates
+    them, as PyTorch does); beta == 0 ignores `self` (NaN and inf included)."""
+    beta, alpha = jnp.asarray(beta).astype(product.dtype), jnp.asarray(alpha).astype(product.dtype)
     scaled = beta * jnp.asarray(self).astype(product.dtype)
     return jnp.where(beta == 0, jnp.zeros_like(scaled), scaled) + alpha * product
 
@@ -87,7 +89,7 @@ def vdot(self, other):
 @lower(aten.addr.default)
 def addr(self, vec1, vec2, *, beta=1, alpha=1):
     if vec1.dtype == jnp.bool_:
-        return (beta & self) | (alpha & vec1[:, None] & vec2[None, :])
+        return (jnp.asarray(beta) != 0) & self | (jnp.asarray(alpha) != 0) & vec1[:, None] & vec2[None, :]
     wide = _accumulator(vec1, vec2)
     return _blend(self, vec1.astype(wide)[:, None] * vec2.astype(wide)[None, :], beta, alpha)
 

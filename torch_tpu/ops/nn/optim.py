@@ -16,13 +16,19 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from torch_tpu.eager import fused
 from torch_tpu.ops.nn.common import upcast
 from torch_tpu.ops.registry import aten, kernel, lower
 from torch_tpu.runtime import storage
 
 
+def _value(tensor):
+    """The tensor's computed value (in Fused eager mode, running the pending cluster first)."""
+    return fused.concrete(storage.value(tensor))
+
+
 def _values(tensors):
-    return [upcast(storage.value(t)) for t in tensors]
+    return [upcast(_value(t)) for t in tensors]
 
 
 def _write(tensors, values):
@@ -33,8 +39,12 @@ def _write(tensors, values):
 def _scalar(value):
     """A run-time scalar for the jitted step (a learning-rate tensor may live on the CPU)."""
     if isinstance(value, torch.Tensor):
-        return storage.value(value) if value.device.type == "tpu" else value.item()
+        return _value(value) if value.device.type == "tpu" else value.item()
     return value
+
+
+def _optional(tensor):
+    return None if tensor is None else _value(tensor)
 
 
 def _unscale(grads, grad_scale, maximize):
@@ -101,10 +111,6 @@ def _adam(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, 
         _write(max_exp_avg_sqs, maxima)
     if grad_scale is not None:
         _write(grads, unscaled)
-
-
-def _optional(tensor):
-    return None if tensor is None else storage.value(tensor)
 
 
 @kernel(aten._fused_adam_.default, aten._fused_adam_.tensor_lr)
@@ -194,13 +200,12 @@ def _fused_adagrad_(self, grads, state_sums, state_steps, *, lr, lr_decay, weigh
 def _unscale_and_check(grads, found_inf, inv_scale):
     nonfinite = [~jnp.all(jnp.isfinite(g)) for g in grads]
     found = jnp.any(jnp.stack(nonfinite)) if grads else False
-    return [g * inv_scale.astype(g.dtype) for g in grads], jnp.where(found, jnp.ones_like(found_inf), found_inf)
+    return [upcast(g) * inv_scale for g in grads], jnp.where(found, jnp.ones_like(found_inf), found_inf)
 
 
 @kernel(aten._amp_foreach_non_finite_check_and_unscale_.default)
 def _amp_foreach_non_finite_check_and_unscale_(self, found_inf, inv_scale):
-    grads, found = _unscale_and_check([storage.value(t) for t in self], storage.value(found_inf),
-                                      storage.value(inv_scale))
+    grads, found = _unscale_and_check([_value(t) for t in self], _value(found_inf), _value(inv_scale))
     _write(self, grads)
     storage.write(found_inf, found)
 
