@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP_PINS := torch==2.13.0 jax==0.10.2 jaxlib==0.10.2
 
-.PHONY: venv demo test test-slow bench lint clean
+.PHONY: venv demo test test-slow bench bench-compile lint clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,7 +16,8 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 demo: venv
-	$(PY) examples/demo.py
+	$(VENV)/bin/torch-tpu evaluate examples.workloads:tiny_lm --reference cpu \
+		--prices torch_tpu/kit/example_prices.json --out report/
 
 test: venv
 	$(PY) -m ruff check torch_tpu tests bench examples
@@ -28,9 +29,12 @@ test-slow: venv
 bench: venv
 	$(PY) bench/eager_overhead.py
 
+bench-compile: venv
+	$(PY) bench/compile_step.py
+	$(PY) bench/compile_step.py --warm-check
+
 lint: venv
 	$(PY) -m ruff check torch_tpu tests bench examples
-	$(PY) -m ruff format --check torch_tpu tests bench examples
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

@@ -365,7 +365,8 @@ def main() -> None:
         print(
             f"device: {torch.tpu.get_device_name()}; GPT-2-style AdamW step: {cfg.layers} layers, d_model "
             f"{cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, batch {cfg.batch}, vocab {cfg.vocab}, tied "
-            f"embedding, {n_params / 1e6:.2f}M params; {torch.get_num_threads()} torch threads"
+            f"embedding, {n_params / 1e6:.2f}M params; {torch.get_num_threads()} torch threads; "
+            f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
         )
         runners = [
             torch_runner("(a) torch_tpu compile", model, "tpu", "tpu", batch),
@@ -379,6 +380,7 @@ def main() -> None:
         graphs = graph_stats()
 
     ours, jx, jx2, eager = results[:4]
+    print(f"load average at the end: {os.getloadavg()[0]:.1f} (other processes' load slows every runner)")
     print(f"first step = compile + one step; step = median of {args.steps} after {1 + args.warmup}, interleaved")
     print(f"{'runner':<28}{'first step s':>13}{'step ms':>10}{'vs (b)':>9}")
     for r in results:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import torch_tpu.amp
 from torch_tpu.testing.compare import TOLERANCES
 
-torch_tpu.amp.install()  # idempotent; torch_tpu's own registration does the same
+torch_tpu.amp.install()  # idempotent: a no-op once importing torch_tpu has installed it
 BF16, FP32 = torch.bfloat16, torch.float32
 BF16_TOL = dict(zip(("rtol", "atol"), TOLERANCES[BF16], strict=True))
 

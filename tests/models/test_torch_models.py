@@ -96,8 +96,32 @@ MODELS = {
 }
 
 
-@pytest.mark.parametrize("optimizer", [adamw, sgd], ids=["adamw", "sgd"])
-@pytest.mark.parametrize("name", sorted(MODELS))
+OPTIMIZERS = {"adamw": adamw, "sgd": sgd}
+
+
+@pytest.mark.parametrize("name, optimizer", [
+    ("transformer_encoder", "adamw"), ("lstm", "sgd"), ("gru", "adamw"), ("resnet", "sgd"), ("resnet", "adamw"),
+])  # fmt: skip
 def test_model_trains_like_cpu(name, optimizer, check_training):
     model, batches, forward = MODELS[name]()
-    check_training(model.train(), batches, forward, optimizer)
+    check_training(model.train(), batches, forward, OPTIMIZERS[optimizer])
+
+
+class TiedLanguageModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(20, 8)
+        self.head = nn.Linear(8, 20, bias=False)
+        self.head.weight = self.embedding.weight
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Module.to re-creates parameters for a PrivateUse1 device (torch._has_compatible_shallow_copy_type "
+    "lists only built-in dense backends), so shared parameters are untied; Hugging Face models re-tie with "
+    "model.tie_weights() after .to",
+)
+def test_to_tpu_keeps_tied_weights():
+    model = TiedLanguageModel().to("tpu")
+    tied = model.head.weight is model.embedding.weight  # (a bare `assert a is b` would print both on failure)
+    assert tied

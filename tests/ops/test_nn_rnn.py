@@ -104,7 +104,7 @@ def test_recurrent_layer(name):
 def test_packed_sequence(kind):
     module = getattr(nn, kind)(4, 5, bidirectional=True)
     names = [n for n, _ in module.named_parameters()]
-    lengths = torch.tensor([4, 2, 1])
+    lengths = torch.tensor([4, 4, 2])
 
     def fn(x, *params):
         packed = pack_padded_sequence(x, lengths)

@@ -15,4 +15,5 @@ from torch_tpu.ops import (  # noqa: F401  (imported for their registrations)
     random,
     reductions,
     shape,
+    spectral,
 )

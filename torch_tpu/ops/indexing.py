@@ -2,9 +2,15 @@
 
 Boolean masks in `index`/`index_put` make shapes data-dependent: those lowerings run eagerly (`jit=False`), turn
 masks into integer indices, and call a jitted kernel. A lone mask written with `index_put` needs no host sync.
+
+Index bounds are not checked by default (that would wait for the device): each op's docstring says what an
+out-of-range index does. With TORCH_TPU_ENABLE_DEBUG_CHECKS=1 (`debug_checks`), gather, index_select, index,
+index_put and the scatters run unjitted, read their indices on the host and raise `IndexOutOfRangeError` (an
+IndexError, and a RuntimeError like CPU's gather/scatter errors) as PyTorch's CPU kernels do.
 """
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +19,40 @@ import numpy as np
 from torch_tpu.ops.registry import aten, lower
 
 _MASK_DTYPES = (np.dtype(np.bool_), np.dtype(np.uint8))
+
+
+def debug_checks() -> bool:
+    """Whether TORCH_TPU_ENABLE_DEBUG_CHECKS=1 asks index ops to check bounds on the host (a device sync per op).
+
+    Read once, when the lowerings register: the checked lowerings then run unjitted (so they see index values),
+    which also keeps them out of torch.compile graphs.
+    """
+    return os.environ.get("TORCH_TPU_ENABLE_DEBUG_CHECKS") == "1"
+
+
+_CHECKED = debug_checks()
+
+
+class IndexOutOfRangeError(IndexError, RuntimeError):
+    """An index outside its dimension (debug checks); PyTorch's CPU raises IndexError or RuntimeError by op."""
+
+
+def _check_range(index, size, dim, negative=False):
+    """With debug checks, raise as PyTorch's CPU does if `index` has an entry outside [0, size), or outside
+    [-size, size) when `negative` indices count from the end."""
+    if not _CHECKED or index is None or isinstance(index, jax.core.Tracer):
+        return
+    host = np.asarray(index)
+    bad = (host >= size) | (host < (-size if negative else 0))
+    if bad.any():
+        raise IndexOutOfRangeError(f"index {host[bad].flat[0]} is out of bounds for dimension {dim} with size {size}")
+
+
+def _check_dims(self, indices):
+    """Debug checks for advanced indexing: index k (masks already expanded) addresses dimension k of `self`."""
+    for dim, index in enumerate(indices):
+        if index is not None:
+            _check_range(index, self.shape[dim], dim, negative=True)
 
 
 def _dim(dim, ndim):
@@ -67,8 +107,10 @@ def _put_through_mask(self, mask, values, leading, accumulate):
 
 @lower(aten.index.Tensor, jit=False)
 def index(self, indices):
-    """NOTE: out-of-range indices are clamped, not reported (checking would wait for the device)."""
-    return _gather(self, _masks_to_positions(indices))
+    """NOTE: out-of-range indices are clamped, unchecked unless TORCH_TPU_ENABLE_DEBUG_CHECKS=1."""
+    positions = _masks_to_positions(indices)
+    _check_dims(self, positions)
+    return _gather(self, positions)
 
 
 @lower(aten._unsafe_index.Tensor)
@@ -78,12 +120,15 @@ def _unsafe_index(self, indices):
 
 @lower(aten.index_put.default, aten._index_put_impl.default, jit=False)
 def index_put(self, indices, values, accumulate=False, unsafe=False):
+    """NOTE: writes at out-of-range indices are dropped, unchecked unless TORCH_TPU_ENABLE_DEBUG_CHECKS=1."""
     given = [i for i, index in enumerate(indices) if index is not None]
     if len(given) == 1 and _is_mask(indices[given[0]]):
         if jnp.size(values) == 0:
             return self
         return _put_through_mask(self, indices[given[0]].astype(bool), jnp.asarray(values), given[0], accumulate)
-    return _put(self, _masks_to_positions(indices), values, accumulate)
+    positions = _masks_to_positions(indices)
+    _check_dims(self, positions)
+    return _put(self, positions, values, accumulate)
 
 
 @lower(aten._unsafe_index_put.default)
@@ -92,8 +137,11 @@ def _unsafe_index_put(self, indices, values, accumulate=False):
     return target.add(values.astype(self.dtype)) if accumulate else target.set(values.astype(self.dtype))
 
 
-@lower(aten.index_select.default)
+@lower(aten.index_select.default, jit=not _CHECKED)
 def index_select(self, dim, index):
+    """NOTE: out-of-range indices read NaN (floats) or a fill value and negative ones wrap, unchecked unless
+    TORCH_TPU_ENABLE_DEBUG_CHECKS=1."""
+    _check_range(index, self.shape[_dim(dim, self.ndim)] if self.ndim else 1, dim)
     if self.ndim == 0:
         return self[None][index.reshape(-1)].reshape(())
     return jnp.take(self, index.reshape(-1), axis=_dim(dim, self.ndim))
@@ -109,8 +157,11 @@ def _fit_source(src, index):
     return src[tuple(slice(0, n) for n in index.shape)] if jnp.ndim(src) else src
 
 
-@lower(aten.gather.default)
+@lower(aten.gather.default, jit=not _CHECKED)
 def gather(self, dim, index, *, sparse_grad=False):
+    """NOTE: out-of-range indices are clamped and negative ones wrap, unchecked unless
+    TORCH_TPU_ENABLE_DEBUG_CHECKS=1."""
+    _check_range(index, self.shape[_dim(dim, self.ndim)] if self.ndim else 1, dim)
     if self.ndim == 0:
         return jnp.broadcast_to(self, index.shape)
     return self[_along(_dim(dim, self.ndim), index)]
@@ -127,21 +178,24 @@ _SCATTER_REDUCE = {None: "set", "add": "add", "multiply": "multiply", "sum": "ad
 
 
 def _scatter(self, dim, index, src, reduce=None):
+    _check_range(index, self.shape[_dim(dim, self.ndim)] if self.ndim else 1, dim)
     src = jnp.asarray(_fit_source(src, index)).astype(self.dtype)
     return getattr(_scatter_target(self, dim, index), _SCATTER_REDUCE[reduce])(src).reshape(self.shape)
 
 
-@lower(aten.scatter.src, aten.scatter.value)
+@lower(aten.scatter.src, aten.scatter.value, jit=not _CHECKED)
 def scatter(self, dim, index, src):
+    """NOTE: writes at out-of-range indices are dropped and negative ones wrap, unchecked unless
+    TORCH_TPU_ENABLE_DEBUG_CHECKS=1 (as for every scatter)."""
     return _scatter(self, dim, index, src)
 
 
-@lower(aten.scatter.reduce, aten.scatter.value_reduce)
+@lower(aten.scatter.reduce, aten.scatter.value_reduce, jit=not _CHECKED)
 def scatter_reduce_legacy(self, dim, index, src, *, reduce):
     return _scatter(self, dim, index, src, reduce)
 
 
-@lower(aten.scatter_add.default)
+@lower(aten.scatter_add.default, jit=not _CHECKED)
 def scatter_add(self, dim, index, src):
     return _scatter(self, dim, index, src, "add")
 
@@ -155,7 +209,7 @@ def _reduction_identity(reduce, dtype):
     return info.min if reduce == "amax" else info.max
 
 
-@lower(aten.scatter_reduce.two)
+@lower(aten.scatter_reduce.two, jit=not _CHECKED)
 def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     base = self
     if not include_self:
@@ -301,29 +355,47 @@ def kthvalue(self, k, dim=-1, keepdim=False):
     return _pick(values, order, k - 1, dim, keepdim)
 
 
-def _median_position(self, dim):
-    """The lower median's position in sorted `values`, or the first NaN's when there is one (NaN propagates)."""
+def _median_position(self, dim, skip_nan=False):
+    """The lower median's position in sorted `values` (NaNs sort last): of the non-NaN values with `skip_nan`,
+    else the first NaN's when there is one (NaN propagates)."""
     size = self.shape[dim]
     if not jnp.issubdtype(self.dtype, jnp.floating):
         return (size - 1) // 2
     nans = jnp.sum(jnp.isnan(self), axis=dim)
+    if skip_nan:
+        return jnp.maximum((size - nans - 1) // 2, 0)
     return jnp.where(nans > 0, size - nans, (size - 1) // 2)
+
+
+def _median(self, dim, keepdim, skip_nan):
+    """(values, indices) of the lower median along `dim` (of all elements for `dim` None)."""
+    if dim is None:
+        self, dim = self.reshape(-1), 0
+    elif self.ndim == 0:
+        return self, jnp.zeros((), np.int64)
+    dim = _dim(dim, self.ndim)
+    values, order = _sort(self, dim)
+    return _pick(values, order, _median_position(self, dim, skip_nan), dim, keepdim)
 
 
 @lower(aten.median.default)
 def median(self):
-    flat = self.reshape(-1)
-    values, order = _sort(flat, 0)
-    return _pick(values, order, _median_position(flat, 0), 0, False)[0]
+    return _median(self, None, False, skip_nan=False)[0]
 
 
 @lower(aten.median.dim)
 def median_dim(self, dim, keepdim=False):
-    if self.ndim == 0:
-        return self, jnp.zeros((), np.int64)
-    dim = _dim(dim, self.ndim)
-    values, order = _sort(self, dim)
-    return _pick(values, order, _median_position(self, dim), dim, keepdim)
+    return _median(self, dim, keepdim, skip_nan=False)
+
+
+@lower(aten.nanmedian.default)
+def nanmedian(self):
+    return _median(self, None, False, skip_nan=True)[0]
+
+
+@lower(aten.nanmedian.dim)
+def nanmedian_dim(self, dim, keepdim=False):
+    return _median(self, dim, keepdim, skip_nan=True)
 
 
 @lower(aten.mode.default)

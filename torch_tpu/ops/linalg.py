@@ -320,3 +320,82 @@ def linalg_qr(A, mode="reduced"):
 @lower(aten.linalg_matrix_exp.default)
 def linalg_matrix_exp(self):
     return jax.scipy.linalg.expm(self)
+
+
+@lower(aten.geqrf.default)
+def geqrf(self):
+    reflectors, tau = jnp.linalg.qr(self, mode="raw")
+    return _transpose(reflectors), tau
+
+
+@lower(aten.linalg_householder_product.default)
+def linalg_householder_product(input, tau):
+    return jax.lax.linalg.householder_product(input, tau)
+
+
+@lower(aten.ormqr.default)
+def ormqr(self, input2, input3, left=True, transpose=False):
+    reflectors, tau, other = input2, input3, self
+    rows = reflectors.shape[-2]
+    if reflectors.shape[-1] > rows:
+        reflectors = reflectors[..., :rows]
+    return jax.lax.linalg.ormqr(reflectors, tau, other, left=left, transpose=transpose)
+
+
+def _euclidean_dist(x1, x2):
+    """PyTorch's `_euclidean_dist`: |x1|^2 - 2 x1.x2 + |x2|^2 as one matrix product, clamped at 1e-30, rooted."""
+    norm1 = jnp.sum(x1 * x1, axis=-1, keepdims=True)
+    norm2 = jnp.sum(x2 * x2, axis=-1, keepdims=True)
+    left = jnp.concatenate([-2 * x1, norm1, jnp.ones_like(norm1)], axis=-1)
+    right = jnp.concatenate([x2, jnp.ones_like(norm2), norm2], axis=-1)
+    return jnp.sqrt(jnp.maximum(_product("...ik,...jk->...ij", left, right), 1e-30))
+
+
+@lower(aten._euclidean_dist.default)
+def _euclidean_dist_lowering(x1, x2):
+    return _euclidean_dist(x1, x2)
+
+
+def _pairwise_differences(x1, x2):
+    x1, x2 = _batch_broadcast(x1, x2)
+    return x1[..., :, None, :] - x2[..., None, :, :]
+
+
+@lower(aten._cdist_forward.default)
+def _cdist_forward(x1, x2, p, compute_mode=None):
+    """As PyTorch's CPU: p = 2 uses the matrix-product form when `compute_mode` asks (1) or allows it (None or
+    0) for more than 25 rows, else each distance is summed from the differences."""
+    if p == 2 and (compute_mode == 1 or (compute_mode in (None, 0) and max(x1.shape[-2], x2.shape[-2]) > 25)):
+        return _euclidean_dist(*_batch_broadcast(x1, x2))
+    diff = jnp.abs(_pairwise_differences(x1, x2))
+    if p == 0:
+        return jnp.sum(diff != 0, axis=-1).astype(diff.dtype)
+    if p == 1:
+        return jnp.sum(diff, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+    if p == float("inf"):
+        return jnp.max(diff, axis=-1, initial=0)
+    return jnp.sum(diff**p, axis=-1) ** (1 / p)
+
+
+@lower(aten._cdist_backward.default)
+def _cdist_backward(grad, x1, x2, p, cdist):
+    """The gradient w.r.t. x1, zero where a distance is zero (PyTorch's CPU formulas)."""
+    diff = _pairwise_differences(x1, x2)
+    grad, dist = grad[..., None], cdist[..., None]
+    if p == 0:
+        terms = jnp.zeros_like(diff)
+    elif p == 1:
+        terms = grad * jnp.sign(diff)
+    elif p == 2:
+        terms = jnp.where(dist == 0, 0, grad * diff / jnp.where(dist == 0, 1, dist))
+    elif p == float("inf"):
+        terms = grad * jnp.sign(diff) * (jnp.abs(diff) == dist)
+    else:
+        safe = jnp.where(dist == 0, 1, dist)
+        power = jnp.abs(diff) ** (p - 1) if p < 2 else diff * jnp.abs(diff) ** (p - 2)
+        terms = (jnp.sign(diff) if p < 2 else 1) * power * grad / safe ** (p - 1)
+        zero = (dist == 0) | ((diff == 0) & (p < 1))
+        terms = jnp.where(zero, 0, terms)
+    return jnp.sum(terms, axis=-2).reshape(x1.shape) if terms.shape[:-3] == x1.shape[:-2] else jnp.sum(terms, -2)

@@ -1,0 +1,96 @@
+"""End-to-end: one real evaluation of a tiny workload, and each failure path the report must explain."""
+
+import json
+import pathlib
+
+import pytest
+
+from torch_tpu.kit import cli, evaluate, report, screenshot, smoke
+
+HERE = pathlib.Path(__file__).parent
+SPEC = f"{HERE / 'kit_workloads.py'}"
+
+
+def _validate(data):
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(data, report.REPORT_SCHEMA)
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    prices = out / "prices.json"
+    prices.write_text(json.dumps({"accelerator_per_hour": 1.2, "host_per_hour": 0.2, "storage_per_gb_month": 0.02}))
+    code = cli.main(["evaluate", f"{SPEC}:tiny", "--out", str(out), "--prices", str(prices), "--modes", "compiled",
+                     "--iterations", "10"])
+    return code, out, json.loads((out / "report.json").read_text())
+
+
+def test_full_evaluation_passes_every_gate_with_evidence(full_run):
+    code, out, data = full_run
+    assert code == 0, data["gates"]
+    _validate(data)
+    assert data["verdict"] == "pass" and set(data["gates"]) == set(evaluate.GATES)
+    assert data["precision_policy"]["float32"]["loss"] == [1e-3, 1e-5]
+    training = data["correctness"]["training"]
+    assert len(training["tpu"]["losses"]) == len(training["reference"]["losses"]) == 4
+    assert training["tpu"]["resume"]["passed"]
+    assert [s["label"] for s in data["shapes"]] == ["b16-float32", "b8-float32"]
+    assert all(s["compiles"] >= 1 for s in data["shapes"])
+    cold, warm = data["performance"]["compiled"]["cold"], data["performance"]["compiled"]["warm"]
+    assert cold["compile_cache"]["state"] == "cold" and warm["compile_cache"]["state"] == "warm"
+    assert warm["compile_cache"]["hits"] > 0 and len(warm["latencies_ms"]) == 10
+    assert data["cost"]["cost_per_useful_result"] > 0
+    html = (out / "report.html").read_text()
+    assert "<svg" in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
+    lines = [json.loads(line) for line in (out / "logs.jsonl").read_text().splitlines()]
+    assert {line["run_id"] for line in lines} == {data["run_id"]}
+    assert all({"versions", "platform", "topology", "dtype"} <= set(line) for line in lines[1:])
+
+
+def test_report_renders_in_a_headless_browser(full_run, tmp_path):
+    if screenshot.find_browser() is None:
+        pytest.skip("chromium is not installed")
+    png = screenshot.screenshot(full_run[1] / "report.html", tmp_path / "report.png", height=900)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def _quick(tmp_path, spec, prices=None):
+    options = evaluate.Options(workload=spec, out=tmp_path, prices=prices, modes=("eager",), performance=False)
+    data = evaluate.run(options)
+    _validate(json.loads((tmp_path / "report.json").read_text()))
+    assert data["verdict"] == "fail"
+    return data
+
+
+def test_unimportable_workload_fails_compatibility(tmp_path):
+    data = _quick(tmp_path, "no_such_module_xyz:build")
+    assert "cannot import" in data["gates"]["compatibility"]["reason"]
+    assert all(g["status"] == "fail" for g in data["gates"].values())
+    assert data["gates"]["cost"]["reason"].startswith("not run")
+
+
+def test_model_failing_on_tpu_fails_compatibility(tmp_path):
+    data = _quick(tmp_path, f"{SPEC}:fails_on_tpu")
+    gate = data["gates"]["compatibility"]
+    assert gate["status"] == "fail" and "imaginary_op" in gate["reason"]
+    assert gate["evidence"]["errors"][0]["type"] == "NotImplementedError"
+
+
+def test_nan_loss_fails_correctness_and_operations_and_missing_prices_fail_cost(tmp_path):
+    data = _quick(tmp_path, f"{SPEC}:nan_loss", prices=str(tmp_path / "missing.json"))
+    gates = data["gates"]
+    assert gates["correctness"]["status"] == "fail" and "NonFiniteLoss" in gates["correctness"]["reason"]
+    assert gates["operations"]["status"] == "fail" and "step 0 failed" in gates["operations"]["reason"]
+    assert gates["performance"]["status"] == "fail" and "disabled" in gates["performance"]["reason"]
+    assert gates["cost"]["status"] == "fail" and "does not exist" in gates["cost"]["reason"]
+
+
+def test_smoke_runs_in_its_own_process_with_the_seed_fields():
+    (record,) = smoke.run_in_processes(["compiled"], iterations=5)
+    assert "error" not in record, record
+    for field in ("torch", "torch_tpu", "mode", "first_call_seconds", "mean_batch_seconds", "samples_per_second",
+                  "finite", "platform", "compile_cache", "run_id"):
+        assert field in record
+    assert record["mode"] == "compiled" and record["finite"] is True
+    assert record["compile_cache"]["state"] in ("cold", "warm")

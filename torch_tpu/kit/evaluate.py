@@ -1,0 +1,238 @@
+"""`torch-tpu evaluate`: the guide's whole protocol on one workload, ending in five pass/fail gates.
+
+Order matters and follows the guide: compatibility, then correctness, then performance, then operations and cost.
+A stage whose prerequisite failed is not run and its gate fails with "not run because ...": the report never
+shows a pass that was not earned by a measurement of this run. Every exception is caught at the stage boundary
+and written into the report, so a broken workload still produces a report that says which gate failed and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+from torch_tpu.kit import cost as cost_mod
+from torch_tpu.kit import runinfo
+from torch_tpu.kit.workload import WorkloadError
+
+SCHEMA_VERSION = 1
+GATES = ("compatibility", "correctness", "performance", "operations", "cost")
+
+
+@dataclasses.dataclass
+class Options:
+    workload: str
+    out: pathlib.Path
+    reference: str = "cpu"
+    prices: str | None = None
+    modes: tuple[str, ...] = ("eager", "compiled")
+    iterations: int = 50
+    train_steps: int | None = None
+    performance: bool = True
+
+
+def gate(passed: bool, reason: str, **evidence: Any) -> dict[str, Any]:
+    return {"status": "pass" if passed else "fail", "reason": reason, "evidence": evidence}
+
+
+def not_run(why: str) -> dict[str, Any]:
+    return {"status": "fail", "reason": f"not run: {why}", "evidence": {}}
+
+
+def run(options: Options) -> dict[str, Any]:
+    """Run the protocol, write report.json, report.html and logs.jsonl under options.out; return the report."""
+    started = time.time()
+    out = options.out
+    out.mkdir(parents=True, exist_ok=True)
+    run_id = runinfo.new_run_id()
+    report: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "run_id": run_id, "workload_spec": options.workload,
+                              "reference_device": options.reference, "modes": list(options.modes),
+                              "started_at": started, "versions": runinfo.versions(), "gates": {}, "errors": []}
+    log = runinfo.Log(run_id, out / "logs.jsonl", stream=sys.stderr, versions=report["versions"])
+    try:
+        _run(options, report, log)
+    except Exception as exc:  # the kit's own bug must still leave a failing report behind
+        report["errors"].append({"stage": "kit", "type": type(exc).__name__, "message": str(exc)})
+        log.event("kit_error", level="error", error=str(exc))
+    for name in GATES:
+        report["gates"].setdefault(name, not_run("an earlier stage stopped the evaluation"))
+    report["verdict"] = "pass" if all(g["status"] == "pass" for g in report["gates"].values()) else "fail"
+    report["finished_at"] = time.time()
+    report["wall_seconds"] = report["finished_at"] - started
+    from torch_tpu.kit import report as report_mod
+
+    report_mod.write(report, out)
+    log.event("verdict", verdict=report["verdict"],
+              failed=[n for n, g in report["gates"].items() if g["status"] != "pass"])
+    log.close()
+    return report
+
+
+def _run(options: Options, report: dict[str, Any], log: runinfo.Log) -> None:
+    from torch_tpu.kit import workload as workload_mod
+
+    overrides = {"train_steps": options.train_steps} if options.train_steps else {}
+    try:
+        work = workload_mod.load(options.workload, **overrides)
+    except WorkloadError as exc:
+        report["errors"].append({"stage": "load", "type": "WorkloadError", "message": str(exc)})
+        report["gates"]["compatibility"] = gate(False, f"workload could not be loaded: {exc}")
+        log.event("workload_error", level="error", error=str(exc))
+        return
+    report["workload"] = work.summary()
+    report["platform"] = runinfo.platform_info()
+    log.context.update(platform=report["platform"]["platform"], topology=report["platform"]["topology"],
+                       dtype=work.shapes[0].dtype, workload=work.name)
+    log.event("start", spec=options.workload)
+
+    from torch_tpu import metrics
+    from torch_tpu.kit import checks
+
+    report["precision_policy"] = {d: {k: v for k, v in p.items()} for d, p in checks.PRECISION_POLICY.items()}
+    metrics.reset()
+    stage_start = time.perf_counter()
+    correctness = checks.correctness(work, options.reference, list(options.modes))
+    report["correctness"] = {"forward_backward": correctness}
+    log.event("correctness_forward_backward", passed=[c["passed"] for c in correctness])
+    crashed = [c for c in correctness if "error" in c]
+    report["gates"]["compatibility"] = gate(
+        not crashed and not metrics.cpu_fallbacks,
+        "every mode ran forward and backward on tpu without CPU fallback" if not crashed and not metrics.cpu_fallbacks
+        else (f"{crashed[0]['mode']} failed on tpu: {crashed[0]['error']['type']}: {crashed[0]['error']['message']}"
+              if crashed else f"ops fell back to CPU: {sorted(metrics.cpu_fallbacks)}"),
+        errors=[{"mode": c["mode"], "shape": c["shape"], **c["error"]} for c in crashed],
+        metrics=metrics.summary())
+    if crashed:
+        return
+
+    steps = work.train_steps
+    checkpoint_dir = pathlib.Path(tempfile.mkdtemp(prefix="torch_tpu_kit_ckpt_"))
+    train_mode = "compiled" if "compiled" in options.modes else options.modes[0]
+    tpu_run = checks.train(work, "tpu", train_mode, steps, checkpoint_dir, checkpoint_at=max(1, steps // 2))
+    ref_run = checks.train(work, options.reference, "eager", steps)
+    report["correctness"]["training"] = {"tpu": tpu_run, "reference": ref_run}
+    log.event("training", mode=train_mode, steps=steps, losses=tpu_run["losses"], quality=tpu_run["quality"],
+              failed_step=tpu_run["failed_step"])
+    _correctness_gate(report, work, tpu_run, ref_run, correctness)
+    report["shapes"] = checks.shape_catalogue(work)
+    log.event("shapes", shapes=[{k: s.get(k) for k in ("label", "compiles", "compile_seconds")}
+                                for s in report["shapes"]])
+    checks_seconds = time.perf_counter() - stage_start
+
+    perf_seconds = 0.0
+    if options.performance:
+        perf_start = time.perf_counter()
+        report["performance"] = _performance(options, report["run_id"], log)
+        perf_seconds = time.perf_counter() - perf_start
+        report["gates"]["performance"] = _performance_gate(report["performance"], work.latency_slo_ms)
+    else:
+        report["gates"]["performance"] = not_run("performance measurement was disabled (--no-performance)")
+
+    _operations_gate(report, tpu_run)
+    checkpoint_bytes = (tpu_run.get("resume") or {}).get("checkpoint_bytes", 0)
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    report["cost"] = {"machine_seconds": checks_seconds + perf_seconds}
+    try:
+        prices = cost_mod.load_prices(options.prices)
+    except cost_mod.PriceError as exc:
+        report["gates"]["cost"] = gate(False, str(exc))
+        report["errors"].append({"stage": "cost", "type": "PriceError", "message": str(exc)})
+        log.event("price_error", level="error", error=str(exc))
+        return
+    useful = 1 if tpu_run["meets_contract"] else 0
+    warm = (report.get("performance") or {}).get("compiled", {}).get("warm", {})
+    report["cost"] = cost_mod.attribute(prices, checks_seconds + perf_seconds, checkpoint_bytes, useful,
+                                        warm.get("samples_per_second"))
+    per_result = report["cost"]["cost_per_useful_result"]
+    report["gates"]["cost"] = gate(
+        per_result is not None,
+        f"cost per useful result {per_result:.6f} {report['cost']['currency']} (1 trained model meeting the contract)"
+        if per_result is not None else "no result met the quality contract, so cost per useful result is unbounded",
+        **{k: report["cost"][k] for k in ("total", "useful_results", "cost_per_useful_result")})
+
+
+def _correctness_gate(report: dict[str, Any], work: Any, tpu_run: dict[str, Any], ref_run: dict[str, Any],
+                      forward_backward: list[dict[str, Any]]) -> None:
+    import torch
+
+    from torch_tpu.kit import checks
+
+    dtype = work.shapes[0].dtype
+    problems = [f"{c['mode']} {c['shape']['dtype']}: outputs/gradients outside tolerance"
+                for c in forward_backward if not c["passed"]]
+    curve: dict[str, Any] = {"passed": False}
+    if tpu_run["failed_step"] is not None:
+        failed = tpu_run["failed_step"]
+        problems.append(f"training step {failed['step']} failed on tpu: {failed['type']}: {failed['message']}")
+    elif ref_run["failed_step"] is not None:
+        problems.append(f"reference training failed at step {ref_run['failed_step']['step']}")
+    else:
+        curve = checks.compare(torch.tensor(tpu_run["losses"]), torch.tensor(ref_run["losses"]),
+                               checks.policy(dtype)["loss"])
+        if not curve["passed"]:
+            problems.append(f"loss curve differs from reference beyond rtol {curve['rtol']} "
+                            f"(max rel error {curve['max_rel_error']:.3g})")
+        if not tpu_run["meets_contract"]:
+            problems.append(f"{work.metric_name} {tpu_run['quality']:.4f} on tpu misses the contract "
+                            f"({'>=' if work.higher_is_better else '<='} {work.quality_target})")
+    report["correctness"]["loss_curve"] = curve
+    report["gates"]["correctness"] = gate(
+        not problems, "; ".join(problems) or f"outputs, gradients and {len(tpu_run['losses'])}-step loss curve within "
+        f"the declared policy; {work.metric_name} {tpu_run['quality']:.4f} meets the contract",
+        loss_curve=curve, quality_tpu=tpu_run["quality"], quality_reference=ref_run["quality"])
+
+
+def _performance(options: Options, run_id: str, log: runinfo.Log) -> dict[str, Any]:
+    from torch_tpu.kit import perf
+
+    results: dict[str, Any] = {}
+    for mode in options.modes:
+        cache_root = tempfile.mkdtemp(prefix=f"torch_tpu_kit_cache_{mode}_")  # empty: a cold start
+        results[mode] = {}
+        for state in ("cold", "warm"):
+            log.event("performance_run", mode=mode, cache=state)
+            results[mode][state] = perf.run_in_process(options.workload, mode, cache_root, options.iterations, run_id)
+            log.event("performance_result", mode=mode, cache=state,
+                      **{k: results[mode][state].get(k) for k in ("p50_ms", "p99_ms", "samples_per_second",
+                                                                 "first_call_seconds", "error")})
+        shutil.rmtree(cache_root, ignore_errors=True)
+    return results
+
+
+def _performance_gate(perf: dict[str, Any], slo_ms: float | None) -> dict[str, Any]:
+    problems = []
+    for mode, runs in perf.items():
+        for state, result in runs.items():
+            if "error" in result:
+                problems.append(f"{mode}/{state} run failed: {result['error']}")
+            elif not result["finite"]:
+                problems.append(f"{mode}/{state} produced non-finite output")
+            elif not result["stable"]:
+                problems.append(f"{mode}/{state} never reached a stable steady state")
+            elif slo_ms is not None and result["p99_ms"] > slo_ms:
+                problems.append(f"{mode}/{state} p99 {result['p99_ms']:.2f} ms exceeds the SLO {slo_ms} ms")
+    reason = "; ".join(problems) or (f"every run reached steady state; p99 within the {slo_ms} ms SLO"
+                                     if slo_ms is not None else "every run reached steady state (no SLO declared)")
+    return gate(not problems, reason, latency_slo_ms=slo_ms,
+                p99_ms={f"{m}/{s}": r.get("p99_ms") for m, runs in perf.items() for s, r in runs.items()})
+
+
+def _operations_gate(report: dict[str, Any], tpu_run: dict[str, Any]) -> None:
+    resume = tpu_run.get("resume")
+    problems = []
+    if tpu_run["failed_step"] is not None:
+        problems.append(f"step {tpu_run['failed_step']['step']} failed: {tpu_run['failed_step']['message']}")
+    if resume is None:
+        problems.append("checkpoint/resume was not exercised (training stopped before the checkpoint)")
+    elif not resume["passed"]:
+        problems.append(f"resume did not reproduce the next-step loss: "
+                        f"{resume.get('error', {}).get('message') or resume}")
+    report["gates"]["operations"] = gate(
+        not problems, "; ".join(problems) or f"resume after step {resume['resumed_after_step']} reproduced the "
+        f"next-step loss exactly ({resume['resumed_loss']:.6f}); no failed steps",
+        resume=resume, failed_step=tpu_run["failed_step"])
