@@ -46,6 +46,7 @@ __all__ = [
     "get_rng_state",
     "initial_seed",
     "is_available",
+    "is_bf16_supported",
     "is_initialized",
     "manual_seed",
     "manual_seed_all",
@@ -157,6 +158,11 @@ def reset_peak_memory_stats(device: Any = None) -> None:
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
     return [torch.bfloat16, torch.float16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """bfloat16 runs on every platform (natively on TPU, via XLA elsewhere)."""
+    return True
 
 
 class Stream:

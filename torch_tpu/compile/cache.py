@@ -122,7 +122,9 @@ def compile_lowered(lowered: jax.stages.Lowered) -> tuple[Any, bool]:
     options = precision.compiler_options()
     if not enabled():
         return lowered.compile(options), False
-    text = f"{environment()}\n{sorted(options.items())}\n{lowered.as_text()}"
+    # The signature too: jax.jit drops unused arguments, so two calling conventions can share one StableHLO.
+    signature = f"{lowered.in_tree}\n{lowered.args_info}\n{lowered.out_tree}"
+    text = f"{environment()}\n{sorted(options.items())}\n{signature}\n{lowered.as_text()}"
     key = hashlib.sha256(text.encode()).hexdigest()
     compiled = _load(key)
     if compiled is not None:

@@ -335,11 +335,8 @@ def linalg_householder_product(input, tau):
 
 @lower(aten.ormqr.default)
 def ormqr(self, input2, input3, left=True, transpose=False):
-    reflectors, tau, other = input2, input3, self
-    rows = reflectors.shape[-2]
-    if reflectors.shape[-1] > rows:
-        reflectors = reflectors[..., :rows]
-    return jax.lax.linalg.ormqr(reflectors, tau, other, left=left, transpose=transpose)
+    reflectors = self[..., : min(self.shape[-2:])]
+    return jax.lax.linalg.ormqr(reflectors, input2, input3, left=left, transpose=transpose)
 
 
 def _euclidean_dist(x1, x2):
@@ -398,4 +395,8 @@ def _cdist_backward(grad, x1, x2, p, cdist):
         terms = (jnp.sign(diff) if p < 2 else 1) * power * grad / safe ** (p - 1)
         zero = (dist == 0) | ((diff == 0) & (p < 1))
         terms = jnp.where(zero, 0, terms)
-    return jnp.sum(terms, axis=-2).reshape(x1.shape) if terms.shape[:-3] == x1.shape[:-2] else jnp.sum(terms, -2)
+    total = jnp.sum(terms, axis=-2)
+    extra = total.ndim - x1.ndim
+    return jnp.sum(total, axis=tuple(range(extra)) + tuple(
+        extra + d for d, n in enumerate(x1.shape[:-2]) if n == 1 and total.shape[extra + d] != 1), keepdims=False
+    ).reshape(x1.shape)
