@@ -9,14 +9,16 @@ One run, one process, the same model, init and batch for every runner:
 For each: compile (first-step) time and steady-state step time: the median of --steps synchronised steps after
 --warmup, the runners' steps interleaved round-robin so that load on a shared machine hits them alike. Targets:
 ours/JAX step time <= 1.10, ours/JAX cold compile <= 2x. The tpu part compiles against a fresh, empty
-TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT (a cold compile). `--warm-check` runs the tpu part alone in two child
-processes sharing one fresh cache root: the second's compile time should be <= 10% of the first's.
+TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT and Inductor against a fresh TORCHINDUCTOR_CACHE_DIR (cold compiles).
+`--warm-check` runs the tpu part alone in two child processes sharing one fresh cache root: the second's first
+step (compile) should take <= 10% of the first's.
 
 Model (defaults): 4 pre-LayerNorm blocks, d_model 256, 4 heads, seq 128, batch 8, vocab 1024 (GPT-2's is 50257;
 1024 keeps the head GEMM and the cross-entropy from dominating), learned positions, causal softmax attention,
 tanh-GELU MLP 4x, embedding tied to the LM head, no dropout, GPT-2 init (N(0, 0.02), residual projections
 scaled by 1/sqrt(2 * layers)). AdamW(lr 3e-4, betas (0.9, 0.95), eps 1e-8, weight_decay 0.1) on every parameter.
-Usage: python bench/compile_step.py [--steps N] [--warmup W] [--skip-inductor] [--warm-check] [--layers ...]
+Usage: python bench/compile_step.py [--steps N] [--warmup W] [--skip-inductor] [--torch-threads T] [--warm-check]
+       [--layers L --d-model D --heads H --seq S --batch B --vocab V]     (`make bench-compile` runs both parts)
 """
 
 from __future__ import annotations
@@ -212,24 +214,30 @@ class Runner:
     """One way of running the step: `run()` does a step and returns the loss; `sync(loss)` waits for it and reads
     it as a float (one scalar read per step, for every runner alike)."""
 
-    def __init__(self, name: str, run: Callable[[], object], sync: Callable[[object], float]) -> None:
-        self.name, self.run, self.sync = name, run, sync
+    def __init__(
+        self, name: str, run: Callable[[], object], sync: Callable[[object], float], tpu: bool = False
+    ) -> None:
+        self.name, self.run, self.sync, self.tpu = name, run, sync, tpu
         self.samples: list[float] = []
         self.losses: list[float] = []
+        self.compiled: list[dict] = []  # tpu only: the executables its first step compiled or loaded
 
     def first_steps(self, warmup: int) -> float:
         """The first step (compile included, returned in seconds), then `warmup` more untimed steps."""
+        known = len(compiled_executables()) if self.tpu else 0
         start = time.perf_counter()
         self.losses.append(self.sync(self.run()))
         compile_s = time.perf_counter() - start
+        self.compiled = compiled_executables()[known:] if self.tpu else []
         for _ in range(warmup):
             self.losses.append(self.sync(self.run()))
         return compile_s
 
     def timed_step(self) -> None:
         start = time.perf_counter()
-        self.sync(self.run())
+        loss = self.sync(self.run())
         self.samples.append(time.perf_counter() - start)
+        self.losses.append(loss)
 
 
 def measure(runners: list[Runner], steps: int, warmup: int) -> list[Result]:
@@ -248,7 +256,7 @@ def torch_runner(name: str, model: GPT, device: str, compile_backend: str | None
     if compile_backend is not None:
         step = torch.compile(step, backend=compile_backend)
     idx, targets = (t.to(device) for t in batch)
-    return Runner(name, lambda: step(idx, targets), torch_sync)
+    return Runner(name, lambda: step(idx, targets), torch_sync, tpu=device == "tpu")
 
 
 def torch_sync(loss: torch.Tensor) -> float:
@@ -276,19 +284,23 @@ def jax_runner(name: str, model: GPT, cfg: Config, batch, dense: Callable = _den
     return Runner(name, run, lambda loss: float(jax.block_until_ready(loss)))
 
 
-def graph_stats() -> list[dict]:
-    """The compiled graphs' cache entries: name, source (compiled or disk) and lower+compile+first-run seconds."""
+def compiled_executables() -> list[dict]:
+    """The tpu executables compiled (or loaded from disk) so far, oldest first: the graphs and the eager ops run
+    outside them, each with its name, source and lower+compile/load+first-run seconds."""
     stats = torch.tpu._get_cache_stats()["per_entry_stats"]
     keys = ("name", "source", "compilation_duration")
-    return [{k: e[k] for k in keys} for e in stats if e["name"].startswith("graph:")]
+    return [{k: e[k] for k in keys} for e in stats if e["source"] in ("compiled", "disk")]
 
 
-def describe_compile(first_s: float, graphs: list[dict]) -> str:
+def describe_compile(first_s: float, entries: list[dict]) -> str:
+    graphs = [e for e in entries if e["name"].startswith("graph:")]
     lowered = sum(g["compilation_duration"] for g in graphs)
+    eager = sum(e["compilation_duration"] for e in entries if e not in graphs)
     parts = ", ".join(f"{g['name'].split(':')[1]} {g['compilation_duration']:.2f} s ({g['source']})" for g in graphs)
     return (
-        f"{first_s:.2f} s = {len(graphs)} graphs lowered+compiled/loaded+run {lowered:.2f} s [{parts}] "
-        f"+ Dynamo, AOTAutograd and eager ops {first_s - lowered:.2f} s"
+        f"{first_s:.2f} s = {len(graphs)} graphs lowered+compiled/loaded+run {lowered:.2f} s [{parts}] + "
+        f"{len(entries) - len(graphs)} eager-op executables {eager:.2f} s + Dynamo, AOTAutograd and the rest "
+        f"{first_s - lowered - eager:.2f} s"
     )
 
 
@@ -298,8 +310,10 @@ def tpu_only(cfg: Config, args: argparse.Namespace) -> dict:
 
     warm_up_process()
     model, batch = build(cfg)
-    result = measure([torch_runner("tpu", model, "tpu", "tpu", batch)], args.steps, args.warmup)[0]
-    return {"result": asdict(result), "persistent": torch.tpu._get_cache_stats()["persistent"], "graphs": graph_stats()}
+    runner = torch_runner("tpu", model, "tpu", "tpu", batch)
+    result = measure([runner], args.steps, args.warmup)[0]
+    persistent = torch.tpu._get_cache_stats()["persistent"]
+    return {"result": asdict(result), "persistent": persistent, "compiled": runner.compiled}
 
 
 def warm_up_process() -> None:
@@ -337,7 +351,7 @@ def warm_check(cfg: Config, args: argparse.Namespace) -> None:
             out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
             runs.append(json.loads(out.strip().splitlines()[-1]))
             r, p = runs[-1]["result"], runs[-1]["persistent"]
-            print(f"{label} process: first step {describe_compile(r['compile_s'], runs[-1]['graphs'])}")
+            print(f"{label} process: first step {describe_compile(r['compile_s'], runs[-1]['compiled'])}")
             print(
                 f"{'':>19}steady step {r['step_ms']:.1f} ms; persistent cache: hits {p['hits']}, "
                 f"misses {p['misses']}, writes {p['writes']}"
@@ -351,6 +365,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per runner (median reported)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after the first")
     parser.add_argument("--skip-inductor", action="store_true")
+    parser.add_argument(
+        "--torch-threads", type=int, default=0, help="torch CPU intra-op threads for (c) and (d); 0: torch's default"
+    )
     parser.add_argument("--warm-check", action="store_true", help="cold vs warm compile of the tpu part, 2 processes")
     parser.add_argument("--tpu-only", action="store_true", help=argparse.SUPPRESS)
     for field, default in asdict(Config()).items():
@@ -365,10 +382,14 @@ def main() -> None:
         warm_check(cfg, args)
         return
 
-    with tempfile.TemporaryDirectory(prefix="torch_tpu_cache_") as root:
-        os.environ["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"] = root  # a cold compile: nothing on disk yet
+    with tempfile.TemporaryDirectory(prefix="compile_step_caches_") as root:
+        # Cold compiles: nothing on disk yet, for torch_tpu's persistent cache and for Inductor's caches alike.
+        os.environ["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"] = os.path.join(root, "torch_tpu")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
         import torch_tpu  # noqa: F401
 
+        if args.torch_threads:
+            torch.set_num_threads(args.torch_threads)
         warm_up_process()
         model, batch = build(cfg)
         n_params = sum(p.numel() for p in model.parameters())
@@ -387,7 +408,6 @@ def main() -> None:
         if not args.skip_inductor:
             runners.append(torch_runner("(d) torch CPU inductor", model, "cpu", "inductor", batch))
         results = measure(runners, args.steps, args.warmup)
-        graphs = graph_stats()
 
     ours, jx, jx2, eager = results[:4]
     print(f"load average at the end: {os.getloadavg()[0]:.1f} (other processes' load slows every runner)")
@@ -401,9 +421,10 @@ def main() -> None:
     )
     print(
         f"ours/JAX cold compile: {ours.compile_s / jx.compile_s:.1f}x (target <= 2x); tpu first step "
-        f"{describe_compile(ours.compile_s, graphs)}"
+        f"{describe_compile(ours.compile_s, runners[0].compiled)}"
     )
-    for i, label in enumerate(("first-step loss", "2nd-step loss (after one AdamW update)")):
+    labels = ("first-step loss", "2nd-step loss (after one AdamW update)")
+    for i, label in enumerate(labels[: min(len(ours.losses), len(eager.losses))]):
         diff = abs(ours.losses[i] - eager.losses[i])
         ok = math.isclose(ours.losses[i], eager.losses[i], rel_tol=1e-5, abs_tol=1e-6)
         print(
