@@ -1,5 +1,9 @@
 """Indexing, gather/scatter, masks, sorting/selection, searching and counting against CPU PyTorch."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -185,6 +189,15 @@ def test_median_nan_propagates():
     check_op(lambda a: a.median(), x)
 
 
+def test_nanmedian_skips_nan():
+    x = torch.tensor([[1.0, float("nan"), 2.0, 5.0], [3.0, 2.0, float("nan"), float("nan")], [float("nan")] * 4])
+    check_op(lambda a: a[:2].nanmedian(1), x)  # an all-NaN row's index is unspecified (CPU: nth_element's)
+    check_op(lambda a: (a.nanmedian(1).values, a.nanmedian(0, keepdim=True).values), x)
+    check_op(lambda a: (a.nanmedian(), a[:2].nanmedian()), x)
+    check_op(lambda a: a.nanmedian(1), make(3, 5, grad=True), grad=True)
+    check_op(lambda a: a.nanmedian(0), make(4, 3, dtype=torch.int64))
+
+
 def test_sort_nan_and_ties():
     x = torch.tensor([3.0, 1.0, float("nan"), 1.0, 2.0, -float("inf")])
     check_op(lambda a: a.sort(stable=True), x)
@@ -274,3 +287,57 @@ def test_zero_dim_and_empty():
     check_op(lambda x: x.mode(), scalar)
     check_op(lambda x, m: x[m], make(3, 4), torch.zeros(3, 4, dtype=torch.bool))
     check_op(written(lambda y, m, v: y.__setitem__(m, v)), make(3, 2), idx(True, False, True), torch.tensor(5.0))
+
+
+# Each entry: an out-of-range index that PyTorch's CPU kernels reject.
+OUT_OF_RANGE = {
+    "gather": lambda x, d: x.gather(1, torch.tensor([[0, 4]], device=d)),
+    "gather_negative": lambda x, d: x.gather(1, torch.tensor([[-1]], device=d)),
+    "index_select": lambda x, d: x.index_select(1, torch.tensor([4], device=d)),
+    "index": lambda x, d: x[torch.tensor([0, 3], device=d)],
+    "index_negative": lambda x, d: x[:, torch.tensor([-5], device=d)],
+    "index_put": lambda x, d: x.index_put((torch.tensor([3], device=d),), torch.tensor(1.0, device=d)),
+    "scatter": lambda x, d: x.scatter(1, torch.tensor([[4]], device=d), 1.0),
+    "scatter_add": lambda x, d: x.scatter_add(0, torch.tensor([[3]], device=d), x),
+    "scatter_reduce": lambda x, d: x.scatter_reduce(1, torch.tensor([[-1]], device=d), x, "amax"),
+}
+
+_DEBUG_CHECKS_SCRIPT = """
+import torch
+from tests.ops.test_indexing import OUT_OF_RANGE
+x = torch.arange(12.0).reshape(3, 4)
+for name, fn in OUT_OF_RANGE.items():
+    try:
+        fn(x.to("tpu"), "tpu")
+    except IndexError as error:
+        assert isinstance(error, RuntimeError) and "out of bounds" in str(error), (name, error)
+    else:
+        raise AssertionError(name + " did not raise")
+ok = torch.tensor([[0, 3], [2, 1], [1, 1]])
+assert torch.equal(x.to("tpu").gather(1, ok.to("tpu")).cpu(), x.gather(1, ok))
+assert torch.equal(x.to("tpu")[torch.tensor([-3, 2])].cpu(), x[torch.tensor([-3, 2])])
+print("checked")
+"""
+
+
+@pytest.mark.parametrize("name", sorted(OUT_OF_RANGE))
+def test_out_of_range_index_raises_on_cpu(name):
+    """The reference: PyTorch's CPU rejects each of these (IndexError or RuntimeError)."""
+    with pytest.raises((IndexError, RuntimeError)):
+        OUT_OF_RANGE[name](torch.arange(12.0).reshape(3, 4), "cpu")
+
+
+def test_out_of_range_index_unchecked_by_default():
+    """Without debug checks no op waits for the device: the bad index is clamped, dropped or wrapped."""
+    x = torch.arange(12.0).reshape(3, 4).to("tpu")
+    for name, fn in OUT_OF_RANGE.items():
+        assert fn(x, "tpu").device.type == "tpu", name
+
+
+def test_debug_checks_raise_index_error():
+    """TORCH_TPU_ENABLE_DEBUG_CHECKS=1 (read at import, so in a fresh process) raises as CPU does."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, TORCH_TPU_ENABLE_DEBUG_CHECKS="1", PYTHONPATH=root)
+    done = subprocess.run([sys.executable, "-c", _DEBUG_CHECKS_SCRIPT], env=env, cwd=root, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and "checked" in done.stdout, done.stderr[-3000:]

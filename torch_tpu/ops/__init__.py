@@ -15,5 +15,6 @@ from torch_tpu.ops import (  # noqa: F401  (imported for their registrations)
     random,
     reductions,
     shape,
+    special,
     spectral,
 )

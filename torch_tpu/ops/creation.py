@@ -80,10 +80,10 @@ def _linspace(start, end, steps, *, dtype):
 def _logspace(start, end, steps, base=10.0, *, dtype):
     if steps < 0:
         raise RuntimeError("number of steps must be non-negative")
+    if steps == 1:  # PyTorch raises `base` to the unrounded start
+        return jnp.full((1,), np.power(np.float64(base), np.float64(start))).astype(dtype)
     start_v = jnp.asarray(start).astype(dtype).astype(np.float64)
     end_v = jnp.asarray(end).astype(dtype).astype(np.float64)
-    if steps == 1:
-        return jnp.power(base, start_v)[None].astype(dtype)
     step = (end_v - start_v) / max(steps - 1, 1)
     index = jax.lax.iota(np.float64, steps)
     exponent = jnp.where(index < steps // 2, start_v + step * index, end_v - step * (steps - 1 - index))

@@ -368,10 +368,6 @@ def _unary_float(fn):
     return lambda self: fn(_floating(self)[0])
 
 
-def _digamma(x):
-    return jnp.where(x == 0, jnp.copysign(jnp.full_like(x, jnp.inf), -x), lax.digamma(x))
-
-
 def _angle(x):
     if _category(x.dtype) == _COMPLEX:
         return jnp.angle(x)
@@ -405,7 +401,6 @@ _FLOAT_UNARY = {
     aten.erfc.default: special.erfc,
     aten.erfinv.default: special.erfinv,
     aten.lgamma.default: lax.lgamma,
-    aten.digamma.default: _digamma,
     aten.sigmoid.default: jax.nn.sigmoid,
     aten.sinc.default: jnp.sinc,
     aten.deg2rad.default: jnp.deg2rad,
@@ -470,20 +465,9 @@ def sgn(self):
     return jnp.where(magnitude == 0, 0, self / jnp.where(magnitude == 0, 1, magnitude))
 
 
-@lower(aten.polygamma.default)
-def polygamma(n, self):
-    (x,) = _floating(self)
-    return _digamma(x) if n == 0 else special.polygamma(n, x)
-
-
 @lower(aten.frexp.Tensor)
 def frexp(self):
     return jnp.frexp(_floating(self)[0])
-
-
-@lower(aten.polygamma_.default)
-def polygamma_(self, n):
-    return polygamma(n, self)
 
 
 @lower(aten._conj_physical.default, aten.conj_physical_.default)

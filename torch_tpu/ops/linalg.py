@@ -353,6 +353,13 @@ def _euclidean_dist_lowering(x1, x2):
     return _euclidean_dist(x1, x2)
 
 
+def _sum_to(x, shape):
+    """`x` summed down to `shape`, which broadcasts to `x.shape` (a broadcast input's gradient)."""
+    lead = x.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + d for d, n in enumerate(shape) if n == 1 and x.shape[lead + d] != 1)
+    return jnp.sum(x, axis=axes).reshape(shape)
+
+
 def _pairwise_differences(x1, x2):
     x1, x2 = _batch_broadcast(x1, x2)
     return x1[..., :, None, :] - x2[..., None, :, :]
@@ -395,8 +402,4 @@ def _cdist_backward(grad, x1, x2, p, cdist):
         terms = (jnp.sign(diff) if p < 2 else 1) * power * grad / safe ** (p - 1)
         zero = (dist == 0) | ((diff == 0) & (p < 1))
         terms = jnp.where(zero, 0, terms)
-    total = jnp.sum(terms, axis=-2)
-    extra = total.ndim - x1.ndim
-    return jnp.sum(total, axis=tuple(range(extra)) + tuple(
-        extra + d for d, n in enumerate(x1.shape[:-2]) if n == 1 and total.shape[extra + d] != 1), keepdims=False
-    ).reshape(x1.shape)
+    return _sum_to(jnp.sum(terms, axis=-2), x1.shape)
