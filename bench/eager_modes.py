@@ -28,13 +28,18 @@ def mlp(width: int, depth: int = 4, classes: int = 10) -> torch.nn.Module:
     return torch.nn.Sequential(*layers, torch.nn.Linear(width, classes))
 
 
+def setup(width: int, batch: int, optimizer: str) -> tuple:
+    """The model, its optimizer and one batch, on `tpu`, seeded the same for every mode."""
+    torch.manual_seed(0)
+    model = mlp(width).to("tpu")
+    opt = (torch.optim.AdamW(model.parameters(), lr=1e-3) if optimizer == "adamw"
+           else torch.optim.SGD(model.parameters(), lr=1e-2))
+    return model, opt, torch.randn(batch, width, device="tpu"), torch.randint(0, 10, (batch,), device="tpu")
+
+
 def training_step(width: int, batch: int, optimizer: str) -> Callable[[], Callable[[], float]]:
     def build() -> Callable[[], float]:
-        torch.manual_seed(0)
-        model = mlp(width).to("tpu")
-        opt = (torch.optim.AdamW(model.parameters(), lr=1e-3) if optimizer == "adamw"
-               else torch.optim.SGD(model.parameters(), lr=1e-2))
-        x, y = torch.randn(batch, width, device="tpu"), torch.randint(0, 10, (batch,), device="tpu")
+        model, opt, x, y = setup(width, batch, optimizer)
 
         def step() -> float:
             opt.zero_grad()
@@ -50,11 +55,7 @@ def training_step(width: int, batch: int, optimizer: str) -> Callable[[], Callab
 
 def compiled_step(width: int, batch: int, optimizer: str) -> Callable[[], Callable[[], float]]:
     def build() -> Callable[[], float]:
-        torch.manual_seed(0)
-        model = mlp(width).to("tpu")
-        opt = (torch.optim.AdamW(model.parameters(), lr=1e-3) if optimizer == "adamw"
-               else torch.optim.SGD(model.parameters(), lr=1e-2))
-        x, y = torch.randn(batch, width, device="tpu"), torch.randint(0, 10, (batch,), device="tpu")
+        model, opt, x, y = setup(width, batch, optimizer)
 
         @torch.compile(backend="tpu")
         def run(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
