@@ -5,11 +5,12 @@ forward outputs are compared with CPU PyTorch (tolerances: `torch_tpu.testing.co
 differentiable ops in float32 also the gradients w.r.t. the sample's tensor inputs. Random ops (outputs that
 differ between two CPU runs with different seeds) are checked for shapes and dtypes only.
 
-Each (op, dtype) runs in a worker subprocess (spawned, a per-task timeout, restarted after a crash or hang), so
-a crash counts against that op only. The CPU fallback is on: an op that used it is classed `fallback`, never
-`passed`; PyTorch decompositions (`torch_tpu.metrics.decompositions`) are counted separately.
+Each (op, dtype) runs in a worker subprocess (spawned; restarted after a crash, or a hang: a sample running past
+`--timeout`), so a crash or hang counts against that op only. The CPU fallback is on: an op that used it is
+classed `fallback`, never `passed`; PyTorch decompositions (`torch_tpu.metrics.decompositions`) are counted
+separately.
 
-Usage: python bench/op_coverage.py [--ops name1,name2] [--jobs 2] [--timeout 240] [--doc docs/op_coverage.md]
+Usage: python bench/op_coverage.py [--ops name1,name2] [--jobs 2] [--timeout 180] [--doc docs/op_coverage.md]
 `--ops` takes OpInfo names (`linalg.svd`) or names with variants (`linalg.svd` runs all its variants,
 `nn.functional.pad.reflect` one). Without `--ops`, the whole op_db runs and the doc is written.
 """
@@ -97,12 +98,32 @@ def _leaves(value: Any) -> list[Any]:
     return pytree.tree_leaves(value)
 
 
-def _walk(value: Any, fn: Any) -> Any:
+def _walk(value: Any, twin: Any, fn: Any) -> Any:
+    """`fn(leaf, twin leaf)` over `value`'s lists, tuples and dicts; `twin` has the same structure, else None."""
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(_walk(v, fn) for v in value)
+        twins = twin if isinstance(twin, (list, tuple)) and len(twin) == len(value) else [None] * len(value)
+        return type(value)(_walk(v, t, fn) for v, t in zip(value, twins, strict=True))
     if isinstance(value, dict):
-        return {k: _walk(v, fn) for k, v in value.items()}
-    return fn(value)
+        twins = twin if isinstance(twin, dict) and twin.keys() == value.keys() else dict.fromkeys(value)
+        return {k: _walk(v, twins[k], fn) for k, v in value.items()}
+    return fn(value, twin)
+
+
+def _placements(op: Any, dtype: Any, requires_grad: bool, count: int) -> list[Any]:
+    """The samples again, generated on the meta device: where a sample function puts a tensor or device on CPU
+    on purpose (tensor_split's indices, `to("cpu")`), its twin is on CPU rather than on the test device (meta).
+    None for each sample when generation on meta fails or gives other samples."""
+    try:
+        twins = list(op.sample_inputs("meta", dtype, requires_grad=requires_grad))
+    except Exception:
+        return [None] * count
+    return twins if len(twins) == count else [None] * count
+
+
+def _on_test_device(twin_device: Any) -> bool:
+    """Whether a tensor or device of a CPU sample stands for the test device: its twin's device (or device
+    string) is meta, or there is no twin to tell."""
+    return twin_device is None or str(twin_device).startswith("meta")
 
 
 def _copy(tensor: Any, device: str) -> Any:
@@ -120,26 +141,28 @@ def _copy(tensor: Any, device: str) -> Any:
     return whole.to(device, copy=True).as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
 
 
-def _moved(sample: Any, to_device: bool) -> Any:
-    """`sample` with tensors copied (to `tpu`, keeping requires_grad, or cloned on CPU without grad)."""
+def _moved(sample: Any, to_device: bool, placement: Any = None) -> Any:
+    """`sample` with its tensors copied: to `tpu` (keeping requires_grad; CPU devices become `tpu`), except
+    where the `placement` twin (see `_placements`) shows CPU on purpose; or cloned on CPU without grad."""
     import torch
     from torch.testing._internal.opinfo.core import SampleInput
 
-    def move(value: Any) -> Any:
+    def move(value: Any, twin: Any) -> Any:
         if isinstance(value, torch.Tensor):
+            twin_device = twin.device if isinstance(twin, torch.Tensor) else None
+            device = "tpu" if to_device and _on_test_device(twin_device) else "cpu"
             with torch.no_grad():
-                return _copy(value, "tpu" if to_device else "cpu").requires_grad_(value.requires_grad and to_device)
-        if to_device and isinstance(value, torch.device) and value.type == "cpu":
-            return torch.device("tpu")
+                return _copy(value, device).requires_grad_(value.requires_grad and to_device)
+        named_cpu = isinstance(value, torch.device) and value.type == "cpu" or isinstance(value, str) and value == "cpu"
+        if to_device and named_cpu and _on_test_device(twin):
+            return torch.device("tpu") if isinstance(value, torch.device) else "tpu"
         return value
 
-    kwargs = _walk(sample.kwargs, move)
-    if to_device and kwargs.get("device") in ("cpu", torch.device("cpu")):
-        kwargs["device"] = "tpu"
+    twin = placement or SampleInput(None)
     return SampleInput(
-        _walk(sample.input, move),
-        args=_walk(sample.args, move),
-        kwargs=kwargs,
+        _walk(sample.input, twin.input, move),
+        args=_walk(sample.args, twin.args, move),
+        kwargs=_walk(sample.kwargs, twin.kwargs, move),
         output_process_fn_grad=sample.output_process_fn_grad,
         broadcasts_input=sample.broadcasts_input,
         name=sample.name,
@@ -262,12 +285,12 @@ def _differentiable(outputs: Any) -> list[int]:
     ]
 
 
-def _run_sample(op: Any, sample: Any, forward: Tally, grad: Tally | None) -> None:
+def _run_sample(op: Any, sample: Any, placement: Any, forward: Tally, grad: Tally | None) -> None:
     import torch
 
     from torch_tpu.testing import compare
 
-    device_sample = _moved(sample, to_device=True)
+    device_sample = _moved(sample, to_device=True, placement=placement)
     twin = _moved(sample, to_device=False)
     torch.manual_seed(0)
     try:
@@ -344,8 +367,9 @@ def _run_grad(sample: Any, device_sample: Any, expected: Any, actual: Any, rando
         grad.add("wrong", one_line(error))
 
 
-def run_task(op: Any, dtype_name: str) -> dict[str, dict[str, Any]]:
-    """Records for `op` in `dtype_name` (and, for differentiable ops in float32, for its gradients)."""
+def run_task(op: Any, dtype_name: str, progress: Any = None) -> dict[str, dict[str, Any]]:
+    """Records for `op` in `dtype_name` (and, for differentiable ops in float32, for its gradients); `progress()`
+    is called after each sample."""
     import torch
 
     dtype = getattr(torch, dtype_name)
@@ -359,8 +383,10 @@ def run_task(op: Any, dtype_name: str) -> dict[str, dict[str, Any]]:
         if wants_grad:
             result["grad"] = Tally().record(note)
         return result
-    for sample in samples:
-        _run_sample(op, sample, forward, grad)
+    for sample, placement in zip(samples, _placements(op, dtype, wants_grad, len(samples)), strict=True):
+        _run_sample(op, sample, placement, forward, grad)
+        if progress is not None:
+            progress()
     result = {dtype_name: forward.record()}
     if grad is not None:
         result["grad"] = grad.record("no differentiable output or input in the samples")
@@ -388,7 +414,7 @@ def worker(conn: multiprocessing.connection.Connection) -> None:
     while (task := conn.recv()) is not None:
         key, dtype_name = task
         try:
-            result = run_task(ops[key], dtype_name)
+            result = run_task(ops[key], dtype_name, progress=lambda: conn.send("tick"))
         except BaseException as error:  # a bug in the sweep itself: report it against the op, keep going
             result = {dtype_name: {"status": "error", "message": "sweep: " + one_line(error),
                                    "trace": traceback.format_exc(limit=5)}}
@@ -413,7 +439,7 @@ class Slot:
         child.close()
         self.ready = False
         self.task: tuple[str, str] | None = None
-        self.since = 0.0
+        self.since = self.started = 0.0  # the last sign of progress; the task's start
         self.done = 0
 
     def restart(self) -> None:
@@ -469,7 +495,7 @@ def _drive(slots: list[Slot], pending: collections.deque, results: dict, timeout
         for slot in slots:
             if slot.ready and slot.task is None and pending:
                 slot.task = pending.popleft()
-                slot.since = time.monotonic()
+                slot.since = slot.started = time.monotonic()
                 slot.conn.send(slot.task)
         waits = [slot.since + timeout - time.monotonic() for slot in slots if slot.task]
         handles = [s.conn for s in slots] + [s.process.sentinel for s in slots]
@@ -483,13 +509,16 @@ def _drive(slots: list[Slot], pending: collections.deque, results: dict, timeout
                 if message == "ready":
                     slot.ready = True
                     continue
+                if message == "tick":
+                    slot.since = time.monotonic()
+                    continue
                 if isinstance(message, dict):
                     key = slot.task[0]
                     results[key].update(message)
                     finished += 1
                     status = message[slot.task[1]]["status"]
                     print(f"[{finished}/{total}] {key} {slot.task[1]}: {status} "
-                          f"({time.monotonic() - slot.since:.1f}s)", flush=True)
+                          f"({time.monotonic() - slot.started:.1f}s)", flush=True)
                     slot.task = None
                     slot.done += 1
                     if slot.done >= _TASKS_PER_WORKER:
@@ -501,7 +530,7 @@ def _drive(slots: list[Slot], pending: collections.deque, results: dict, timeout
                 else:
                     slot.restart()
             elif slot.task and time.monotonic() - slot.since > timeout:
-                lost(slot, f"timeout: no result after {timeout:.0f}s")
+                lost(slot, f"timeout: a sample ran over {timeout:g}s")
 
 
 # ---------------------------------------------------------------- report
@@ -609,7 +638,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", help="comma-separated OpInfo names (default: the whole op_db)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
-    parser.add_argument("--timeout", type=float, default=240.0, help="seconds per (op, dtype) task (default 240)")
+    parser.add_argument("--timeout", type=float, default=180.0,
+                        help="seconds one sample may take before its (op, dtype) counts as hung (default 180)")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated subset of " + ",".join(DTYPES))
     parser.add_argument("--doc", default="docs/op_coverage.md", help="the generated doc (whole sweeps only)")
     parser.add_argument("--json", help="also dump the raw results here")
     args = parser.parse_args()
@@ -627,7 +658,7 @@ def main() -> None:
     tasks, results_skipped = [], collections.defaultdict(dict)
     for op in ops:
         supported = op.supported_dtypes("cpu")
-        for name in DTYPES:
+        for name in args.dtypes.split(","):
             if getattr(torch, name) in supported:
                 tasks.append((op_key(op), name))
             else:
@@ -642,7 +673,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as file:
             json.dump(results, file, indent=1, sort_keys=True)
-    if not args.ops:
+    if not args.ops and args.dtypes == ",".join(DTYPES):
         write_doc(args.doc, ops, results, seconds, args.jobs)
         print(f"wrote {args.doc}")
 

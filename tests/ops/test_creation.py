@@ -93,3 +93,17 @@ def test_complex_and_polar():
     real, imag = torch.randn(3, 4), torch.randn(3, 4)
     check_op(torch.complex, real, imag)
     check_op(torch.polar, real.abs(), imag)
+
+
+def test_complex_broadcasts():
+    check_op(torch.complex, torch.randn(3, 1), torch.randn(4))
+    check_op(torch.polar, torch.rand(2, 3), torch.randn(3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_logspace_single_step_uses_unrounded_start(dtype):
+    _both(lambda d: torch.logspace(4.3, -3, 1, dtype=dtype, device=d))
+
+
+def test_efficientzerotensor():
+    _both(lambda d: torch.ops.aten._efficientzerotensor([2, 3], dtype=torch.float32, device=d))

@@ -341,3 +341,24 @@ def test_debug_checks_raise_index_error():
     done = subprocess.run([sys.executable, "-c", _DEBUG_CHECKS_SCRIPT], env=env, cwd=root, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and "checked" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_index_reduce(reduce, include_self, dtype):
+    grad = dtype == torch.float32
+    x, source = make(3, 4, dtype=dtype, grad=grad), make(3, 3, dtype=dtype, grad=grad, seed=1)
+    check_op(lambda a, i, s: a.index_reduce(1, i, s, reduce, include_self=include_self), x, idx(0, 2, 0), source,
+             grad=grad)
+    check_op(lambda a, i, s: a.index_reduce(0, i, s, reduce), make(dtype=dtype), idx(0), make(dtype=dtype, seed=2))
+
+
+def test_index_fill_tensor_value_gradient():
+    value = torch.tensor(1.5).requires_grad_()
+    check_op(lambda a, i, v: a.index_fill(1, i, v), make(3, 4, grad=True), idx(3, 0, 3), value, grad=True)
+
+
+def test_empty_indices():
+    check_op(lambda x, i: x.gather(0, i), make(5, grad=True), torch.zeros(2, 0, dtype=torch.int64), grad=True)
+    check_op(lambda x: torch.nonzero_static(x, size=2), make(3, 0, 2))

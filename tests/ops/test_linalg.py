@@ -233,3 +233,55 @@ def test_cholesky_reads_one_triangle():
     noisy_lower = s.triu() + torch.randn(3, 3).tril(-1)
     check_op(lambda a, b: (torch.linalg.cholesky(a), torch.linalg.cholesky(b, upper=True),
                            torch.linalg.eigvalsh(a), torch.linalg.eigvalsh(b, UPLO="U")), noisy_upper, noisy_lower)
+
+
+def test_scalars_in_integer_products():
+    """Integer products truncate beta and alpha (0.5 -> 0), as PyTorch does; bool addr reads them as truthy."""
+    s, a, v = torch.randint(-4, 5, (3,)), torch.randint(-4, 5, (3, 4)), torch.randint(-4, 5, (4,))
+    check_op(lambda s, a, v: (torch.addmv(s, a, v, beta=0.5, alpha=2.5), torch.addmv(s, a, v, beta=1.5)), s, a, v)
+    b = torch.rand(3, 4) > 0.5, torch.rand(3) > 0.5, torch.rand(4) > 0.5
+    check_op(lambda s, x, y: (torch.addr(s, x, y, beta=3, alpha=2), torch.addr(s, x, y, beta=0)), *b)
+
+
+def test_empty_matrices():
+    empty = torch.randn(2, 0, 0)
+    check_op(lambda a: (torch.linalg.det(a), torch.linalg.slogdet(a), torch.linalg.inv(a),
+                        torch.linalg.cholesky_ex(a), torch.linalg.solve(a, a)), empty)
+
+
+def test_householder():
+    a, tau = make(5, 3), make(3)
+    check_op(lambda x: torch.geqrf(x), a.detach())
+    check_op(torch.linalg.householder_product, a, tau, grad=True)
+    reflectors, taus = torch.geqrf(torch.randn(4, 4))
+    other = make(4, 2)
+    for left, transpose in ((True, False), (True, True), (False, False)):
+        rhs = other if left else other.mT
+        check_op(lambda r, t, c, left=left, transpose=transpose: torch.ormqr(r, t, c, left, transpose),
+                 reflectors, taus, rhs, grad=True)
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 1.5, 2.0, 3.0, math.inf])
+def test_distances(p):
+    check_op(lambda a, b: torch.cdist(a, b, p=p), make(2, 4, 3), make(5, 3), grad=p != 0)
+    check_op(lambda a: torch.pdist(a, p=p), make(5, 3), grad=p != 0)
+
+
+def test_cdist_matrix_product_form():
+    """Over 25 rows, p = 2 distances come from one matrix product (PyTorch's CPU does the same)."""
+    check_op(lambda a, b: torch.cdist(a, b), make(30, 4), make(7, 4), grad=True)
+    check_op(lambda a, b: torch.cdist(a, b, compute_mode="use_mm_for_euclid_dist"), make(3, 4), make(2, 4), grad=True)
+
+
+@pytest.mark.parametrize("driver", [None, "gelsd", "gels"])
+def test_lstsq(driver):
+    check_op(lambda a, b: tuple(torch.linalg.lstsq(a, b, driver=driver)), make(2, 5, 3), make(2, 5, 2), grad=True)
+    check_op(lambda a, b: torch.linalg.lstsq(a, b, driver=driver).solution, make(3, 5), make(3, 2))
+    check_op(lambda a, b: torch.linalg.lstsq(a, b, driver=driver).solution, make(5, 3), make(5))
+
+
+def test_eig():
+    """Eigenvectors are normalized as LAPACK's (unit norm); compared up to their phase."""
+    a = make(4, 4).detach()
+    check_op(lambda x: (torch.linalg.eigvals(x), torch.linalg.eig(x)[0]), a)
+    check_op(lambda x: torch.linalg.eig(x)[1].abs(), a)

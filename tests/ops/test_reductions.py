@@ -172,3 +172,22 @@ def test_out_and_inplace_variants():
     expected = torch.max(x, 1)
     torch.testing.assert_close(out.cpu(), x.sum(1))
     torch.testing.assert_close((values.cpu(), indices.cpu()), tuple(expected))
+
+
+@pytest.mark.parametrize("dtype", [FLOAT, BF16, INT, BOOL])
+def test_hash_tensor(dtype):
+    x = make((3, 4, 2), dtype)
+    check_op(lambda t: (torch.hash_tensor(t), torch.hash_tensor(t, dim=1), torch.hash_tensor(t, (0, 2), keepdim=True)),
+             x)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+def test_segment_reduce(reduce):
+    aten = torch.ops.aten
+    data = make((6, 3), FLOAT, grad=True)
+    lengths, offsets = torch.tensor([2, 0, 3, 1]), torch.tensor([0, 2, 2, 5, 6])
+    check_op(lambda d, n: aten.segment_reduce(d, reduce, lengths=n), data, lengths, grad=True)
+    check_op(lambda d, o: aten.segment_reduce(d, reduce, offsets=o, initial=1.5), data, offsets, grad=True)
+    batched = make((2, 6), FLOAT, grad=True)
+    check_op(lambda d, n: aten.segment_reduce(d, reduce, lengths=n, axis=1), batched, torch.tensor([[2, 4], [6, 0]]),
+             grad=True)

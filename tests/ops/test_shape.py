@@ -119,3 +119,14 @@ def test_repeat_interleave_tensor():
     check_op(lambda r: torch.repeat_interleave(r), torch.tensor([1, 3, 0, 2]))
     check_op(lambda a, r: a.repeat_interleave(r, dim=0), make(3, 2, grad=True), torch.tensor([1, 0, 2]), grad=True)
     check_op(lambda a, r: a.repeat_interleave(r, dim=1, output_size=5), make(3, 2), torch.tensor([4, 1]))
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+def test_pad_negative_widths_crop(mode):
+    x = torch.randn(1, 3, 4, 5).requires_grad_()
+    check_op(lambda t: torch.nn.functional.pad(t, [-1, 2, 1, -2], mode=mode), x, grad=True)
+    check_op(lambda t: torch.nn.functional.pad(t, [2, -1], mode=mode), x[0], grad=True)
+
+
+def test_unfold_zero_dim_gradient():
+    check_op(lambda t: t.unfold(0, 1, 1) * 2, torch.tensor(1.5).requires_grad_(), grad=True)

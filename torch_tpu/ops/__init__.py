@@ -15,6 +15,7 @@ from torch_tpu.ops import (  # noqa: F401  (imported for their registrations)
     random,
     reductions,
     shape,
+    sorting,
     special,
     spectral,
 )

@@ -114,6 +114,13 @@ def _indices_kernel(lower_triangle):
     return indices
 
 
+@kernel(aten._efficientzerotensor.default)
+def _efficientzerotensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """Dense zeros: CPU's is a lazy ZeroTensor, which autograd treats the same."""
+    dtype = dtype or torch.get_default_dtype()
+    return storage.wrap(jnp.zeros(tuple(size), dtypes.to_jax(dtype)), dtype)
+
+
 kernel(aten.tril_indices.default)(_indices_kernel(True))
 kernel(aten.triu_indices.default)(_indices_kernel(False))
 

@@ -1,4 +1,5 @@
-"""Lowerings: indexing (advanced indexing, gather/scatter, masks), sorting and selection, searching, counting.
+"""Lowerings: indexing (advanced indexing, gather/scatter, index_* and masked ops, take/put); sorting, selection,
+unique, searching and histograms are in `sorting`.
 
 Boolean masks in `index`/`index_put` make shapes data-dependent: those lowerings run eagerly (`jit=False`), turn
 masks into integer indices, and call a jitted kernel. A lone mask written with `index_put` needs no host sync.
@@ -162,6 +163,8 @@ def gather(self, dim, index, *, sparse_grad=False):
     """NOTE: out-of-range indices are clamped and negative ones wrap, unchecked unless
     TORCH_TPU_ENABLE_DEBUG_CHECKS=1."""
     _check_range(index, self.shape[_dim(dim, self.ndim)] if self.ndim else 1, dim)
+    if index.size == 0:  # an empty index may have any number of dimensions
+        return jnp.zeros(index.shape, self.dtype)
     if self.ndim == 0:
         return jnp.broadcast_to(self, index.shape)
     return self[_along(_dim(dim, self.ndim), index)]
@@ -174,13 +177,22 @@ def _scatter_target(self, dim, index):
 
 
 _SCATTER_REDUCE = {None: "set", "add": "add", "multiply": "multiply", "sum": "add", "prod": "multiply",
-                   "amax": "max", "amin": "min"}
+                   "amax": "max", "amin": "min", "mean": "add"}
+_BOOL_REDUCE = {"add": "max", "multiply": "min"}  # or, and
+
+
+def _updater(target, reduce, dtype):
+    """The `.at[]` method that combines updates with `reduce` (ATen's names) into `target`."""
+    method = _SCATTER_REDUCE[reduce]
+    return getattr(target, _BOOL_REDUCE.get(method, method) if dtype == np.bool_ else method)
 
 
 def _scatter(self, dim, index, src, reduce=None):
     _check_range(index, self.shape[_dim(dim, self.ndim)] if self.ndim else 1, dim)
+    if index.size == 0:  # an empty index may have any number of dimensions
+        return self
     src = jnp.asarray(_fit_source(src, index)).astype(self.dtype)
-    return getattr(_scatter_target(self, dim, index), _SCATTER_REDUCE[reduce])(src).reshape(self.shape)
+    return _updater(_scatter_target(self, dim, index), reduce, self.dtype)(src).reshape(self.shape)
 
 
 @lower(aten.scatter.src, aten.scatter.value, jit=not _CHECKED)
@@ -222,6 +234,25 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     if jnp.issubdtype(self.dtype, jnp.floating):
         return total / count
     return jnp.floor_divide(total, count)
+
+
+@lower(aten.index_reduce.default)
+def index_reduce(self, dim, index, source, reduce, *, include_self=True):
+    """`self` with `source`'s slices combined (prod, mean, amax, amin) into those `index` picks along `dim`."""
+    if self.ndim == 0:
+        flat = index_reduce(self.reshape(1), 0, index, jnp.reshape(source, (-1,)), reduce, include_self=include_self)
+        return flat.reshape(())
+    where = _along_dim(self, dim, index)
+    source = _index_source(self, dim, source)
+    base = self
+    if not include_self:
+        base = self.at[where].set(jnp.asarray(_reduction_identity(reduce, self.dtype), self.dtype))
+    if reduce != "mean":
+        return _updater(base.at[where], reduce, self.dtype)(source)
+    total = base.at[where].add(source)
+    count = jnp.full(self.shape, int(include_self), self.dtype).at[where].add(jnp.ones_like(source))
+    count = jnp.where(count == 0, 1, count)
+    return total / count if jnp.issubdtype(self.dtype, jnp.floating) else jnp.floor_divide(total, count)
 
 
 def _along_dim(self, dim, index):
@@ -296,6 +327,8 @@ def nonzero(self):
 def nonzero_static(self, *, size, fill_value=-1):
     if self.ndim == 0:
         return jnp.zeros((size, 0), np.int64)
+    if self.size == 0:
+        return jnp.full((size, self.ndim), fill_value, np.int64)
     return jnp.stack(jnp.nonzero(self, size=size, fill_value=fill_value), axis=1).astype(np.int64)
 
 
@@ -309,183 +342,3 @@ def put(self, index, source, accumulate=False):
     target = self.reshape(-1).at[index.reshape(-1)]
     source = source.reshape(-1).astype(self.dtype)
     return (target.add(source) if accumulate else target.set(source)).reshape(self.shape)
-
-
-def _sort(self, dim, descending=False):
-    """Values and int64 indices sorted stably along `dim` (NaN sorts above every number, as in PyTorch)."""
-    if self.ndim == 0:
-        return self, jnp.zeros((), np.int64)
-    order = jnp.argsort(self, axis=dim, stable=True, descending=descending)
-    return jnp.take_along_axis(self, order, axis=dim), order.astype(np.int64)
-
-
-@lower(aten.sort.stable)
-def sort(self, *, stable, dim=-1, descending=False):
-    return _sort(self, dim, descending)
-
-
-@lower(aten.topk.default)
-def topk(self, k, dim=-1, largest=True, sorted=True):
-    if self.ndim == 0:
-        return self, jnp.zeros((), np.int64)
-    moved = jnp.moveaxis(self, dim, -1)
-    if largest and self.dtype != np.bool_:
-        values, order = jax.lax.top_k(moved, k)
-    else:
-        values, order = _sort(moved, -1, largest)
-        values, order = values[..., :k], order[..., :k]
-    return jnp.moveaxis(values, -1, dim), jnp.moveaxis(order, -1, dim).astype(np.int64)
-
-
-def _pick(values, order, position, dim, keepdim):
-    """Element `position` (an int, or one per row) along `dim` of sorted values and their indices."""
-    position = jnp.broadcast_to(position, values.shape[:dim] + values.shape[dim + 1:])
-    position = jnp.expand_dims(position, dim)
-    value = jnp.take_along_axis(values, position, axis=dim)
-    index = jnp.take_along_axis(order, position, axis=dim)
-    return (value, index) if keepdim else (jnp.squeeze(value, dim), jnp.squeeze(index, dim))
-
-
-@lower(aten.kthvalue.default)
-def kthvalue(self, k, dim=-1, keepdim=False):
-    if self.ndim == 0:
-        return self, jnp.zeros((), np.int64)
-    dim = _dim(dim, self.ndim)
-    values, order = _sort(self, dim)
-    return _pick(values, order, k - 1, dim, keepdim)
-
-
-def _median_position(self, dim, skip_nan=False):
-    """The lower median's position in sorted `values` (NaNs sort last): of the non-NaN values with `skip_nan`,
-    else the first NaN's when there is one (NaN propagates)."""
-    size = self.shape[dim]
-    if not jnp.issubdtype(self.dtype, jnp.floating):
-        return (size - 1) // 2
-    nans = jnp.sum(jnp.isnan(self), axis=dim)
-    if skip_nan:
-        return jnp.maximum((size - nans - 1) // 2, 0)
-    return jnp.where(nans > 0, size - nans, (size - 1) // 2)
-
-
-def _median(self, dim, keepdim, skip_nan):
-    """(values, indices) of the lower median along `dim` (of all elements for `dim` None)."""
-    if dim is None:
-        self, dim = self.reshape(-1), 0
-    elif self.ndim == 0:
-        return self, jnp.zeros((), np.int64)
-    dim = _dim(dim, self.ndim)
-    values, order = _sort(self, dim)
-    return _pick(values, order, _median_position(self, dim, skip_nan), dim, keepdim)
-
-
-@lower(aten.median.default)
-def median(self):
-    return _median(self, None, False, skip_nan=False)[0]
-
-
-@lower(aten.median.dim)
-def median_dim(self, dim, keepdim=False):
-    return _median(self, dim, keepdim, skip_nan=False)
-
-
-@lower(aten.nanmedian.default)
-def nanmedian(self):
-    return _median(self, None, False, skip_nan=True)[0]
-
-
-@lower(aten.nanmedian.dim)
-def nanmedian_dim(self, dim, keepdim=False):
-    return _median(self, dim, keepdim, skip_nan=True)
-
-
-@lower(aten.mode.default)
-def mode(self, dim=-1, keepdim=False):
-    """The most frequent value along `dim` (the smallest on ties) and the index of its last occurrence."""
-    if self.ndim == 0:
-        return self, jnp.zeros((), np.int64)
-    dim = _dim(dim, self.ndim)
-    values, order = _sort(jnp.moveaxis(self, dim, -1), -1)
-    size = values.shape[-1]
-    position = jnp.arange(size)
-    starts = jnp.concatenate([jnp.ones_like(values[..., :1], bool), values[..., 1:] != values[..., :-1]], -1)
-    ends = jnp.concatenate([starts[..., 1:], jnp.ones_like(starts[..., :1])], -1)
-    run_start = jax.lax.cummax(jnp.where(starts, position, 0), axis=values.ndim - 1)
-    frequency = jnp.where(ends, position - run_start + 1, 0)
-    best = jnp.argmax(frequency, axis=-1)
-    value, index = _pick(values, order, best, values.ndim - 1, keepdim)
-    return (jnp.moveaxis(value, -1, dim), jnp.moveaxis(index, -1, dim)) if keepdim else (value, index)
-
-
-def _empty_index():
-    return jnp.zeros((0,), np.int64)
-
-
-@lower(aten._unique2.default, jit=False)
-def _unique2(self, sorted=True, return_inverse=False, return_counts=False):
-    values, inverse, counts = jnp.unique(self.reshape(-1), return_inverse=True, return_counts=True)
-    inverse = inverse.reshape(self.shape) if return_inverse else _empty_index()
-    return values, inverse, counts if return_counts else _empty_index()
-
-
-@lower(aten.unique_dim.default, jit=False)
-def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
-    values, inverse, counts = jnp.unique(self, return_inverse=True, return_counts=True, axis=dim)
-    return values, inverse.reshape(-1), counts
-
-
-@lower(aten.unique_consecutive.default, jit=False)
-def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
-    data = self.reshape(-1) if dim is None else jnp.moveaxis(self, dim, 0)
-    if data.shape[0] == 0:
-        return self, _empty_index(), _empty_index()
-    differs = (data[1:] != data[:-1]).reshape(data.shape[0] - 1, -1).any(axis=1)
-    starts = np.concatenate([[True], np.asarray(differs)])
-    values = data[np.flatnonzero(starts)]
-    if dim is not None:
-        values = jnp.moveaxis(values, 0, dim)
-    inverse = jnp.asarray(np.cumsum(starts) - 1)
-    inverse = inverse.reshape(self.shape) if dim is None else inverse
-    counts = jnp.asarray(np.diff(np.append(np.flatnonzero(starts), starts.size)))
-    return values, inverse if return_inverse else _empty_index(), counts if return_counts else _empty_index()
-
-
-def _search(sorted_sequence, values, side):
-    if sorted_sequence.ndim <= 1:
-        return jnp.searchsorted(sorted_sequence, values, side=side)
-    rows = sorted_sequence.reshape(-1, sorted_sequence.shape[-1])
-    found = jax.vmap(functools.partial(jnp.searchsorted, side=side))(rows, values.reshape(rows.shape[0], -1))
-    return found.reshape(values.shape)
-
-
-@lower(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
-def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
-    if sorter is not None:
-        sorted_sequence = jnp.take_along_axis(sorted_sequence, sorter, axis=-1)
-    return _search(sorted_sequence, jnp.asarray(self), side or ("right" if right else "left"))
-
-
-@lower(aten.bucketize.Tensor, aten.bucketize.Scalar)
-def bucketize(self, boundaries, *, out_int32=False, right=False):
-    return jnp.searchsorted(boundaries, jnp.asarray(self), side="right" if right else "left")
-
-
-@lower(aten.histc.default)
-def histc(self, bins=100, min=0, max=0):
-    x = self.reshape(-1)
-    low, high = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
-    automatic = low == high
-    low = jnp.where(automatic, jnp.min(x, initial=jnp.inf), low)
-    high = jnp.where(automatic, jnp.max(x, initial=-jnp.inf), high)
-    low, high = jnp.where(low == high, low - 1, low), jnp.where(low == high, high + 1, high)
-    position = jnp.clip(jnp.floor((x - low) / (high - low) * bins).astype(np.int64), 0, bins - 1)
-    position = jnp.where((x >= low) & (x <= high), position, bins)
-    return jnp.zeros((bins,), x.dtype).at[position].add(1, mode="drop")
-
-
-@lower(aten.bincount.default, jit=False)
-def bincount(self, weights=None, minlength=0):
-    length = max(int(jnp.max(self)) + 1 if self.size else 0, minlength)
-    if weights is None:
-        return jnp.bincount(self, length=length).astype(np.int64)
-    dtype = np.float32 if weights.dtype == np.float32 else np.float64
-    return jnp.bincount(self, weights.astype(dtype), length=length)

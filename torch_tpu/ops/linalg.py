@@ -5,8 +5,11 @@ CPU); bf16/fp16 products accumulate in float32 and the result is rounded once, a
 (wrap-around matches the narrow type's). The dispatcher casts each result to PyTorch's output dtype.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from torch_tpu import precision
 from torch_tpu.ops.registry import aten, lower
@@ -138,6 +141,8 @@ def _cholesky(a, upper):
 
 def _first_failure(failed):
     """LAPACK-style info: 1 + the first index where `failed` holds along the last axis, or 0."""
+    if failed.shape[-1] == 0:
+        return jnp.zeros(failed.shape[:-1], jnp.int32)
     index = jnp.argmax(failed, axis=-1).astype(jnp.int32) + 1
     return jnp.where(jnp.any(failed, axis=-1), index, 0)
 
@@ -272,13 +277,66 @@ def linalg_inv_ex(A, *, check_errors=False):
     return _lu_solve(lu, pivots, identity, adjoint=False), info
 
 
+def _is_vector_rhs(A, B):
+    """Whether B is a (batch of) vector(s) rather than matrices, by PyTorch's rule for solvers."""
+    return B.ndim == 1 or (B.ndim == A.ndim - 1 and B.shape == A.shape[:-1])
+
+
 @lower(aten._linalg_solve_ex.default)
 def _linalg_solve_ex(A, B, *, left=True, check_errors=False):
     lu, pivots, info = _lu(A)
-    vector = B.ndim == 1 or (B.ndim == A.ndim - 1 and B.shape == A.shape[:-1])
+    vector = _is_vector_rhs(A, B)
     rhs = B[..., None] if vector else B
     result = linalg_lu_solve(lu, pivots, rhs, left=left)
     return (result[..., 0] if vector else result), lu, pivots, info
+
+
+def _least_squares(a, b, rcond):
+    """(minimum-norm least-squares solution, singular values, rank) for one matrix `a`."""
+    u, singular, vh = jnp.linalg.svd(a, full_matrices=False)
+    cutoff = rcond * singular[..., :1]
+    kept = singular > cutoff
+    inverse = jnp.where(kept, 1 / jnp.where(kept, singular, 1), 0)
+    solution = _adjoint(vh) @ (inverse[:, None] * (_adjoint(u) @ b))
+    return solution, singular, jnp.sum(kept).astype(jnp.int64)
+
+
+@lower(aten.linalg_lstsq.default)
+def linalg_lstsq(self, b, rcond=None, *, driver=None):
+    """NOTE: solved through the SVD whatever `driver` (same solution for full-rank inputs); residuals assume
+    full rank, which PyTorch checks on the data."""
+    vector = _is_vector_rhs(self, b)
+    rhs = b[..., None] if vector else b
+    a, rhs = _batch_broadcast(self, rhs)
+    rows, cols = a.shape[-2:]
+    rcond = jnp.finfo(a.dtype).eps * max(rows, cols) if rcond is None else rcond
+    solve = functools.partial(_least_squares, rcond=rcond)
+    for _ in a.shape[:-2]:
+        solve = jax.vmap(solve)
+    solution, singular, rank = solve(a, rhs)
+    driver = driver or "gelsy"
+    empty = jnp.zeros((0,), a.dtype)
+    residuals = empty
+    if rows > cols and driver != "gelsy":
+        residual = jnp.abs(a @ solution - rhs)
+        residuals = jnp.sum(residual * residual, axis=-2)
+        residuals = residuals[..., 0] if vector else residuals
+    singular = singular if driver in ("gelsd", "gelss") else empty
+    rank = rank if driver != "gels" else jnp.zeros((0,), jnp.int64)
+    return (solution[..., 0] if vector else solution), residuals, rank, singular
+
+
+@lower(aten.linalg_eig.default)
+def linalg_eig(self):
+    """NOTE: XLA has a non-symmetric eigensolver on its CPU platform only."""
+    values, vectors = jax.lax.linalg.eig(self, compute_left_eigenvectors=False)
+    return values, vectors
+
+
+@lower(aten._linalg_eigvals.default)
+def _linalg_eigvals(self):
+    """NOTE: XLA has a non-symmetric eigensolver on its CPU platform only."""
+    return jax.lax.linalg.eig(self, compute_left_eigenvectors=False, compute_right_eigenvectors=False)[0]
 
 
 @lower(aten.triangular_solve.default)
@@ -365,13 +423,9 @@ def _pairwise_differences(x1, x2):
     return x1[..., :, None, :] - x2[..., None, :, :]
 
 
-@lower(aten._cdist_forward.default)
-def _cdist_forward(x1, x2, p, compute_mode=None):
-    """As PyTorch's CPU: p = 2 uses the matrix-product form when `compute_mode` asks (1) or allows it (None or
-    0) for more than 25 rows, else each distance is summed from the differences."""
-    if p == 2 and (compute_mode == 1 or (compute_mode in (None, 0) and max(x1.shape[-2], x2.shape[-2]) > 25)):
-        return _euclidean_dist(*_batch_broadcast(x1, x2))
-    diff = jnp.abs(_pairwise_differences(x1, x2))
+def _p_norm(diff, p):
+    """The p-norm of each row of `diff` (last axis): p = 0 counts non-zeros, p = inf takes the largest."""
+    diff = jnp.abs(diff)
     if p == 0:
         return jnp.sum(diff != 0, axis=-1).astype(diff.dtype)
     if p == 1:
@@ -383,23 +437,52 @@ def _cdist_forward(x1, x2, p, compute_mode=None):
     return jnp.sum(diff**p, axis=-1) ** (1 / p)
 
 
+def _p_norm_grad(grad, diff, norm, p):
+    """grad * d norm / d diff for rows `diff` of norms `norm`, zero where a norm is zero (PyTorch's formulas)."""
+    grad, norm = grad[..., None], norm[..., None]
+    if p == 0:
+        return jnp.zeros_like(diff)
+    if p == 1:
+        return grad * jnp.sign(diff)
+    if p == 2:
+        return jnp.where(norm == 0, 0, grad * diff / jnp.where(norm == 0, 1, norm))
+    if p == float("inf"):
+        return grad * jnp.sign(diff) * (jnp.abs(diff) == norm)
+    safe = jnp.where(norm == 0, 1, norm)
+    power = jnp.abs(diff) ** (p - 1) if p < 2 else diff * jnp.abs(diff) ** (p - 2)
+    terms = (jnp.sign(diff) if p < 2 else 1) * power * grad / safe ** (p - 1)
+    return jnp.where((norm == 0) | ((diff == 0) & (p < 1)), 0, terms)
+
+
+@lower(aten._cdist_forward.default)
+def _cdist_forward(x1, x2, p, compute_mode=None):
+    """As PyTorch's CPU: p = 2 uses the matrix-product form when `compute_mode` asks (1) or allows it (None or
+    0) for more than 25 rows, else each distance is summed from the differences."""
+    if p == 2 and (compute_mode == 1 or (compute_mode in (None, 0) and max(x1.shape[-2], x2.shape[-2]) > 25)):
+        return _euclidean_dist(*_batch_broadcast(x1, x2))
+    return _p_norm(_pairwise_differences(x1, x2), p)
+
+
 @lower(aten._cdist_backward.default)
 def _cdist_backward(grad, x1, x2, p, cdist):
-    """The gradient w.r.t. x1, zero where a distance is zero (PyTorch's CPU formulas)."""
-    diff = _pairwise_differences(x1, x2)
-    grad, dist = grad[..., None], cdist[..., None]
-    if p == 0:
-        terms = jnp.zeros_like(diff)
-    elif p == 1:
-        terms = grad * jnp.sign(diff)
-    elif p == 2:
-        terms = jnp.where(dist == 0, 0, grad * diff / jnp.where(dist == 0, 1, dist))
-    elif p == float("inf"):
-        terms = grad * jnp.sign(diff) * (jnp.abs(diff) == dist)
-    else:
-        safe = jnp.where(dist == 0, 1, dist)
-        power = jnp.abs(diff) ** (p - 1) if p < 2 else diff * jnp.abs(diff) ** (p - 2)
-        terms = (jnp.sign(diff) if p < 2 else 1) * power * grad / safe ** (p - 1)
-        zero = (dist == 0) | ((diff == 0) & (p < 1))
-        terms = jnp.where(zero, 0, terms)
+    """The gradient w.r.t. x1."""
+    terms = _p_norm_grad(grad, _pairwise_differences(x1, x2), cdist, p)
     return _sum_to(jnp.sum(terms, axis=-2), x1.shape)
+
+
+def _pairs(rows):
+    """Row indices (i, j), i < j, in the order of pdist's condensed output."""
+    return np.triu_indices(rows, 1)
+
+
+@lower(aten._pdist_forward.default)
+def _pdist_forward(self, p=2.0):
+    first, second = _pairs(self.shape[0])
+    return _p_norm(self[first] - self[second], p)
+
+
+@lower(aten._pdist_backward.default)
+def _pdist_backward(grad, self, p, pdist):
+    first, second = _pairs(self.shape[0])
+    terms = _p_norm_grad(grad, self[first] - self[second], pdist, p)
+    return jnp.zeros_like(self).at[first].add(terms).at[second].add(-terms)

@@ -8,6 +8,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from torch_tpu.ops.registry import aten, lower
@@ -291,3 +292,105 @@ def cummax(self, dim):
 @lower(aten.cummin.default)
 def cummin(self, dim):
     return _running_extreme(self, dim, largest=False)
+
+
+@lower(aten.hash_tensor.default)
+def hash_tensor(self, dim=(), *, keepdim=False, mode=0):
+    """The XOR of the elements' 64-bit patterns (floats as float64, integers and bool as int64), over `dim`."""
+    wide = self.astype(jnp.float64) if dtypes.is_floating(self.dtype) else self.astype(jnp.int64)
+    bits = jax.lax.bitcast_convert_type(wide, jnp.uint64)
+    axes = _axes(self, dim)
+    axes = tuple(range(self.ndim)) if axes is None else axes
+    hashed = jax.lax.reduce(bits, np.uint64(0), jax.lax.bitwise_xor, axes)
+    return jnp.expand_dims(hashed, axes) if keepdim else hashed
+
+
+def _segment_ids(size, lengths, offsets):
+    """(segment of each of `size` positions, or the segment count S for positions outside every segment; S;
+    segment lengths) for 1-D `lengths` or `offsets` (S + 1 boundaries)."""
+    if offsets is None:
+        ends = jnp.cumsum(lengths)
+        first = jnp.zeros((), ends.dtype)
+    else:
+        lengths, ends, first = jnp.diff(offsets), offsets[1:], offsets[0]
+    count = lengths.shape[0]
+    position = jnp.arange(size)
+    ids = jnp.searchsorted(ends, position, side="right")
+    inside = (position >= first) & (position < (ends[-1] if count else first))
+    return jnp.where(inside, ids, count), count, lengths
+
+
+def _segment_reduce_1d(data, reduce, lengths, offsets, initial):
+    """segment_reduce along axis 0 of `data` for 1-D lengths or offsets."""
+    ids, count, lengths = _segment_ids(data.shape[0], lengths, offsets)
+    segments = count + 1  # the last collects positions outside every segment; dropped
+    shape = (count,) + (1,) * (data.ndim - 1)
+    length = lengths.reshape(shape).astype(data.dtype)
+    if reduce in ("sum", "mean"):
+        total = jax.ops.segment_sum(data, ids, segments)[:count]
+        total = total if initial is None else total + initial
+        if reduce == "sum":
+            return total
+        mean = total / length
+        return mean if initial is None else jnp.where(length == 0, jnp.asarray(initial, data.dtype), mean)
+    combine = {"max": jax.ops.segment_max, "min": jax.ops.segment_min, "prod": jax.ops.segment_prod}[reduce]
+    result = combine(data, ids, segments)[:count]
+    if initial is None:
+        return result
+    initial = jnp.asarray(initial, data.dtype)
+    return {"max": jnp.maximum, "min": jnp.minimum, "prod": jnp.multiply}[reduce](result, initial)
+
+
+def _over_segments(fn, lengths, offsets, axis, *arrays):
+    """`fn(*arrays, lengths, offsets)` along `axis` (moved first), batched over the leading dims of 2-D and
+    higher lengths/offsets (which equal `arrays`' dims before `axis`)."""
+    boundaries = lengths if offsets is None else offsets
+    batch = boundaries.ndim - 1
+    arrays = [jnp.moveaxis(a, axis, batch) for a in arrays]
+
+    def one(*values):
+        *values, bounds = values
+        return fn(*values, bounds if offsets is None else None, None if offsets is None else bounds)
+
+    for _ in range(batch):
+        one = jax.vmap(one)
+    return jnp.moveaxis(one(*arrays, boundaries), batch, axis)
+
+
+@lower(aten.segment_reduce.default)
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    wide = _wide(data)
+    fn = lambda values, lens, offs: _segment_reduce_1d(values, reduce, lens, offs, initial)
+    return _over_segments(fn, lengths, offsets, axis % data.ndim, wide)
+
+
+def _segment_backward_1d(grad, output, data, reduce, lengths, offsets, initial):
+    ids, count, lengths = _segment_ids(data.shape[0], lengths, offsets)
+    pad = [(0, 1)] + [(0, 0)] * (data.ndim - 1)  # a zero row for positions outside every segment
+    spread = lambda x: jnp.pad(x, pad)[ids]
+    inside = (ids < count).reshape((-1,) + (1,) * (data.ndim - 1))
+    if reduce == "sum":
+        return jnp.where(inside, spread(grad), 0)
+    if reduce == "mean":
+        length = lengths.reshape((count,) + (1,) * (data.ndim - 1)).astype(data.dtype)
+        return jnp.where(inside, spread(grad / length), 0)
+    if reduce in ("max", "min"):  # ties share a positive gradient, as PyTorch's CPU kernel does
+        hit = inside & ((spread(output) == data) | jnp.isnan(data))
+        ties = jax.ops.segment_sum(hit.astype(data.dtype), ids, count + 1)
+        share = spread(grad)
+        share = jnp.where((spread(ties[:count]) > 1) & (share > 0), share / spread(ties[:count]), share)
+        return jnp.where(hit, share, 0)
+    zero = data == 0
+    others = jax.ops.segment_prod(jnp.where(zero, 1, data), ids, count + 1)[:count]
+    others = others if initial is None else others * initial
+    zeros = jax.ops.segment_sum(zero.astype(data.dtype), ids, count + 1)[:count]
+    at_zero = jnp.where(spread(zeros) == 1, spread(others), 0)
+    value = jnp.where(zero, at_zero, spread(output) / jnp.where(zero, 1, data))
+    return jnp.where(inside, spread(grad) * value, 0)
+
+
+@lower(aten._segment_reduce_backward.default)
+def _segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
+    fn = lambda g, out, values, lens, offs: _segment_backward_1d(
+        g, out, values, reduce, lens, offs, initial)
+    return _over_segments(fn, lengths, offsets, axis % data.ndim, _wide(grad), _wide(output), _wide(data))

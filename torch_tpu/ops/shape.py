@@ -62,7 +62,11 @@ def constant_pad_nd(self, pad, value=0):
 
 
 def _pad(self, padding, mode):
-    return jnp.pad(self, _pad_widths(self.ndim, padding), mode=mode)
+    """Reflection or replication padding; a negative width crops, after the other side is padded (as in ATen,
+    whose padded positions are placed relative to the uncropped input)."""
+    widths = _pad_widths(self.ndim, padding)
+    padded = jnp.pad(self, [(max(lo, 0), max(hi, 0)) for lo, hi in widths], mode=mode)
+    return padded[tuple(slice(max(-lo, 0), n - max(-hi, 0)) for (lo, hi), n in zip(widths, padded.shape, strict=True))]
 
 
 def _pad_backward(grad_output, self, padding, mode):
@@ -142,6 +146,8 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
 
 @lower(aten.unfold_backward.default)
 def unfold_backward(grad_in, input_sizes, dim, size, step):
+    if not input_sizes:  # a 0-d input unfolds into its one element
+        return jnp.sum(grad_in).reshape(())
     dim = _dim(dim, len(input_sizes))
     index = np.arange(grad_in.shape[dim])[:, None] * step + np.arange(size)[None, :]
     grad = jnp.moveaxis(grad_in, -1, dim + 1)

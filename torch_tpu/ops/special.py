@@ -283,7 +283,8 @@ def _orthogonal(kind, shifted=False):
             value = _recurrence(_RECURRENCES[kind], x, safe)
         else:
             value = _chebyshev(kind, x, safe)
-        return jnp.where(degree < 0, 0.0, jnp.where(jnp.isnan(x), jnp.nan, value))
+        value = jnp.where(degree == 0, 1.0, jnp.where(jnp.isnan(x), jnp.nan, value))
+        return jnp.where(degree < 0, 0.0, value)
 
     return polynomial
 
