@@ -174,3 +174,19 @@ def test_max_unpool():
     x = make(1, 2, 4, 4, 6, grad=False)
     out, indices = F.max_pool3d(x, 2, return_indices=True)
     check_op(lambda o, i: F.max_unpool3d(o, i, 2), out, indices)
+
+
+@pytest.mark.parametrize(
+    "fn, shape",
+    [
+        (lambda x: F.adaptive_avg_pool1d(x, 5), (0, 8, 8)),
+        (lambda x: F.unfold(x, 2), (0, 1, 5, 5)),
+        (lambda x: F.pad(x, (1, 2), mode="circular"), (0, 3, 3)),
+        (lambda x: F.group_norm(x, 1), (0, 2)),
+        (lambda x: x.sum(0), (0, 4)),
+    ],
+    ids=["adaptive_avg_pool1d", "unfold", "pad_circular", "group_norm", "sum_over_empty"],
+)
+def test_zero_size_batch(fn, shape):
+    """A zero-size batch gives empty (or, reduced over, identity) results of the right shape, as on CPU."""
+    check_op(fn, make(*shape), grad=True)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 from torch._ops import OpOverload
@@ -142,9 +143,16 @@ class Runner:
         count = [0]
         template_args = [self._template(v, k, count) for v, k in zip(args, self.positional, strict=False)]
         template_kwargs = {n: self._template(v, self.keyword[n], count) for n, v in kwargs.items()}
-        out_dtypes = _meta_dtypes(meta_op, args, kwargs)
+        meta = _meta_outputs(meta_op, args, kwargs)
+        out_dtypes = _dtypes_of(meta)
         fn = self.lowering.fn
         rng = self.lowering.rng
+        if _all_empty(meta):  # nothing to compute, and lowerings need not handle zero-size shapes
+
+            def empty(*values: jax.Array) -> Any:
+                return _zeros_like(meta)
+
+            return empty, out_dtypes
 
         def traced(*values: jax.Array) -> Any:
             call_args = [_fill(v, values) for v in template_args]
@@ -223,22 +231,39 @@ def _to_meta(value: Any) -> Any:
     return value
 
 
-def _meta_dtypes(op: OpOverload, args: tuple, kwargs: dict) -> Any:
-    """Output dtypes by PyTorch's own meta kernel (type promotion, and PyTorch's errors for bad input)."""
+def _meta_outputs(op: OpOverload, args: tuple, kwargs: dict) -> Any:
+    """Outputs by PyTorch's own meta kernel (shapes, type promotion, and PyTorch's errors for bad input)."""
     try:
         with torch._C._DisableTorchDispatch():
-            out = op(*_to_meta(args), **{k: _to_meta(v) for k, v in kwargs.items()})
+            return op(*_to_meta(args), **{k: _to_meta(v) for k, v in kwargs.items()})
     except (NotImplementedError, torch._subclasses.fake_tensor.UnsupportedOperatorException):
         return None
     except RuntimeError as error:  # data-dependent output shapes have no meta kernel
         if "data-dependent" in str(error) or "meta" in str(error):
             return None
         raise
-    if isinstance(out, torch.Tensor):
-        return dtypes.to_jax(out.dtype)
-    if isinstance(out, (list, tuple)):
-        return tuple(dtypes.to_jax(o.dtype) if isinstance(o, torch.Tensor) else None for o in out)
+
+
+def _dtypes_of(meta: Any) -> Any:
+    if isinstance(meta, torch.Tensor):
+        return dtypes.to_jax(meta.dtype)
+    if isinstance(meta, (list, tuple)):
+        return tuple(dtypes.to_jax(o.dtype) if isinstance(o, torch.Tensor) else None for o in meta)
     return None
+
+
+def _all_empty(meta: Any) -> bool:
+    """Whether the op's outputs are all tensors with no elements (e.g. a zero-size batch)."""
+    outputs = meta if isinstance(meta, (list, tuple)) else [meta]
+    tensors = [o for o in outputs if o is not None]
+    return bool(tensors) and all(isinstance(o, torch.Tensor) and o.numel() == 0 for o in tensors)
+
+
+def _zeros_like(meta: Any) -> Any:
+    if isinstance(meta, torch.Tensor):
+        return jnp.zeros(tuple(meta.shape), dtypes.to_jax(meta.dtype))
+    zeros = [None if o is None else _zeros_like(o) for o in meta]
+    return zeros if isinstance(meta, list) else tuple(zeros)
 
 
 def _cast(result: Any, out_dtypes: Any) -> Any:

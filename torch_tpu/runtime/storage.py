@@ -236,6 +236,8 @@ def write(tensor: torch.Tensor, value: jax.Array) -> None:
             value = _call(_fit, (value,), (shape, jdtype))
         buffer.array = value
         return
+    if math.prod(shape) == 0:  # an empty view writes nothing
+        return
     statics = (jdtype, shape, tuple(tensor.stride()), tensor.storage_offset())
     buffer.array = _call(_scatter, (buffer.array, value), statics)
 
