@@ -8,7 +8,7 @@ differ between two CPU runs with different seeds) are checked for shapes and dty
 CPU's float32 result is not exact either: where a long reduction (a convolution's gradient, `matrix_exp`) makes
 the two devices' rounding differ by more than the fixed tolerance, the sample is judged against a float64 CPU
 reference instead: it passes if the `tpu` error is within the fixed tolerance plus twice CPU's own largest error
-(`_as_accurate_as_cpu`), i.e. if `tpu` is as accurate as CPU PyTorch.
+(`torch_tpu.testing.compare.assert_as_accurate_as_cpu`), i.e. if `tpu` is as accurate as CPU PyTorch.
 
 Each (op, dtype) runs in a worker subprocess (spawned; restarted after a crash, or a hang: a sample running past
 `--timeout`), so a crash or hang counts against that op only. The CPU fallback is on: an op that used it is
@@ -17,7 +17,9 @@ separately.
 
 Usage: python bench/op_coverage.py [--ops name1,name2] [--jobs 2] [--timeout 180] [--doc docs/op_coverage.md]
 `--ops` takes OpInfo names (`linalg.svd`) or names with variants (`linalg.svd` runs all its variants,
-`nn.functional.pad.reflect` one). Without `--ops`, the whole op_db runs and the doc is written.
+`nn.functional.pad.reflect` one). Without `--ops`, the whole op_db runs and the doc is written, with the raw
+results beside it (docs/op_coverage.json). `--rerun-failing` re-runs only the OpInfos that did not pass in that
+JSON (after fixes) and rewrites both, saying in the doc which OpInfos come from the re-run.
 """
 
 from __future__ import annotations
@@ -280,31 +282,12 @@ def _reference64(op: Any, sample: Any) -> tuple[Any, Any]:
 
 
 def _as_accurate_as_cpu(actual: Any, expected: Any, reference: Any) -> bool:
-    """Whether every `tpu` output is within the fixed tolerance of the float64 `reference`, widened by twice the
-    largest error of CPU's own result (`expected`) against it."""
-    import torch
-
     from torch_tpu.testing import compare
 
-    flat_a, flat_e, flat_r = _leaves(compare.to_cpu(actual)), _leaves(expected), _leaves(reference)
-    if not len(flat_a) == len(flat_e) == len(flat_r):
+    try:
+        compare.assert_as_accurate_as_cpu(actual, expected, reference)
+    except AssertionError:
         return False
-    for a, e, r in zip(flat_a, flat_e, flat_r, strict=True):
-        if not isinstance(e, torch.Tensor) or not (e.is_floating_point() or e.is_complex()):
-            try:  # integers, bools and non-tensors: exactly as CPU
-                compare.assert_close(a, e)
-            except AssertionError:
-                return False
-            continue
-        if not isinstance(a, torch.Tensor) or a.shape != e.shape or a.dtype != e.dtype or r.shape != e.shape:
-            return False
-        r = r.detach().to(torch.complex128 if r.is_complex() else torch.float64)
-        cpu_error = (e.to(r.dtype) - r).abs().nan_to_num(0.0).max().item() if e.numel() else 0.0
-        rtol, atol = compare.tolerance(e.dtype)
-        try:
-            torch.testing.assert_close(a.to(r.dtype), r, rtol=rtol, atol=atol + 2 * cpu_error, equal_nan=True)
-        except AssertionError:
-            return False
     return True
 
 
@@ -660,7 +643,8 @@ def print_report(ops: list[Any], results: dict[str, dict], seconds: float) -> No
     print(f"{len(ops)} OpInfos in {seconds / 60:.1f} min")
 
 
-def write_doc(path: str, ops: list[Any], results: dict[str, dict], seconds: float, jobs: int) -> None:
+def write_doc(path: str, ops: list[Any], results: dict[str, dict], seconds: float, jobs: int,
+              rerun: list[str]) -> None:
     import torch
 
     lines = [
@@ -684,6 +668,9 @@ def write_doc(path: str, ops: list[Any], results: dict[str, dict], seconds: floa
         f"Sweep time: {seconds / 60:.1f} min with {jobs} worker processes on {os.cpu_count()} CPU cores "
         "(XLA CPU platform).",
         "",
+        *([f"After fixes, the {len(rerun)} OpInfos that had not passed were re-run (`--rerun-failing`); "
+           "their rows come from that re-run, the others from the whole sweep. The CI subset "
+           "(tests/test_opinfo.py) and the op tests guard the rest against regressions.", ""] if rerun else []),
         "## Summary",
         "",
         *table_lines(summarize(ops, results)),
@@ -729,6 +716,8 @@ def main() -> None:
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated subset of " + ",".join(DTYPES))
     parser.add_argument("--doc", default="docs/op_coverage.md", help="the generated doc (whole sweeps only)")
     parser.add_argument("--json", help="also dump the raw results here")
+    parser.add_argument("--rerun-failing", action="store_true",
+                        help="re-run the OpInfos that did not pass in the doc's JSON and update the doc")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))  # so `sweep` stops its workers
 
@@ -736,6 +725,14 @@ def main() -> None:
     from torch.testing._internal.common_methods_invocations import op_db
 
     ops = list(op_db)
+    stored_path = os.path.splitext(args.doc)[0] + ".json"
+    stored: dict[str, Any] = {}
+    if args.rerun_failing:
+        with open(stored_path) as file:
+            stored = json.load(file)
+        failing = {key for key, records in stored["results"].items()
+                   if any(r["status"] not in ("passed", "skipped") for r in records.values())}
+        args.ops = ",".join(sorted(failing))
     if args.ops:
         wanted = set(args.ops.split(","))
         ops = [op for op in ops if op.name in wanted or op_key(op) in wanted]
@@ -759,9 +756,25 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as file:
             json.dump(results, file, indent=1, sort_keys=True)
-    if not args.ops and args.dtypes == ",".join(DTYPES):
-        write_doc(args.doc, ops, results, seconds, args.jobs)
-        print(f"wrote {args.doc}")
+    if args.dtypes != ",".join(DTYPES) or args.ops and not args.rerun_failing:
+        return
+    rerun = sorted(op_key(op) for op in ops) if args.rerun_failing else []
+    if args.rerun_failing:
+        results = {**stored["results"], **results}
+        seconds = stored["seconds"]
+    all_ops = list(op_db)
+    write_doc(args.doc, all_ops, results, seconds, args.jobs, rerun)
+    with open(stored_path, "w") as file:
+        json.dump({"seconds": seconds, "rerun": rerun, "results": _slim(results)}, file, indent=0, sort_keys=True)
+    print(f"wrote {args.doc} and {stored_path}")
+
+
+def _slim(results: dict[str, dict]) -> dict[str, dict]:
+    """Status and first message per (OpInfo, check): what the doc and a later re-run need."""
+    return {key: {column: {"status": r["status"], "message": r.get("message", ""),
+                           "fallbacks": r.get("fallbacks", {}), "decompositions": r.get("decompositions", {})}
+                  for column, r in records.items()}
+            for key, records in results.items()}
 
 
 if __name__ == "__main__":
