@@ -19,7 +19,7 @@ Usage: python bench/op_coverage.py [--ops name1,name2] [--jobs 2] [--timeout 180
 `--ops` takes OpInfo names (`linalg.svd`) or names with variants (`linalg.svd` runs all its variants,
 `nn.functional.pad.reflect` one). Without `--ops`, the whole op_db runs and the doc is written, with the raw
 results beside it (docs/op_coverage.json). `--rerun-failing` re-runs only the OpInfos that did not pass in that
-JSON (after fixes) and rewrites both, saying in the doc which OpInfos come from the re-run.
+JSON (after fixes; with `--ops`, those too) and rewrites both, saying in the doc which OpInfos come from the re-run.
 """
 
 from __future__ import annotations
@@ -732,7 +732,7 @@ def main() -> None:
             stored = json.load(file)
         failing = {key for key, records in stored["results"].items()
                    if any(r["status"] not in ("passed", "skipped") for r in records.values())}
-        args.ops = ",".join(sorted(failing))
+        args.ops = ",".join(sorted(failing | set(args.ops.split(",") if args.ops else ())))
     if args.ops:
         wanted = set(args.ops.split(","))
         ops = [op for op in ops if op.name in wanted or op_key(op) in wanted]

@@ -285,3 +285,28 @@ def test_eig():
     a = make(4, 4).detach()
     check_op(lambda x: (torch.linalg.eigvals(x), torch.linalg.eig(x)[0]), a)
     check_op(lambda x: torch.linalg.eig(x)[1].abs(), a)
+
+
+def symmetric(*shape, dtype=FLOAT, hermitian=False):
+    x = torch.randn(shape, dtype=dtype)
+    return x + (x.mH if hermitian else x.mT)
+
+
+@pytest.mark.parametrize("dtype, hermitian", [(FLOAT, False), (torch.complex64, False), (torch.complex64, True)])
+def test_ldl_factor_and_solve(dtype, hermitian):
+    """LD and pivots in LAPACK's format and pivot order (1x1 and 2x2 blocks, a zero column), then solves."""
+    a = symmetric(3, 6, 6, dtype=dtype, hermitian=hermitian)
+    a[1, 0, :] = a[1, :, 0] = 0
+    a[2, 0, 0] = 0  # forces a 2x2 pivot block
+    check_op(lambda x: torch.linalg.ldl_factor_ex(x, hermitian=hermitian), a)
+    check_op(lambda x: torch.linalg.ldl_factor(x, hermitian=hermitian), a[2])
+    full_rank = a[[0, 2]]
+    factors = torch.linalg.ldl_factor(full_rank, hermitian=hermitian)
+    check_op(lambda ld, p, b: torch.linalg.ldl_solve(ld, p, b, hermitian=hermitian), *factors,
+             torch.randn(6, 3, dtype=dtype))
+
+
+def test_matrix_exp_bf16():
+    """Computed in float32 and rounded; compared with CPU's float32 result, as CPU's own bf16 kernel overflows."""
+    a = (torch.randn(2, 4, 4) / 4).to(BF16)
+    assert_close(torch.linalg.matrix_exp(a.to("tpu")), torch.linalg.matrix_exp(a.float()).to(BF16))

@@ -377,7 +377,8 @@ def linalg_qr(A, mode="reduced"):
 
 @lower(aten.linalg_matrix_exp.default)
 def linalg_matrix_exp(self):
-    return jax.scipy.linalg.expm(self)
+    """16-bit floats (which JAX's expm does not take) are exponentiated in float32, then rounded."""
+    return jax.scipy.linalg.expm(self.astype(_accumulator(self)))
 
 
 @lower(aten.geqrf.default)
@@ -395,6 +396,158 @@ def linalg_householder_product(input, tau):
 def ormqr(self, input2, input3, left=True, transpose=False):
     reflectors = self[..., : min(self.shape[-2:])]
     return jax.lax.linalg.ormqr(reflectors, input2, input3, left=left, transpose=transpose)
+
+
+_BUNCH_KAUFMAN = (1 + 17**0.5) / 8  # LAPACK's pivot threshold: bounds the growth of the factors
+
+
+def _abs1(x):
+    """LAPACK's pivoting magnitude: |x| for real x, |Re x| + |Im x| for complex x (CABS1)."""
+    return jnp.abs(x.real) + jnp.abs(x.imag) if dtypes.is_complex(x.dtype) else jnp.abs(x)
+
+
+def _mirrored(work, conj):
+    """`work` with its strict upper triangle replaced by the (conjugate) transpose of its lower one."""
+    index = jnp.arange(work.shape[-1])
+    return jnp.where(index[:, None] >= index[None, :], work, conj(_transpose(work)))
+
+
+def _ldl_pivot(work, k, index):
+    """LAPACK's Bunch-Kaufman choice at column `k` of the symmetric trailing matrix `work`: (kp, two, singular):
+    the row to swap in, whether a 2x2 block is used, and whether column k is zero or NaN."""
+    trailing, below = index >= k, index > k
+    absakk = _abs1(work[k, k])
+    off = jnp.where(below, _abs1(work[:, k]), -1)
+    imax = jnp.argmax(off)
+    colmax = jnp.maximum(off[imax], 0)
+    rowmax = jnp.max(jnp.where(trailing & (index != imax), _abs1(work[imax]), 0))
+    singular = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
+    keep = (absakk >= _BUNCH_KAUFMAN * colmax) | (absakk >= _BUNCH_KAUFMAN * colmax * (colmax / rowmax))
+    swap_one = _abs1(work[imax, imax]) >= _BUNCH_KAUFMAN * rowmax
+    kp = jnp.where(singular | keep, k, imax)
+    return kp, ~singular & ~keep & ~swap_one, singular
+
+
+def _ldl_eliminate(work, k, two, index, conj):
+    """`work` after eliminating the pivot block at `k` (1x1, or 2x2 when `two`): the trailing matrix loses
+    W D^-1 W^T (W^H when hermitian) and the columns below the block become L = W D^-1."""
+    rest = index >= k + 1 + two
+    k1 = jnp.minimum(k + 1, work.shape[-1] - 1)  # the block's second column (read only when `two`)
+    a11, a22, b = work[k, k], work[k1, k1], work[k1, k]
+    first = jnp.where(rest, work[:, k], 0)
+    second = jnp.where(rest & two, work[:, k1], 0)
+    det = jnp.where(two, a11 * a22 - b * conj(b), a11)
+    l_first = jnp.where(two, first * a22 - second * b, first) / det
+    l_second = jnp.where(two, (second * a11 - first * conj(b)) / det, 0)
+    update = first[:, None] * conj(l_first)[None, :] + second[:, None] * conj(l_second)[None, :]
+    inside = rest[:, None] & rest[None, :]
+    work = jnp.where(inside, work - update, work)
+    work = work.at[:, k].set(jnp.where(rest, l_first, work[:, k]))
+    return work.at[:, k1].set(jnp.where(rest & two, l_second, work[:, k1]))
+
+
+def _ldl_factor(a, hermitian):
+    """(LD, 1-based int32 pivots, info) of the Bunch-Kaufman factorization P A P^T = L D L^T (L D L^H when
+    `hermitian`) of one square matrix from its lower triangle, in the format and pivot order of LAPACK's
+    sytf2/hetf2 (what PyTorch returns, and what `ldl_solve` reads)."""
+    size = a.shape[-1]
+    if size == 0:
+        return a, jnp.zeros((0,), jnp.int32), jnp.zeros((), jnp.int32)
+    conj = jnp.conj if hermitian and dtypes.is_complex(a.dtype) else (lambda x: x)
+    index = jnp.arange(size)
+    work = _mirrored(a, conj)
+    if conj is jnp.conj:
+        work = _set_diagonal(work, jnp.diagonal(work).real)
+
+    def step(state):
+        k, work, pivots, info = state
+        kp, two, singular = _ldl_pivot(work, k, index)
+        kk = k + two
+        order = index.at[kk].set(kp).at[kp].set(kk)
+        trailing = (index[:, None] >= k) & (index[None, :] >= k)
+        work = jnp.where(trailing, work[order][:, order], work)
+        work = jnp.where(singular, work, _mirrored(_ldl_eliminate(work, k, two, index, conj), conj))
+        if conj is jnp.conj:
+            work = _set_diagonal(work, jnp.diagonal(work).real)
+        pivot = jnp.where(two, -(kp + 1), kp + 1).astype(jnp.int32)
+        second = jnp.minimum(k + 1, size - 1)
+        pivots = pivots.at[second].set(jnp.where(two, pivot, pivots[second])).at[k].set(pivot)
+        info = jnp.where(singular & (info == 0), k + 1, info).astype(jnp.int32)
+        return k + 1 + two, work, pivots, info
+
+    start = (jnp.zeros((), jnp.int32), work, jnp.zeros((size,), jnp.int32), jnp.zeros((), jnp.int32))
+    _, work, pivots, info = jax.lax.while_loop(lambda state: state[0] < size, step, start)
+    return jnp.tril(work), pivots, info
+
+
+def _set_diagonal(x, diagonal):
+    index = jnp.arange(x.shape[-1])
+    return x.at[index, index].set(diagonal.astype(x.dtype))
+
+
+def _batched(fn, batch_dims):
+    for _ in range(batch_dims):
+        fn = jax.vmap(fn)
+    return fn
+
+
+@lower(aten.linalg_ldl_factor_ex.default)
+def linalg_ldl_factor_ex(self, *, hermitian=False, check_errors=False):
+    """NOTE: unblocked, as LAPACK's sytf2: one loop step of O(n^2) work per pivot block."""
+    factor = functools.partial(_ldl_factor, hermitian=hermitian)
+    return _batched(factor, self.ndim - 2)(self)
+
+
+def _swap_rows(b, i, j):
+    index = jnp.arange(b.shape[0])
+    return b[index.at[i].set(j).at[j].set(i)]
+
+
+def _ldl_solve(ld, pivots, b, hermitian):
+    """X with A X = B for A factored by `_ldl_factor` (LAPACK's sytrs/hetrs): L D y = P B forward, block by
+    block, then L^T X = y (L^H when `hermitian`) backward, undoing the interchanges."""
+    size = ld.shape[-1]
+    conj = jnp.conj if hermitian and dtypes.is_complex(ld.dtype) else (lambda x: x)
+    index = jnp.arange(size)
+
+    def forward(state):
+        k, b = state
+        two = pivots[k] < 0
+        second = jnp.minimum(k + 1, size - 1)
+        b = _swap_rows(b, k + two, jnp.abs(pivots[k]) - 1)
+        first_column = jnp.where(index > k + two, ld[:, k], 0)
+        second_column = jnp.where((index > k + 1) & two, ld[:, second], 0)
+        b = b - first_column[:, None] * b[k] - second_column[:, None] * b[second]
+        a11, a22, off = ld[k, k], ld[second, second], ld[second, k]
+        det = a11 * a22 - off * conj(off)
+        one_row = b[k] / a11
+        two_first = (a22 * b[k] - conj(off) * b[second]) / det
+        two_second = (a11 * b[second] - off * b[k]) / det
+        b = b.at[k].set(jnp.where(two, two_first, one_row))
+        return k + 1 + two, b.at[second].set(jnp.where(two, two_second, b[second]))
+
+    def backward(state):
+        k, b = state
+        two = pivots[k] < 0
+        first = jnp.maximum(k - 1, 0)
+        below = (index > k)[:, None]
+        b = b.at[k].add(-jnp.sum(jnp.where(below, conj(ld[:, k])[:, None] * b, 0), axis=0))
+        correction = jnp.sum(jnp.where(below, conj(ld[:, first])[:, None] * b, 0), axis=0)
+        b = b.at[first].add(jnp.where(two, -correction, 0))
+        return k - 1 - two, _swap_rows(b, k, jnp.abs(pivots[k]) - 1)
+
+    zero = jnp.zeros((), jnp.int32)
+    _, b = jax.lax.while_loop(lambda state: state[0] < size, forward, (zero, b))
+    _, b = jax.lax.while_loop(lambda state: state[0] >= 0, backward, (zero + size - 1, b))
+    return b
+
+
+@lower(aten.linalg_ldl_solve.default)
+def linalg_ldl_solve(LD, pivots, B, *, hermitian=False):
+    LD, B = _batch_broadcast(LD, B)
+    pivots = jnp.broadcast_to(pivots, LD.shape[:-1])
+    solve = functools.partial(_ldl_solve, hermitian=hermitian)
+    return _batched(solve, LD.ndim - 2)(LD, pivots, B.astype(LD.dtype))
 
 
 def _euclidean_dist(x1, x2):
