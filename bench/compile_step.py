@@ -221,14 +221,19 @@ class Runner:
         self.samples: list[float] = []
         self.losses: list[float] = []
         self.compiled: list[dict] = []  # tpu only: the executables its first step compiled or loaded
+        self.dynamo: dict[str, float] = {}  # tpu only: Dynamo's share of the first step
+        self.compile_cpu_s = 0.0  # the first step's CPU time (all threads): steadier than wall time under load
 
     def first_steps(self, warmup: int) -> float:
         """The first step (compile included, returned in seconds), then `warmup` more untimed steps."""
         known = len(compiled_executables()) if self.tpu else 0
-        start = time.perf_counter()
+        dynamo = dynamo_times()
+        start, cpu = time.perf_counter(), time.process_time()
         self.losses.append(self.sync(self.run()))
         compile_s = time.perf_counter() - start
+        self.compile_cpu_s = time.process_time() - cpu
         self.compiled = compiled_executables()[known:] if self.tpu else []
+        self.dynamo = {k: v - dynamo[k] for k, v in dynamo_times().items()} if self.tpu else {}
         for _ in range(warmup):
             self.losses.append(self.sync(self.run()))
         return compile_s
@@ -292,15 +297,26 @@ def compiled_executables() -> list[dict]:
     return [{k: e[k] for k in keys} for e in stats if e["source"] in ("compiled", "disk")]
 
 
-def describe_compile(first_s: float, entries: list[dict]) -> str:
+def dynamo_times() -> dict[str, float]:
+    """Seconds spent so far in Dynamo's frame compiles, and the part of them spent in the backend (for "tpu":
+    AOTAutograd, or loading its cached result, and building our graph objects)."""
+    from torch._dynamo.utils import compilation_time_metrics as metrics
+
+    total = sum(metrics.get("_compile.compile_inner", []))
+    backend = sum(metrics.get("OutputGraph.call_user_compiler", []))
+    return {"tracing": total - backend, "backend": backend}
+
+
+def describe_compile(first_s: float, entries: list[dict], dynamo: dict[str, float]) -> str:
     graphs = [e for e in entries if e["name"].startswith("graph:")]
     lowered = sum(g["compilation_duration"] for g in graphs)
     eager = sum(e["compilation_duration"] for e in entries if e not in graphs)
     parts = ", ".join(f"{g['name'].split(':')[1]} {g['compilation_duration']:.2f} s ({g['source']})" for g in graphs)
     return (
-        f"{first_s:.2f} s = {len(graphs)} graphs lowered+compiled/loaded+run {lowered:.2f} s [{parts}] + "
-        f"{len(entries) - len(graphs)} eager-op executables {eager:.2f} s + Dynamo, AOTAutograd and the rest "
-        f"{first_s - lowered - eager:.2f} s"
+        f"{first_s:.2f} s = Dynamo tracing {dynamo['tracing']:.2f} s + AOTAutograd (or its cache) "
+        f"{dynamo['backend']:.2f} s + {len(graphs)} graphs lowered+compiled/loaded+run {lowered:.2f} s [{parts}] + "
+        f"the rest {first_s - dynamo['tracing'] - dynamo['backend'] - lowered:.2f} s ({len(entries) - len(graphs)} "
+        f"eager-op executables {eager:.2f} s, most while Dynamo traces AdamW's eager state init)"
     )
 
 
@@ -313,7 +329,8 @@ def tpu_only(cfg: Config, args: argparse.Namespace) -> dict:
     runner = torch_runner("tpu", model, "tpu", "tpu", batch)
     result = measure([runner], args.steps, args.warmup)[0]
     persistent = torch.tpu._get_cache_stats()["persistent"]
-    return {"result": asdict(result), "persistent": persistent, "compiled": runner.compiled}
+    return {"result": asdict(result), "persistent": persistent, "compiled": runner.compiled, "dynamo": runner.dynamo,
+            "compile_cpu_s": runner.compile_cpu_s}
 
 
 def warm_up_process() -> None:
@@ -334,7 +351,9 @@ def build(cfg: Config) -> tuple[GPT, tuple[torch.Tensor, torch.Tensor]]:
 
 def warm_check(cfg: Config, args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="torch_tpu_cache_") as root:
-        env = dict(os.environ, TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=root)
+        # Both torch_tpu's cache and PyTorch's (AOTAutograd's entries live there) start empty and are shared.
+        env = dict(os.environ, TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=os.path.join(root, "torch_tpu"),
+                   TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"))
         command = [
             sys.executable,
             __file__,
@@ -345,19 +364,28 @@ def warm_check(cfg: Config, args: argparse.Namespace) -> None:
             str(args.warmup),
             *(f"--{k.replace('_', '-')}={v}" for k, v in asdict(cfg).items()),
         ]
-        print(f"warm-start check: the tpu part twice, in two processes sharing the fresh cache root {root}")
+        print(f"warm-start check: the tpu part twice, in two processes sharing the fresh cache roots under {root} "
+              f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
         runs = []
         for label in ("1st (cold)", "2nd (warm)"):
             out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
             runs.append(json.loads(out.strip().splitlines()[-1]))
             r, p = runs[-1]["result"], runs[-1]["persistent"]
-            print(f"{label} process: first step {describe_compile(r['compile_s'], runs[-1]['compiled'])}")
             print(
-                f"{'':>19}steady step {r['step_ms']:.1f} ms; persistent cache: hits {p['hits']}, "
-                f"misses {p['misses']}, writes {p['writes']}"
+                f"{label} process: first step "
+                f"{describe_compile(r['compile_s'], runs[-1]['compiled'], runs[-1]['dynamo'])}; "
+                f"CPU time {runs[-1]['compile_cpu_s']:.2f} s"
+            )
+            print(
+                f"{'':>19}steady step {r['step_ms']:.1f} ms; persistent cache: executables hits {p['hits']}, "
+                f"misses {p['misses']}, writes {p['writes']}; graph index hits {p['graph_hits']}, misses "
+                f"{p['graph_misses']}; AOTAutograd cache hits {p['aot_autograd_hits']}, misses "
+                f"{p['aot_autograd_misses']}, bypasses {p['aot_autograd_bypasses']}"
             )
         cold, warm = (run["result"]["compile_s"] for run in runs)
-        print(f"warm start: the 2nd process's first step takes {warm / cold:.0%} of the 1st's (target <= 10%)")
+        cold_cpu, warm_cpu = (run["compile_cpu_s"] for run in runs)
+        print(f"warm start: the 2nd process's first step takes {warm / cold:.0%} of the 1st's (target <= 10%); "
+              f"{warm_cpu / cold_cpu:.0%} in CPU time; load average at the end {os.getloadavg()[0]:.1f}")
 
 
 def main() -> None:
@@ -421,7 +449,7 @@ def main() -> None:
     )
     print(
         f"ours/JAX cold compile: {ours.compile_s / jx.compile_s:.1f}x (target <= 2x); tpu first step "
-        f"{describe_compile(ours.compile_s, runners[0].compiled)}"
+        f"{describe_compile(ours.compile_s, runners[0].compiled, runners[0].dynamo)}"
     )
     labels = ("first-step loss", "2nd-step loss (after one AdamW update)")
     for i, label in enumerate(labels[: min(len(ours.losses), len(eager.losses))]):

@@ -1,8 +1,10 @@
-"""The persistent compile cache: hits across processes, atomic writes, corrupted entries, privacy, keys."""
+"""The persistent compile cache: hits across processes, atomic writes, corrupted entries, privacy, keys, and the
+warm-start layers (AOTAutograd's cache, the graph-keyed index)."""
 
 import json
 import os
 import pathlib
+import shutil
 import stat
 import subprocess
 import sys
@@ -22,9 +24,11 @@ print(json.dumps({"eager": eager.cpu().tolist(), "stats": stats, "out_shape": li
 """
 
 
-def run(root: pathlib.Path) -> tuple[dict, str]:
-    env = dict(os.environ, TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=str(root))
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+def run(root: pathlib.Path, script: str = SCRIPT, **extra_env: str) -> tuple[dict, str]:
+    # PyTorch's cache directory (AOTAutograd's entries) is private to the test too, beside the root.
+    env = dict(os.environ, TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=str(root),
+               TORCHINDUCTOR_CACHE_DIR=str(root.parent / f"{root.name}-inductor"), **extra_env)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
@@ -127,3 +131,101 @@ def test_stats_fields():
     assert {"num_cache_reqs", "num_cache_hits", "per_entry_stats", "persistent"} <= set(stats)
     entry = stats["per_entry_stats"][0]
     assert {"read_count", "compilation_duration", "last_read", "name", "source"} <= set(entry)
+
+
+# A training step: forward and backward graphs through AOTAutograd; FACTOR changes the graph, EXCESS=0 the
+# precision state it is lowered under (torch.tpu.allow_excess_precision).
+STEP = """
+import json, os, torch
+factor = float(os.environ.get("FACTOR", "2"))
+torch.tpu.allow_excess_precision = os.environ.get("EXCESS", "1") == "1"
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 3).to("tpu")
+x = torch.arange(8.0, device="tpu").reshape(2, 4)
+
+@torch.compile(backend="tpu")
+def step(x):
+    loss = (model(x) * factor).tanh().sum()
+    loss.backward()
+    return loss
+
+loss = step(x)
+out = {"loss": loss.item(), "grad": model.weight.grad.cpu().tolist()}
+print(json.dumps({**out, "stats": torch.tpu._get_cache_stats()["persistent"]}))
+"""
+
+
+@pytest.fixture(scope="module")
+def cold_step(tmp_path_factory) -> tuple[pathlib.Path, dict]:
+    """One cold run of STEP; each test copies its caches (and the -inductor sibling) to start warm."""
+    root = tmp_path_factory.mktemp("warm") / "cache"
+    cold, _ = run(root, STEP)
+    return root, cold
+
+
+def warm_copy(cold_step, tmp_path: pathlib.Path) -> pathlib.Path:
+    root, _ = cold_step
+    shutil.copytree(root, tmp_path / "cache")
+    shutil.copytree(root.parent / "cache-inductor", tmp_path / "cache-inductor")
+    return tmp_path / "cache"
+
+
+def test_cold_process_fills_both_warm_layers(cold_step):
+    _, cold = cold_step
+    stats = cold["stats"]
+    assert stats["aot_autograd_hits"] == 0 and stats["aot_autograd_saved"] == stats["aot_autograd_misses"] == 1
+    assert stats["graph_hits"] == 0 and stats["graph_writes"] == stats["graph_misses"] == 2  # forward, backward
+
+
+def test_warm_process_skips_aot_autograd_and_lowering(cold_step, tmp_path):
+    _, cold = cold_step
+    warm, stderr = run(warm_copy(cold_step, tmp_path), STEP)
+    stats = warm["stats"]
+    assert stats["aot_autograd_hits"] == 1 and stats["aot_autograd_misses"] == 0, stderr[-3000:]
+    assert stats["graph_hits"] == 2 and stats["graph_misses"] == 0
+    assert stats["misses"] == 0 and stats["writes"] == 0
+    assert warm["loss"] == cold["loss"] and warm["grad"] == cold["grad"]  # the same executables, bit for bit
+
+
+def test_changed_graph_misses_both_layers(cold_step, tmp_path):
+    _, cold = cold_step
+    changed, _ = run(warm_copy(cold_step, tmp_path), STEP, FACTOR="3")
+    stats = changed["stats"]
+    assert stats["aot_autograd_hits"] == 0 and stats["aot_autograd_misses"] == 1
+    assert stats["graph_hits"] == 0 and stats["graph_misses"] == 2
+    assert changed["loss"] != cold["loss"]
+
+
+def test_changed_precision_misses_the_graph_index(cold_step, tmp_path):
+    # The ATen graphs are the same (AOTAutograd's entry hits); what they lower to may not be.
+    changed, _ = run(warm_copy(cold_step, tmp_path), STEP, EXCESS="0")
+    stats = changed["stats"]
+    assert stats["aot_autograd_hits"] == 1
+    assert stats["graph_hits"] == 0 and stats["graph_misses"] == 2 and stats["graph_writes"] == 2
+
+
+def test_graph_key_covers_inputs_precision_and_constants():
+    import jax.numpy as jnp
+    import torch
+
+    from torch_tpu.compile import warm
+
+    class Scaled(torch.nn.Module):
+        def __init__(self, scale: torch.Tensor) -> None:
+            super().__init__()
+            self.register_buffer("scale", scale)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.scale
+
+    one, two = (warm.graph_fingerprint(torch.fx.symbolic_trace(Scaled(torch.tensor(v)))) for v in (1.0, 2.0))
+    assert one != two and one == warm.graph_fingerprint(torch.fx.symbolic_trace(Scaled(torch.tensor(1.0))))
+    torch.ones(1, device="tpu")  # the platform first: it turns on x64, which changes jnp's default dtype
+    key = warm.graph_key(one, [jnp.ones(3)])
+    assert key == warm.graph_key(one, [jnp.ones(3)])
+    assert key != warm.graph_key(two, [jnp.ones(3)])
+    assert key != warm.graph_key(one, [jnp.ones(4)])
+    assert key != warm.graph_key(one, [jnp.ones(3, jnp.float32)])
+    assert key != warm.graph_key(one, [jnp.ones(3), 5])
+    with torch.tpu.precision(torch.tpu.Precision.DEFAULT):
+        assert key != warm.graph_key(one, [jnp.ones(3)])

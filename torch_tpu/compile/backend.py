@@ -17,7 +17,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from torch_tpu import precision
 from torch_tpu import random as tpu_random
-from torch_tpu.compile import cache, graph
+from torch_tpu.compile import buckets, cache, graph, warm
 from torch_tpu.eager import fused
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import graph_lowering
@@ -40,10 +40,21 @@ def decompositions() -> dict:
 
 
 class CompiledGraph:
-    """One ATen graph as a cached XLA executable, called with and returning ordinary torch tensors."""
+    """One ATen graph as a cached XLA executable, called with and returning ordinary torch tensors.
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str, debug_callback: Callable | None) -> None:
+    With bucket options and a dynamic size, the graph runs padded (`buckets.Plan`): one executable per bucket of
+    padded sizes, at most `num_buckets` of them.
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str, debug_callback: Callable | None,
+                 bucket_options: buckets.Options | None = None) -> None:
         self.name = name
+        graph.check_supported(gm)
+        self.plan = buckets.plan(gm, name) if bucket_options is not None else None
+        if self.plan is not None:
+            gm = self.plan.gm
+        self.bucket_options = bucket_options
+        self.buckets: list[tuple[int, ...]] = []
         self.fn, self.mutations = graph.to_jax(gm)
         output_node = next(n for n in gm.graph.nodes if n.op == "output")
         self.host_outputs = [
@@ -56,16 +67,22 @@ class CompiledGraph:
     def _compile(self, key: Any, inputs: list[Any]) -> tuple[Any, Entry]:
         """Trace (afresh: the precision in force is read while tracing), compile or load, and run once.
 
-        Integer inputs are sizes of dynamic dimensions: they are compiled in, one program per size.
+        Integer inputs are sizes of dynamic dimensions: they are compiled in, one program per size (per bucket
+        when padded; the real sizes are then traced scalar inputs).
         """
         platform.devices()
         start = time.perf_counter()
         fresh = lambda *values: self.fn(*values)  # noqa: E731  (a new function: JAX caches traces per function)
         sizes = tuple(i + 1 for i, value in enumerate(inputs) if isinstance(value, int))
-        lowered = jax.jit(fresh, static_argnums=sizes).lower(key, *inputs)
-        if self.debug_callback is not None:
-            self.debug_callback(self.gm.code, lowered.as_text())
-        executable, from_disk = cache.compile_lowered(lowered)
+
+        def lower() -> jax.stages.Lowered:
+            lowered = jax.jit(fresh, static_argnums=sizes).lower(key, *inputs)
+            if self.debug_callback is not None:
+                self.debug_callback(self.gm.code, lowered.as_text())
+            return lowered
+
+        executable, from_disk = warm.executable(self.gm, self.fn.sizes, [key, *inputs], lower,
+                                                usable=self.debug_callback is None)
         outputs = jax.block_until_ready(executable(key, *[value for value in inputs if not isinstance(value, int)]))
         entry = Entry(self.name, cache.fast_call(executable), None, time.perf_counter() - start,
                       source="disk" if from_disk else "compiled")
@@ -82,8 +99,13 @@ class CompiledGraph:
     def __call__(self, *args: Any) -> list[Any]:
         key = tpu_random.next_key()
         inputs = self._inputs(args)
-        sizes = tuple(value for value in inputs if isinstance(value, int))
-        cache_key = ("graph", self.name, id(self), precision.cache_token(), sizes)
+        if self.plan is None:
+            shape_key = tuple(value for value in inputs if isinstance(value, int))
+        else:
+            real = self.plan.sizes(inputs)
+            shape_key = self._bucket(real)
+            inputs = self.plan.pad(inputs, real, shape_key)
+        cache_key = ("graph", self.name, id(self), precision.cache_token(), shape_key)
         entry = executables.lookup(cache_key)
         if entry is None:  # first call, or first call under this precision state
             outputs, entry = self._compile(key, inputs)
@@ -91,8 +113,11 @@ class CompiledGraph:
         else:
             outputs = entry.executable(key, *[value for value in inputs if not isinstance(value, int)])
         outputs = list(outputs)
-        for position, size in self.fn.sizes.get(sizes, {}).items():
-            outputs[position] = size
+        if self.plan is None:
+            for position, size in self.fn.sizes.get(shape_key, {}).items():
+                outputs[position] = size
+        else:
+            outputs = self.plan.finish(outputs, self.mutations, real)
         for index, position in self.mutations:
             target = args[index]
             if target.device.type == "tpu":
@@ -108,10 +133,27 @@ class CompiledGraph:
                 results.append(value)
         return results[: len(outputs) - len(self.mutations)]
 
+    def _bucket(self, real: tuple[int, ...]) -> tuple[int, ...]:
+        """The padded sizes for these real sizes; a bucket beyond `num_buckets` is an error, not a compile."""
+        options = self.bucket_options
+        bucket = self.plan.bucket(real, options.bucket_size)
+        if bucket not in self.buckets:
+            if len(self.buckets) >= options.num_buckets:
+                named = self.plan.named
+                raise RuntimeError(
+                    f"torch_tpu: graph '{self.name}' needs more than num_dynamic_buckets={options.num_buckets} "
+                    f"programs: dynamic sizes {named(real)} pad to {named(bucket)} (bucket_size="
+                    f"{options.bucket_size}), and the buckets {[named(b) for b in self.buckets]} are compiled "
+                    f"already. Raise num_dynamic_buckets (at most {buckets.MAX_BUCKETS}) or bucket_size."
+                )
+            self.buckets.append(bucket)
+        return bucket
 
-def _compiler(kind: str, name: str, debug_callback: Callable | None) -> Callable:
+
+def _compiler(kind: str, name: str, debug_callback: Callable | None,
+              bucket_options: buckets.Options | None) -> Callable:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-        compiled = CompiledGraph(gm, f"{name}:{kind}", debug_callback)
+        compiled = CompiledGraph(gm, f"{name}:{kind}", debug_callback, bucket_options)
         return make_boxed_func(torch._dynamo.disable(compiled))
 
     return compile_graph
@@ -132,11 +174,19 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: di
         raise ValueError(f"torch_tpu: unknown torch.compile options {sorted(unknown)}; known: {sorted(_OPTIONS)}")
     name = options.get("name", "graph")
     debug_callback = options.get("debug_callback")
+    bucket_options = buckets.Options.parse(options)
+    aot_options = {"partition_fn": min_cut_rematerialization_partition, "decompositions": decompositions(),
+                   "keep_inference_input_mutations": True}
+    if debug_callback is None and warm.aot_enabled():  # AOTAutograd's cache, so that a warm process skips it
+        return warm.cached_aot_autograd(
+            gm, example_inputs, options,
+            lambda kind: functools.partial(CompiledGraph, name=f"{name}:{kind}", debug_callback=None,
+                                           bucket_options=bucket_options),
+            **aot_options,
+        )
     return aot_autograd(
-        fw_compiler=_compiler("forward", name, debug_callback),
-        bw_compiler=_compiler("backward", name, debug_callback),
-        inference_compiler=_compiler("inference", name, debug_callback),
-        partition_fn=min_cut_rematerialization_partition,
-        decompositions=decompositions(),
-        keep_inference_input_mutations=True,
+        fw_compiler=_compiler("forward", name, debug_callback, bucket_options),
+        bw_compiler=_compiler("backward", name, debug_callback, bucket_options),
+        inference_compiler=_compiler("inference", name, debug_callback, bucket_options),
+        **aot_options,
     )(gm, example_inputs)
