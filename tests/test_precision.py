@@ -72,3 +72,24 @@ def test_allow_excess_precision_flag():
     assert precision.compiler_options() == {"xla_allow_excess_precision": False}
     x = torch.ones(4, device="tpu", dtype=torch.bfloat16)
     assert (x * 3).cpu().tolist() == [3.0] * 4
+
+
+def test_precision_reaches_the_backward_thread():
+    """The autograd engine runs a tpu backward on its own thread; a block around `.backward()` still applies."""
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(precision.current())
+            return grad * 2
+
+    x = torch.ones(3, device="tpu", requires_grad=True)
+    with torch.tpu.precision(torch.tpu.Precision.HIGH):
+        Probe.apply(x).sum().backward()
+    assert seen == [torch.tpu.Precision.HIGH]
+    assert x.grad.cpu().tolist() == [2.0, 2.0, 2.0]

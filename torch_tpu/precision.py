@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import threading
 from collections.abc import Iterator
 
 import jax
@@ -36,9 +35,11 @@ _TO_LAX = {
 }
 
 
-class _State(threading.local):
-    def __init__(self) -> None:
-        self.stack: list[Precision] = []
+class _State:
+    """Process-wide, like `torch.set_float32_matmul_precision`: PyTorch's autograd engine runs a `tpu` backward
+    on its own device thread, and a `precision(...)` block around `.backward()` must reach those ops too."""
+
+    stack: list[Precision] = []
 
 
 _state = _State()
