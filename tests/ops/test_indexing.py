@@ -206,6 +206,16 @@ def test_sort_nan_and_ties():
     check_op(lambda a: a.sort(stable=True, dim=1), torch.tensor([[1, 0, 1, 0], [2, 2, 1, 1]]))
 
 
+def test_keyword_arguments_key_their_executables():
+    """Calls naming different keyword arguments with equal values ({stable, descending=True} vs {stable, dim=1};
+    out_int32=True vs right=True) run different programs, not one cached executable."""
+    x = torch.randn(3, 4, 5, requires_grad=True)
+    check_op(lambda a: (a.sort(stable=False, descending=True), a.sort(1, False)), x, grad=True)
+    sequence, values = torch.tensor([1.0, 3, 5, 7]), torch.tensor([0.0, 3, 7, 8])
+    check_op(lambda s, v: (torch.searchsorted(s, v, out_int32=True), torch.searchsorted(s, v, right=True)),
+             sequence, values)
+
+
 def test_mode():
     check_op(lambda a: a.mode(1), torch.tensor([[1, 2, 2, 1, 3], [5, 5, 4, 4, 4]]))
     check_op(lambda a: a.mode(0, keepdim=True), torch.tensor([[1.0, 2, 2, 1], [5, 2, 4, 1], [5, 5, 4, 4]]))

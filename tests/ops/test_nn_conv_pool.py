@@ -122,3 +122,70 @@ def test_avg_pool(name, fn, shape, kwargs):
 @pytest.mark.parametrize("fn", [lambda x: F.avg_pool2d(x, 2), lambda x: F.adaptive_avg_pool2d(x, 3)])
 def test_avg_pool_bf16(fn):
     check_op(fn, make(2, 3, 6, 7, dtype=BF16), grad=True)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: F.max_pool2d(x, 2, stride=1, return_indices=True),
+        lambda x: F.max_pool3d(x[None], (1, 2, 2), stride=1, return_indices=True),
+        lambda x: F.adaptive_max_pool2d(x, 2, return_indices=True),
+    ],
+    ids=["max_pool2d", "max_pool3d", "adaptive_max_pool2d"],
+)
+def test_max_pool_nan_index(fn):
+    """A window holding NaNs returns NaN and the index of its last NaN, as CPU PyTorch's scan does."""
+    x = torch.tensor([[[[torch.nan, 1.0, torch.nan], [2.0, torch.nan, 0.0], [1.0, 1.0, 3.0]]]])
+    check_op(fn, x)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(kernel_size=3, stride=2, padding=1, ceil_mode=True), dict(kernel_size=(3, 2, 2), stride=(2, 1, 2),
+                                                                     padding=1, dilation=(1, 2, 1))],
+    ids=["ceil", "dilation"],
+)
+def test_max_pool3d_windows(kwargs):
+    check_op(lambda x: F.max_pool3d(x, return_indices=True, **kwargs), make(2, 2, 5, 6, 7), grad=True)
+
+
+def test_max_pool_integer():
+    x = torch.randint(-5, 5, (2, 3, 6, 7))
+    check_op(lambda x: F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True), x)
+
+
+# (id, op, input shape, kernel, output size): samples drawn on CPU, so tpu must pick the same windows
+FRACTIONAL = [
+    ("2d", torch.ops.aten.fractional_max_pool2d, (2, 3, 9, 11), (2, 3), (4, 5)),
+    ("2d_unbatched", torch.ops.aten.fractional_max_pool2d, (3, 7, 7), (3, 3), (3, 2)),
+    ("2d_one_output", torch.ops.aten.fractional_max_pool2d, (2, 3, 9, 11), (2, 3), (1, 5)),
+    ("3d", torch.ops.aten.fractional_max_pool3d, (2, 2, 5, 6, 7), (2, 2, 3), (3, 4, 3)),
+    ("3d_unbatched", torch.ops.aten.fractional_max_pool3d, (2, 5, 6, 7), (2, 2, 3), (2, 4, 3)),
+]
+
+
+@pytest.mark.parametrize("dtype", [FLOAT, BF16])
+@pytest.mark.parametrize("name, op, shape, kernel, out", FRACTIONAL, ids=[f[0] for f in FRACTIONAL])
+def test_fractional_max_pool(name, op, shape, kernel, out, dtype):
+    n = len(kernel)
+    samples = torch.rand(shape[0] if len(shape) == n + 2 else 1, shape[-n - 1], n).to(dtype)
+    check_op(lambda x, s: op(x, kernel, out, s), make(*shape, dtype=dtype), samples, grad=True)
+
+
+@pytest.mark.parametrize("fn", [F.fractional_max_pool2d, F.fractional_max_pool3d], ids=["2d", "3d"])
+def test_fractional_max_pool_random_windows(fn):
+    """The functional form draws its samples on tpu: outputs are maxima of the input, gradients land on them."""
+    x = make(2, 3, *([8] * (2 if fn is F.fractional_max_pool2d else 3))).to("tpu")
+    out, indices = fn(x, 2, output_size=4, return_indices=True)
+    assert out.device.type == "tpu" and out.shape == (2, 3) + (4,) * (x.ndim - 2)
+    planes = x.detach().cpu().flatten(2)
+    torch.testing.assert_close(out.cpu().flatten(2), planes.gather(2, indices.cpu().flatten(2)))
+    (grad,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    assert grad.cpu().sum().item() == out.numel()
+
+
+def test_fractional_max_pool3d_zero_batch():
+    """fractional_max_pool3d_backward has no meta kernel, so the lowering itself must handle an empty batch."""
+    samples = torch.rand(0, 2, 3)
+    check_op(lambda x, s: torch.ops.aten.fractional_max_pool3d(x, (2, 2, 1), (2, 3, 2), s), make(0, 2, 4, 5, 4),
+             samples, grad=True)

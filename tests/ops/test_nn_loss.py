@@ -114,3 +114,59 @@ def test_smooth_l1_loss_zero_beta():
 )
 def test_loss_bf16(fn, args):
     check_op(fn, *args, grad=True)
+
+
+MARGIN_LOSSES = [
+    ("multi_margin", lambda x, y: F.multi_margin_loss(x, y), (make(4, 5), classes(4, high=5))),
+    ("multi_margin_p2_margin_sum", lambda x, y: F.multi_margin_loss(x, y, p=2, margin=0.7, reduction="sum"),
+     (make(4, 5), classes(4, high=5))),
+    ("multi_margin_weight_none", lambda x, y, w: F.multi_margin_loss(x, y, weight=w, reduction="none"),
+     (make(4, 5), classes(4, high=5), torch.rand(5))),
+    ("multi_margin_unbatched", lambda x, y: F.multi_margin_loss(x, y, margin=-0.5), (make(5), torch.tensor(3))),
+    ("multilabel_margin", lambda x, y: F.multilabel_margin_loss(x, y),
+     (make(4, 5), torch.tensor([[4, -1, 0, -1, 2], [0, 0, 4, 1, 4], [-1, 3, -1, 1, 0], [4, 3, 2, 1, 0]]))),
+    ("multilabel_margin_none", lambda x, y: F.multilabel_margin_loss(x, y, reduction="none"),
+     (make(3, 4), torch.tensor([[1, 2, -1, 0], [3, -1, 0, 0], [0, 1, 2, 3]]))),
+    ("multilabel_margin_sum_unbatched", lambda x, y: F.multilabel_margin_loss(x, y, reduction="sum"),
+     (make(7), torch.tensor([2, 0, 6, -1, 4, -1, 6]))),
+]
+
+
+@pytest.mark.parametrize("name, fn, args", MARGIN_LOSSES, ids=[loss[0] for loss in MARGIN_LOSSES])
+def test_margin_loss(name, fn, args):
+    check_op(fn, *args, grad=True)
+
+
+def test_margin_losses_at_the_hinge():
+    """Exactly at the margin the hinge's gradient is 0, as in CPU PyTorch (not a subgradient split)."""
+    x = torch.tensor([[1.0, 0.0, 1.0], [0.5, 1.5, 0.5]], requires_grad=True)
+    check_op(lambda x, y: F.multi_margin_loss(x, y), x, torch.tensor([0, 1]), grad=True)
+    check_op(lambda x, y: F.multilabel_margin_loss(x, y), x, torch.tensor([[0, -1, 0], [1, -1, 0]]), grad=True)
+
+
+CTC_LENGTHS = dict(input_lengths=[12, 10, 3, 0], target_lengths=[5, 3, 4, 0])  # the third cannot align
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_ctc_loss(reduction, zero_infinity):
+    log_probs = torch.randn(12, 4, 6).log_softmax(2).requires_grad_()
+    targets = torch.randint(1, 6, (4, 5))
+    check_op(lambda lp, t: F.ctc_loss(lp, t, **CTC_LENGTHS, reduction=reduction, zero_infinity=zero_infinity),
+             log_probs, targets, grad=True)
+
+
+@pytest.mark.parametrize("concatenated", [False, True])
+def test_ctc_loss_raw_gradient(concatenated):
+    """`_ctc_loss_backward` is ATen's formula for log-softmax inputs (it includes `exp(log_probs)`), so it is
+    checked on unnormalized inputs too; 1-d targets hold the sequences back to back."""
+    targets = torch.randint(1, 6, (4, 5))
+    if concatenated:
+        targets = torch.cat([row[:n] for row, n in zip(targets, CTC_LENGTHS["target_lengths"], strict=True)])
+    lengths = CTC_LENGTHS["input_lengths"], CTC_LENGTHS["target_lengths"]
+    check_op(lambda x, t: aten._ctc_loss(x, t, *lengths, 0, True)[0], make(12, 4, 6), targets, grad=True)
+
+
+def test_ctc_loss_unbatched_and_blank():
+    log_probs = torch.randn(9, 5).log_softmax(1).requires_grad_()
+    check_op(lambda lp, t: F.ctc_loss(lp, t, [9], [4], blank=4), log_probs, torch.tensor([0, 1, 1, 3]), grad=True)

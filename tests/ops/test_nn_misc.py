@@ -190,3 +190,118 @@ def test_max_unpool():
 def test_zero_size_batch(fn, shape):
     """A zero-size batch gives empty (or, reduced over, identity) results of the right shape, as on CPU."""
     check_op(fn, make(*shape), grad=True)
+
+
+BAG_INDICES, BAG_OFFSETS = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 3, 3, 6])  # bag 1 is empty
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize(
+    "offsets, kwargs",
+    [(BAG_OFFSETS, {}), (BAG_OFFSETS, dict(padding_idx=4)), (torch.tensor([0, 3, 3, 6, 8]),
+                                                             dict(include_last_offset=True))],
+    ids=["plain", "padding_idx", "include_last_offset"],
+)
+def test_embedding_bag(mode, offsets, kwargs):
+    check_op(lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, **kwargs), make(10, 3), BAG_INDICES, offsets,
+             grad=True)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bag_scale_grad_by_freq(mode):
+    """Each row's gradient is divided by its index's frequency. CPU PyTorch 2.13's embedding_bag divides some rows
+    by another index's count (pytorch/pytorch#190063), so the reference is built from `F.embedding`."""
+    weight = make(10, 3)
+    rows = F.embedding(BAG_INDICES, weight, scale_grad_by_freq=True)
+    reduce = torch.sum if mode == "sum" else torch.mean
+    expected = torch.stack([reduce(rows[start:end], 0) for start, end in ((0, 3), (3, 6), (6, 8))])
+    seed = torch.randn_like(expected)
+    (expected_grad,) = torch.autograd.grad(expected, weight, seed)
+    on_tpu = weight.detach().to("tpu").requires_grad_()
+    offsets = torch.tensor([0, 3, 6]).to("tpu")
+    actual = F.embedding_bag(BAG_INDICES.to("tpu"), on_tpu, offsets, mode=mode, scale_grad_by_freq=True)
+    (grad,) = torch.autograd.grad(actual, on_tpu, seed.to("tpu"))
+    torch.testing.assert_close(actual.cpu(), expected.detach())
+    torch.testing.assert_close(grad.cpu(), expected_grad)
+
+
+def test_embedding_bag_per_sample_weights():
+    check_op(lambda w, i, o, p: F.embedding_bag(i, w, o, mode="sum", per_sample_weights=p, padding_idx=2), make(10, 3),
+             BAG_INDICES, BAG_OFFSETS, make(8), grad=True)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_2d_input_bf16(mode):
+    check_op(lambda w, i: F.embedding_bag(i, w, mode=mode), make(10, 4, dtype=BF16), INDICES, grad=True)
+
+
+GRID_SAMPLES = [(2, mode, padding, align) for mode in ("bilinear", "nearest", "bicubic")
+                for padding in ("zeros", "border", "reflection") for align in (False, True)]
+GRID_SAMPLES += [(3, mode, padding, align) for mode in ("bilinear", "nearest")
+                 for padding in ("zeros", "border", "reflection") for align in (False, True)]
+
+
+@pytest.mark.parametrize("dims, mode, padding_mode, align_corners", GRID_SAMPLES,
+                         ids=["-".join(map(str, g)) for g in GRID_SAMPLES])
+def test_grid_sample(dims, mode, padding_mode, align_corners):
+    """Grid points in [-2, 2] reach past the input on every side; gradients w.r.t. the input and the grid."""
+    x = make(2, 3, *[5, 4, 6][-dims:])
+    grid = (torch.rand(2, *[4, 3, 2][-dims:], dims) * 4 - 2).requires_grad_()
+    check_op(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode, align_corners=align_corners),
+             x, grid, grad=True)
+
+
+@pytest.mark.parametrize("padding_mode", ["border", "reflection"])
+def test_grid_sample_exact_edges(padding_mode):
+    """Grid points exactly on the border (the clip's gradient is 0 there, as on CPU) and on pixel centers."""
+    grid = torch.tensor([[[[-1.0, -1.0], [1.0, 1.0], [0.0, 0.5], [1.0, -0.5]]]], requires_grad=True)
+    check_op(lambda x, g: F.grid_sample(x, g, padding_mode=padding_mode, align_corners=True), make(1, 2, 3, 5), grid,
+             grad=True)
+
+
+ANTIALIASED = [
+    ("down", dict(size=(3, 5))),
+    ("down_align", dict(size=(4, 7), align_corners=True)),
+    ("mixed_scales", dict(scale_factor=(1.7, 0.6))),
+    ("to_one", dict(size=(1, 1))),
+]
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("name, kwargs", ANTIALIASED, ids=[a[0] for a in ANTIALIASED])
+def test_upsample_antialias(mode, name, kwargs):
+    check_op(lambda x: F.interpolate(x, mode=mode, antialias=True, **kwargs), make(2, 3, 10, 20), grad=True)
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_upsample_antialias_explicit_scales(align_corners):
+    """Scales passed to the op (not recomputed from sizes) set the filter width; align_corners ignores them."""
+    check_op(lambda x: torch.ops.aten._upsample_bilinear2d_aa(x, (3, 3), align_corners, 1.7, 0.9),
+             make(2, 3, 10, 20), grad=True)
+
+
+def test_rrelu_eval_is_leaky_relu():
+    check_op(lambda x: F.rrelu(x, 0.1, 0.3, training=False), make(4, 5), grad=True)
+
+
+@pytest.mark.parametrize("dtype", [FLOAT, BF16])
+def test_rrelu_training_draws_slopes(dtype):
+    """Training draws each negative element's slope from U(lower, upper) on tpu; the gradient is that slope."""
+    x = torch.randn(64, 32).to(dtype).to("tpu").requires_grad_()
+    out = F.rrelu(x, 0.1, 0.3, training=True)
+    (grad,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    x, out, grad = x.detach().cpu().float(), out.detach().cpu().float(), grad.cpu().float()
+    negative = x < 0
+    slopes = out[negative] / x[negative]
+    assert out.dtype == grad.dtype == torch.float32 and 0.09 < slopes.min() and slopes.max() < 0.31
+    assert slopes.std() > 0.03  # drawn, not the mean slope
+    torch.testing.assert_close(grad[negative], slopes, rtol=2e-2, atol=1e-3)
+    assert torch.equal(out[~negative], x[~negative]) and (grad[~negative] == 1).all()
+
+
+def test_rrelu_with_noise_writes_noise():
+    x, noise = torch.randn(6, 7).to("tpu"), torch.zeros(6, 7).to("tpu")
+    out = torch.ops.aten.rrelu_with_noise(x, noise, 0.2, 0.4, True)
+    x, noise = x.cpu(), noise.cpu()
+    torch.testing.assert_close(out.cpu(), x * noise)
+    assert (noise[x > 0] == 1).all() and ((noise[x <= 0] >= 0.2) & (noise[x <= 0] <= 0.4)).all()

@@ -102,3 +102,39 @@ def test_norm_bf16(fn):
     grads = torch.autograd.grad(actual, on_tpu, seed.to("tpu", BF16))
     assert_close(actual, expected.to(BF16))
     assert_close(list(grads), [g.to(BF16) for g in expected_grads])
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("params", [BF16, FLOAT], ids=["bf16_params", "float32_params"])
+def test_saved_statistics_dtypes_follow_cpu(params, training):
+    """Mean and rstd come back in the input's dtype, or float32 for a bf16 input with float32 parameters (CPU's
+    rule; PyTorch's meta kernels, which follow CUDA, say float32 throughout)."""
+    x = make(4, 3, 5, dtype=BF16, grad=False)
+    w, b = make(3, dtype=params, grad=False), make(3, dtype=params, grad=False)
+    mean, var = (s.to(params) for s in stats(3))
+    check_op(lambda x: aten.native_layer_norm(x, (5,), None, None, 1e-5), x)
+    check_op(lambda *a: aten.native_layer_norm(a[0], (5,), *a[1:], 1e-5), x, make(5, dtype=params, grad=False),
+             make(5, dtype=params, grad=False))
+    check_op(lambda *a: aten._native_batch_norm_legit(*a, True, 0.1, 1e-5), x, w, b)
+    check_op(lambda *a: aten._native_batch_norm_legit_no_training(*a, 0.1, 1e-5), x, w, b, mean, var)
+    check_op(lambda *a: aten.native_batch_norm(*a, training, 0.1, 1e-5), x, w, b, mean.clone(), var.clone())
+    check_op(lambda *a: aten._native_batch_norm_legit(*a, training, 0.1, 1e-5), x, w, b, mean.clone(), var.clone())
+
+
+@pytest.mark.parametrize("dtype", [FLOAT, BF16])
+def test_batch_norm_with_update(dtype):
+    """`_batch_norm_with_update` (what export/pre-dispatch graphs call) updates the running statistics in place;
+    its backward is `batch_norm_backward`."""
+    mean, var = (s.to(dtype) for s in stats(3))
+    x, w, b = make(4, 3, 5, dtype=dtype), make(3, dtype=dtype), make(3, dtype=dtype)
+    cpu_mean, cpu_var, tpu_mean, tpu_var = mean.clone(), var.clone(), mean.to("tpu"), var.to("tpu")
+    expected = aten._batch_norm_with_update(x, w, b, cpu_mean, cpu_var, 0.3, 1e-5)
+    actual = aten._batch_norm_with_update(*to_tpu([x, w, b]), tpu_mean, tpu_var, 0.3, 1e-5)
+    assert_close(list(actual[:3]) + [tpu_mean, tpu_var], list(expected[:3]) + [cpu_mean, cpu_var])
+    assert actual[3].dtype == torch.uint8 and actual[3].numel() == 0
+    check_op(lambda *a: aten._batch_norm_with_update(*a, 0.3, 1e-5)[0], x, w, b, mean.clone(), var.clone(),
+             grad=True)
+
+
+def test_group_norm_zero_batch_gradients():
+    check_op(lambda x, w, b: F.group_norm(x, 2, w, b), make(0, 4, 3), make(4), make(4), grad=True)

@@ -19,6 +19,7 @@ class Entry:
     source: str = "compiled"  # "compiled" now, loaded from "disk", or run op by op ("eager")
     read_count: int = 0
     last_read: float = 0.0
+    layout: Any = None  # a single tensor output's storage layout (`storage.layout`), for the eager fast path
 
 
 class ExecutableCache:

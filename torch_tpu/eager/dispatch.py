@@ -25,6 +25,8 @@ from torch_tpu.ops.registry import Lowering, mutated_args
 from torch_tpu.runtime import dtypes, platform, storage
 
 _TENSOR, _TENSORS, _SCALAR, _STATIC, _GENERATOR = range(5)
+_MATH_BIT_KEYS = (torch._C.DispatchKey.Conjugate, torch._C.DispatchKey.Negative)
+_MAX_SCALARS = 4096
 _TENSOR_LIST_TYPES = ("Tensor[]", "Tensor?[]", "List[Tensor]", "List[Optional[Tensor]]")
 
 
@@ -60,12 +62,17 @@ def _device_mismatch(op: OpOverload, tensor: torch.Tensor) -> RuntimeError:
 class Runner:
     """Runs one functional lowering for tensors of any shape, caching an executable per signature."""
 
-    def __init__(self, lowering: Lowering) -> None:
+    def __init__(self, lowering: Lowering, dispatched: OpOverload | None = None) -> None:
         self.lowering = lowering
         self.op = lowering.op
         arguments = self.op._schema.arguments
         self.positional = [_kind(a, lowering.static) for a in arguments if not a.kwarg_only]
         self.keyword = {a.name: _kind(a, lowering.static) for a in arguments if a.kwarg_only}
+        # PyTorch's Conjugate and Negative fallbacks materialise conjugate and negative views before an op
+        # reaches its backend kernel, unless the op has a kernel of its own for those keys (views, copies, mm):
+        # only then can our kernel (for `dispatched`, the overload it is registered for) see the bits set.
+        name = (dispatched or self.op).name()
+        self.math_bits = any(torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for key in _MATH_BIT_KEYS)
 
     def _encode(self, op: OpOverload, value: Any, kind: int, leaves: list, key: list) -> None:
         """Append `value`'s run-time inputs to `leaves` and its part of the cache key to `key`."""
@@ -84,13 +91,13 @@ class Runner:
                 key.append(None)
             else:  # a wrapped number arrives as a Python scalar
                 key.append(type(value))
-                leaves.append(value)
+                leaves.append(_device_scalar(value) if self.lowering.jit else value)
         elif kind == _TENSORS:  # in a list (e.g. indices), CPU tensors are accepted and moved, as on CUDA
             for v in value:
                 self._encode(op, v, _TENSORS if isinstance(v, torch.Tensor) else _TENSOR, leaves, key)
         elif kind == _SCALAR and value is not None:
             key.append(type(value))
-            leaves.append(value)
+            leaves.append(_device_scalar(value) if self.lowering.jit else value)
         elif kind != _GENERATOR:
             key.append(tuple(value) if isinstance(value, list) else value)
 
@@ -108,26 +115,58 @@ class Runner:
             return _Leaf(count[0] - 1)
         return None if kind == _GENERATOR else value
 
-    def run(self, meta_op: OpOverload, args: tuple, kwargs: dict) -> Any:
-        """Run the lowering on `args`; returns jax.Arrays shaped like `meta_op`'s outputs."""
+    def inputs(self, meta_op: OpOverload, args: tuple, kwargs: dict) -> tuple[tuple, list]:
+        """The cache key of a call (op, shapes, dtypes, statics, precision) and its run-time inputs.
+
+        A `tpu` tensor that is its whole buffer, in order and at the buffer's dtype (the common case), is read
+        inline: its input is the buffer's array, and its shape and dtype are read once for both.
+        """
         leaves: list = []
         key: list = [id(meta_op)]  # OpOverloads live for the process; id() hashes in C, the op in Python
+        math_bits = self.math_bits
         for value, kind in zip(args, self.positional, strict=False):
-            if kind == _TENSOR and isinstance(value, torch.Tensor) and not value.is_cpu:
-                leaves.append(_fast_value(value))
-                key.append(value.shape)
-                key.append(value.dtype)
-            else:
+            if kind != _TENSOR:
                 self._encode(meta_op, value, kind, leaves, key)
-        if kwargs:
+                continue
+            try:  # a CPU tensor, a wrapped Python scalar or None has no tpu buffer
+                buffer = value.untyped_storage()._tpu_buffer
+            except AttributeError:
+                self._encode(meta_op, value, kind, leaves, key)
+                continue
+            shape = value.shape
+            dtype = value.dtype
+            # The buffer's array fills its storage and PyTorch keeps every view within the storage, so a
+            # contiguous tensor of the array's shape and dtype is the whole storage: its offset is 0. (Dtypes are
+            # compared by identity; a false negative only takes the general read.)
+            if (
+                buffer.shape == shape
+                and buffer.dtype is _JAX_DTYPE[dtype]
+                and value.is_contiguous()
+                and not (math_bits and (value.is_conj() or value.is_neg()))
+            ):
+                leaves.append(buffer._array)
+            else:
+                leaves.append(storage.value(value))
+            key.append(shape)
+            key.append(dtype)
+        if kwargs:  # named: PyTorch passes only the keyword arguments given, so positions alone are ambiguous
             for name, value in kwargs.items():
+                key.append(name)
                 self._encode(meta_op, value, self.keyword[name], leaves, key)
         if self.lowering.rng:
             leaves.append(tpu_random.next_key(kwargs.get("generator")))
         key.append(precision.cache_token())
-        key = tuple(key)
+        return tuple(key), leaves
+
+    def run(self, meta_op: OpOverload, args: tuple, kwargs: dict) -> Any:
+        """Run the lowering on `args`; returns jax.Arrays shaped like `meta_op`'s outputs (Pending in Fused mode)."""
+        key, leaves = self.inputs(meta_op, args, kwargs)
         if modes.state.fused:
             return self._record(meta_op, key, args, kwargs, leaves)
+        return self.execute(meta_op, key, args, kwargs, leaves)
+
+    def execute(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list) -> Any:
+        """Strict and Debug modes: the executable cached under `key` (compiled on a miss) applied to `leaves`."""
         entry = executables.lookup(key)
         if entry is None:
             result = self._compile(meta_op, key, args, kwargs, leaves)
@@ -178,6 +217,8 @@ class Runner:
         result = jax.block_until_ready(executable(*leaves))
         executable = persistent.fast_call(executable)
         entry = Entry(str(meta_op), executable, out_dtypes, time.perf_counter() - start, source=source)
+        if self.lowering.jit and isinstance(result, jax.Array):  # a fixed output shape: wrap it directly
+            entry.layout = storage.layout(result.shape, result.dtype)
         executables.insert(key, entry)
         return result
 
@@ -188,29 +229,42 @@ class Runner:
             entry = executables.lookup(key)
             return self._compile(meta_op, key, args, kwargs, leaves) if entry is None else entry.executable(
                 *[fused.concrete(x) for x in leaves])
-        trace = fused.recorder.traces.get(key)
-        if trace is None:
-            traced, _ = self._trace(meta_op, args, kwargs)
-            trace = fused.recorder.traces[key] = (traced, fused.output_avals(traced, leaves))
-        return fused.record(key, trace[0], leaves, trace[1])
+        trace = fused.recorder.traces.get(key) or self._fused_trace(meta_op, key, args, kwargs, leaves)
+        return fused.record(trace, leaves)
+
+    def _fused_trace(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list) -> fused.Trace:
+        """The lowering traced for Fused mode under `key`, with the layout of a single tensor output."""
+        trace = fused.trace(key, self._trace(meta_op, args, kwargs)[0], leaves)
+        if trace.single:
+            trace.layout = storage.layout(trace.avals[0].shape, trace.avals[0].dtype)
+        return trace
 
 
 _JAX_DTYPE = dtypes._TORCH_TO_JAX
+_scalars: dict[Any, jax.Array] = {}
 
 
-def _fast_value(tensor: torch.Tensor) -> jax.Array:
-    """`storage.value` with the common case inlined: a tensor that is its whole, written buffer."""
-    buffer = tensor.untyped_storage()._tpu_buffer
-    if (
-        buffer.shape == tensor.shape
-        and buffer.dtype == _JAX_DTYPE[tensor.dtype]
-        and tensor.is_contiguous()
-        and not tensor.storage_offset()
-        and not tensor.is_conj()
-        and not tensor.is_neg()
-    ):
-        return buffer._array
-    return storage.value(tensor)
+def _device_scalar(value: Any) -> Any:
+    """A Python scalar run-time input as a device array of the same (weak) type, cached by value: an executable
+    takes an array as it is but transfers a Python scalar to the device on every call. Data-dependent (non-jit)
+    lowerings keep Python scalars, as they may branch on them."""
+    kind = type(value)
+    if kind is float:
+        key = value.hex()  # tells -0.0 from 0.0
+    elif kind is int or kind is bool:
+        key = (kind, value)
+    else:
+        return value
+    found = _scalars.get(key)
+    if found is None:
+        if len(_scalars) >= _MAX_SCALARS:
+            _scalars.clear()
+        platform.devices()  # x64 is configured before the first array is made
+        try:
+            found = _scalars[key] = jnp.asarray(value)
+        except OverflowError:  # an int beyond int64: the executable reports it as before
+            return value
+    return found
 
 
 def _fill(template: Any, values: tuple) -> Any:
@@ -302,16 +356,49 @@ def functional_kernel(lowering: Lowering) -> Callable:
     runner = Runner(lowering)
     op = lowering.op
     wrap = _output_wrapper(op)
+    if wrap is storage.wrap and lowering.jit:
+        kernel = _tensor_kernel(runner, op)
+    else:
 
-    def kernel(*args: Any, **kwargs: Any) -> Any:
-        return wrap(runner.run(op, args, kwargs))
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            return wrap(runner.run(op, args, kwargs))
 
     kernel.runner = runner
     return kernel
 
 
+def _tensor_kernel(runner: Runner, op: OpOverload) -> Callable:
+    """The kernel of an op returning one tensor of a fixed shape, with the steady state inlined: the cached
+    executable (or, in Fused mode, the trace) found by the key carries the output's layout, so the result is
+    wrapped without reading anything from it. Misses and Debug mode take `Runner.execute`."""
+    inputs = runner.inputs
+    state = modes.state
+    cache = executables
+    entries = cache.entries
+    traces = fused.recorder.traces
+    record = fused.record
+    wrap_as = storage.wrap_as
+    now = time.time
+
+    def kernel(*args: Any, **kwargs: Any) -> torch.Tensor:
+        key, leaves = inputs(op, args, kwargs)
+        if state.fused:
+            trace = traces.get(key) or runner._fused_trace(op, key, args, kwargs, leaves)
+            return wrap_as(record(trace, leaves), trace.layout)
+        entry = entries.get(key)
+        if entry is None or state.blocking:
+            return storage.wrap(runner.execute(op, key, args, kwargs, leaves))
+        cache.num_cache_reqs += 1  # ExecutableCache.lookup's counting of a hit
+        cache.num_cache_hits += 1
+        entry.read_count += 1
+        entry.last_read = now()
+        return wrap_as(entry.executable(*leaves), entry.layout)
+
+    return kernel
+
+
 def inplace_kernel(lowering: Lowering, inplace_op: OpOverload) -> Callable:
-    runner = Runner(lowering)
+    runner = Runner(lowering, inplace_op)
 
     def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         storage.write(self, runner.run(inplace_op, (self, *args), kwargs))
@@ -334,7 +421,7 @@ def _resize_for(out: torch.Tensor, shape: tuple[int, ...]) -> None:
 
 
 def out_kernel(lowering: Lowering, out_op: OpOverload) -> Callable:
-    runner = Runner(lowering)
+    runner = Runner(lowering, out_op)
     names = [a.name for a in mutated_args(out_op)]
 
     def kernel(*args: Any, **kwargs: Any) -> Any:

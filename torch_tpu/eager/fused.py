@@ -8,6 +8,10 @@ the op sequence with shapes, dtypes and static arguments, and which values live 
 built while recording and keys the executable cache; scalars and PRNG keys are run-time inputs, so a training
 loop's steady state replays one cached executable per step. Values no live storage holds are dead: the
 executable neither computes nor returns them.
+
+Recording is on the eager hot path, so each op costs a few dictionary look-ups: its `Trace` (function and
+output avals) is found by the dispatcher's cache key, and the node (trace, input refs) is interned as a small
+int, which makes the cluster's fingerprint a tuple of ints.
 """
 
 from __future__ import annotations
@@ -26,14 +30,13 @@ MAX_CLUSTER_OPS = int(os.environ.get("TORCH_TPU_FUSED_MAX_OPS", "4096"))
 
 
 class Pending:
-    """Output `index` of recorded node `node`; `value` is set once its cluster has run."""
+    """Output `ref` = (node, index) of the cluster being recorded; `value` is set once the cluster has run."""
 
-    __slots__ = ("aval", "node", "index", "value")
+    __slots__ = ("aval", "ref", "value")
 
-    def __init__(self, aval: jax.ShapeDtypeStruct, node: int, index: int) -> None:
+    def __init__(self, aval: jax.ShapeDtypeStruct, ref: tuple[int, int]) -> None:
         self.aval = aval
-        self.node = node
-        self.index = index
+        self.ref = ref
         self.value: jax.Array | None = None
 
     @property
@@ -57,21 +60,39 @@ class Pending:
         return self.aval.size * self.aval.dtype.itemsize
 
 
+class Trace:
+    """A recordable function under one key (which fixes its inputs' avals): its output avals, flattened with
+    their tree, and `id`, which stands for it in node fingerprints. `layout` is for the dispatcher: the storage
+    layout of a single tensor output."""
+
+    __slots__ = ("fn", "avals", "tree", "single", "id", "layout")
+
+    def __init__(self, fn: Callable, out_avals: Any, id: int) -> None:
+        self.fn = fn
+        self.avals, self.tree = jax.tree_util.tree_flatten(out_avals)
+        self.single = jax.tree_util.treedef_is_leaf(self.tree) and len(self.avals) == 1
+        self.id = id
+        self.layout: Any = None
+
+
 class _Recorder:
-    """The cluster being recorded: per node its function and (key, input refs); the concrete leaves; and the
-    buffers whose values it must produce."""
+    """The cluster being recorded — per node its function and interned (trace, input refs) id; the concrete
+    leaves; weak references to the buffers whose values it must produce, by id — and the tables that outlive
+    clusters: traces by key, node ids and each node's input refs."""
 
     def __init__(self) -> None:
         self.functions: list[Callable] = []
-        self.plan: list[tuple] = []
+        self.plan: list[int] = []
         self.leaves: list[Any] = []
-        self.buffers: weakref.WeakSet = weakref.WeakSet()
-        self.traces: dict[Hashable, tuple[Callable, Any]] = {}
-        self.avals: dict[Hashable, tuple[list, Any]] = {}
+        self.buffers: dict[int, weakref.ref] = {}
+        self.traces: dict[Hashable, Trace] = {}
+        self.nodes: dict[tuple, int] = {}
+        self.node_refs: list[tuple] = []
 
     def reset(self) -> tuple[list, list, list, list]:
-        taken = self.functions, self.plan, self.leaves, list(self.buffers)
-        self.functions, self.plan, self.leaves, self.buffers = [], [], [], weakref.WeakSet()
+        taken = self.functions, self.plan, self.leaves, list(self.buffers.values())
+        self.functions, self.plan, self.leaves = [], [], []
+        self.buffers.clear()
         return taken
 
 
@@ -84,9 +105,11 @@ def is_pending(value: Any) -> bool:
 
 
 def _signature(value: Any) -> Hashable:
-    """A leaf's part of the fingerprint: its aval (shape, dtype; type for Python scalars), never its value."""
+    """An input's aval as a key (shape, dtype; type for Python scalars), never its value."""
     if isinstance(value, (bool, int, float, complex)):
         return type(value)
+    if type(value) is Pending:
+        return (value.aval.shape, value.aval.dtype)
     return (value.shape, value.dtype)
 
 
@@ -101,42 +124,65 @@ def output_avals(fn: Callable, inputs: list) -> Any:
     return jax.eval_shape(fn, *[_abstract(x) for x in inputs])
 
 
-def record(key: Hashable, fn: Callable, inputs: list, out_avals: Any | None = None) -> Any:
-    """Record `fn(*inputs)` (a pure JAX function); returns Pending outputs (a pytree like `fn`'s)."""
+def trace(key: Hashable, fn: Callable, inputs: list) -> Trace:
+    """The Trace recorded under `key`, made from `fn` and `inputs` on first use; `key` must fix `fn` and the
+    avals of its inputs."""
+    found = recorder.traces.get(key)
+    if found is None:
+        found = recorder.traces[key] = Trace(fn, output_avals(fn, inputs), len(recorder.traces))
+    return found
+
+
+def record(trace: Trace, inputs: list) -> Any:
+    """Record `trace.fn(*inputs)`; returns Pending outputs (a pytree like the function's)."""
+    rec = recorder
     refs = []
     for x in inputs:
         if type(x) is Pending:
             if x.value is None:
-                refs.append((x.node, x.index))
+                refs.append(x.ref)
                 continue
             x = x.value
-        refs.append(_signature(x))
-        recorder.leaves.append(x)
-    refs = tuple(refs)
-    shapes = recorder.avals.get((key, refs))
-    if shapes is None:
-        flat, tree = jax.tree_util.tree_flatten(output_avals(fn, inputs) if out_avals is None else out_avals)
-        shapes = recorder.avals[key, refs] = (flat, tree)
-    index = len(recorder.plan)
-    recorder.plan.append((key, refs))
-    recorder.functions.append(fn)
-    outputs = [Pending(aval, index, i) for i, aval in enumerate(shapes[0])]
+        refs.append(None)  # a leaf: its aval is fixed by the trace's key
+        rec.leaves.append(x)
+    node = (trace.id, tuple(refs))
+    node_id = rec.nodes.get(node)
+    if node_id is None:
+        node_id = rec.nodes[node] = len(rec.node_refs)
+        rec.node_refs.append(node[1])
+    index = len(rec.plan)
+    rec.plan.append(node_id)
+    rec.functions.append(trace.fn)
+    if trace.single:
+        output = Pending(trace.avals[0], (index, 0))
+        if index + 1 >= MAX_CLUSTER_OPS:
+            flush(extra=[output])
+            return output.value
+        return output
+    outputs = [Pending(aval, (index, i)) for i, aval in enumerate(trace.avals)]
     if index + 1 >= MAX_CLUSTER_OPS:
         flush(extra=outputs)
         outputs = [p.value for p in outputs]
-    return jax.tree_util.tree_unflatten(shapes[1], outputs)
+    return jax.tree_util.tree_unflatten(trace.tree, outputs)
 
 
 def apply(key: Hashable, fn: Callable, *inputs: Any) -> Any:
-    """`fn(*inputs)` now if every input is computed, else recorded (storage helpers use this)."""
+    """`fn(*inputs)` now if every input is computed, else recorded (storage helpers use this); `key` must fix
+    `fn`, and the inputs' avals are added to it."""
     if any(type(x) is Pending and x.value is None for x in inputs):
-        return record(key, fn, list(inputs))
+        arguments = list(inputs)
+        return record(trace((key, *[_signature(x) for x in inputs]), fn, arguments), arguments)
     return fn(*[x.value if type(x) is Pending else x for x in inputs])
 
 
 def track(buffer: Any) -> None:
-    """`buffer` holds a Pending value: the next cluster must produce it."""
-    recorder.buffers.add(buffer)
+    """`buffer` holds a Pending value: the next cluster must produce it (while the buffer lives)."""
+    recorder.buffers[id(buffer)] = weakref.ref(buffer)
+
+
+def untrack(buffer: Any) -> None:
+    """`buffer` dies holding a Pending value, which no longer needs producing."""
+    recorder.buffers.pop(id(buffer), None)
 
 
 def concrete(value: Any) -> Any:
@@ -150,17 +196,18 @@ def concrete(value: Any) -> Any:
 
 def flush(extra: list[Pending] = ()) -> None:
     """Run the recorded cluster for the values live storages (and `extra`) hold."""
-    functions, plan, leaves, buffers = recorder.reset()
+    functions, plan, leaves, references = recorder.reset()
     if not plan:
         return
-    wanted = {(p.node, p.index): p for p in [b._array for b in buffers] + list(extra) if is_pending(p)}
+    buffers = [b for b in (r() for r in references) if b is not None]
+    wanted = {p.ref: p for p in [b._array for b in buffers] + list(extra) if is_pending(p)}
     if wanted:
         out_refs = tuple(sorted(wanted))
         fingerprint = ("fused", tuple(plan), out_refs)
         entry = executables.lookup(fingerprint)
         if entry is None:
             start = time.perf_counter()
-            executable = jax.jit(_replay(functions, plan, out_refs))
+            executable = jax.jit(_replay(functions, [recorder.node_refs[n] for n in plan], out_refs))
             results = jax.block_until_ready(executable(*leaves))
             name = f"fused cluster of {len(plan)} ops"
             executables.insert(fingerprint, Entry(name, executable, None, time.perf_counter() - start, "fused"))
@@ -173,32 +220,32 @@ def flush(extra: list[Pending] = ()) -> None:
             buffer._array = buffer._array.value
 
 
-def _live(plan: list[tuple], out_refs: tuple) -> list[bool]:
+def _live(refs: list[tuple], out_refs: tuple) -> list[bool]:
     """Which nodes the outputs depend on; the rest are dead and never traced."""
-    live = [False] * len(plan)
+    live = [False] * len(refs)
     stack = [node for node, _ in out_refs]
     while stack:
         node = stack.pop()
         if not live[node]:
             live[node] = True
-            stack.extend(ref[0] for ref in plan[node][1] if type(ref) is tuple and type(ref[0]) is int)
+            stack.extend(ref[0] for ref in refs[node] if ref is not None)
     return live
 
 
-def _replay(functions: list[Callable], plan: list[tuple], out_refs: tuple) -> Callable:
-    """The cluster as one function of all its leaves (unused ones are dropped by `jax.jit`)."""
-    live = _live(plan, out_refs)
+def _replay(functions: list[Callable], refs: list[tuple], out_refs: tuple) -> Callable:
+    """The cluster as one function of all its leaves (unused ones are dropped by `jax.jit`); `refs` holds each
+    node's inputs: (node, index) of a recorded value, None for the next leaf."""
+    live = _live(refs, out_refs)
 
     def cluster(*leaves: Any) -> tuple:
         results: list[list | None] = []
         remaining = iter(leaves)
-        for fn, (_, refs), needed in zip(functions, plan, live, strict=True):
-            args = [None if type(r) is tuple and type(r[0]) is int else next(remaining) for r in refs]
+        for fn, node_refs, needed in zip(functions, refs, live, strict=True):
+            args = [next(remaining) if r is None else None for r in node_refs]
             if not needed:
                 results.append(None)
                 continue
-            args = [results[r[0]][r[1]] if a is None and type(r) is tuple and type(r[0]) is int else a
-                    for a, r in zip(args, refs, strict=True)]
+            args = [a if r is None else results[r[0]][r[1]] for a, r in zip(args, node_refs, strict=True)]
             results.append(jax.tree_util.tree_leaves(fn(*args)))
         return tuple(results[node][index] for node, index in out_refs)
 

@@ -28,6 +28,7 @@ _create_empty = torch._C._acc.create_empty_tensor
 _construct_storage = torch._C._construct_storage_from_data_pointer
 _DEVICE = torch.device("tpu", 0)
 _JAX_DTYPE = dtypes._TORCH_TO_JAX
+_Pending = fused.Pending
 
 
 class MemoryStats:
@@ -92,7 +93,7 @@ class DeviceBuffer:
         self.nbytes = nbytes
         self.dtype = dtype
         self.shape = shape if shape is not None or array is None else array.shape
-        if type(array) is fused.Pending:
+        if type(array) is _Pending:
             fused.track(self)
         stats = memory
         stats.allocated += nbytes
@@ -103,6 +104,8 @@ class DeviceBuffer:
     def __del__(self) -> None:
         memory.allocated -= self.nbytes
         memory.num_free += 1
+        if type(self._array) is _Pending:
+            fused.untrack(self)
 
     @property
     def array(self) -> jax.Array:
@@ -115,7 +118,7 @@ class DeviceBuffer:
         self._array = value
         self.dtype = value.dtype
         self.shape = value.shape
-        if type(value) is fused.Pending:
+        if type(value) is _Pending:
             fused.track(self)
 
 
@@ -153,14 +156,38 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype, stride: tuple[int, ...] | 
     return tensor
 
 
-_layouts: dict[tuple, tuple[torch.dtype, int, tuple[int, ...]]] = {}
+_layouts: dict[tuple, tuple] = {}
 
 
-def _layout(shape: tuple[int, ...], jdtype: np.dtype) -> tuple[torch.dtype, int, tuple[int, ...]]:
-    """(torch dtype, nbytes, contiguous strides) of a fresh array; cached, as shapes repeat."""
-    layout = (dtypes.to_torch(jdtype), math.prod(shape) * jdtype.itemsize, contiguous_strides(shape))
-    _layouts[shape, jdtype] = layout
-    return layout
+def layout(shape: tuple[int, ...], jdtype: np.dtype) -> tuple:
+    """How `wrap_as` lays out a fresh array of `shape` and `jdtype`: (shape, torch dtype, jax dtype, nbytes,
+    contiguous strides); cached, as shapes repeat."""
+    found = _layouts.get((shape, jdtype))
+    if found is None:
+        nbytes = math.prod(shape) * jdtype.itemsize
+        found = _layouts[shape, jdtype] = (shape, dtypes.to_torch(jdtype), jdtype, nbytes, contiguous_strides(shape))
+    return found
+
+
+_SLOT = _AddressSpace._SLOT
+_small_slots = _addresses._slots
+
+
+def wrap_as(array: Any, layout: tuple) -> torch.Tensor:
+    """A new contiguous `tpu` tensor owning `array`, whose shape and dtype `layout` (from `layout()`) gives.
+
+    The dispatcher keeps the layout with each executable, so this path reads nothing from the array. The
+    tensor starts 0-dim and `set_` gives it the shape (strides omitted: `set_` makes them contiguous), as each
+    argument `set_` converts costs time.
+    """
+    shape, torch_dtype, jdtype, nbytes, _ = layout
+    tensor = _create_empty((), torch_dtype)
+    storage = _construct_storage(
+        next(_small_slots) * _SLOT if nbytes <= _SLOT else _addresses.take(nbytes), _DEVICE, nbytes
+    )
+    storage._tpu_buffer = DeviceBuffer(nbytes, jdtype, array, shape)
+    _set_storage(_CPU_KEYS, tensor, storage, 0, shape)
+    return tensor
 
 
 def wrap(array: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -168,14 +195,7 @@ def wrap(array: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
     if dtype is not None and array.dtype != _JAX_DTYPE.get(dtype):
         target = dtypes.to_jax(dtype)
         array = fused.apply(("astype", target), lambda a: a.astype(target), array)
-    shape, jdtype = array.shape, array.dtype
-    layout = _layouts.get((shape, jdtype)) or _layout(shape, jdtype)
-    nbytes = layout[1]
-    tensor = _create_empty(shape, layout[0])
-    storage = _construct_storage(_addresses.take(nbytes), _DEVICE, nbytes)
-    storage._tpu_buffer = DeviceBuffer(nbytes, jdtype, array, shape)
-    _set_storage(_CPU_KEYS, tensor, storage, 0, shape, layout[2])
-    return tensor
+    return wrap_as(array, layout(array.shape, array.dtype))
 
 
 def buffer_of(tensor: torch.Tensor) -> DeviceBuffer:
@@ -225,8 +245,23 @@ def value(tensor: torch.Tensor) -> jax.Array:
 def write(tensor: torch.Tensor, value: jax.Array) -> None:
     """Store `value` (broadcast and cast to the tensor) through `tensor` into its storage, as CPU would."""
     buffer = buffer_of(tensor)
+    shape = tensor.shape
+    if (
+        buffer.shape == shape
+        and getattr(value, "shape", None) == shape
+        and buffer.dtype == _JAX_DTYPE[tensor.dtype]
+        and value.dtype == buffer.dtype
+        and tensor.is_contiguous()
+        and not tensor.storage_offset()
+        and not tensor.is_conj()
+        and not tensor.is_neg()
+    ):  # an in-place op's common case: the tensor is its whole buffer and `value` replaces the array as is
+        buffer._array = value
+        if type(value) is _Pending:
+            fused.track(buffer)
+        return
     jdtype = dtypes.to_jax(tensor.dtype)
-    shape = tuple(tensor.shape)
+    shape = tuple(shape)
     if tensor.is_conj():
         value = fused.apply(("conj",), jnp.conj, value)
     if tensor.is_neg():

@@ -5,6 +5,7 @@ from torch_tpu.ops.nn import (  # noqa: F401  (imported for their registrations)
     conv,
     dropout,
     embedding,
+    grid_sample,
     loss,
     norm,
     optim,

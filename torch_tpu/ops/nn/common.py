@@ -99,9 +99,11 @@ def window_grid(positions, valids, sizes):
 
 
 def max_with_indices(windows, flat, valid):
-    """Max over the last axis of `windows` and the flat input index of the first real element holding it."""
+    """Max over the last axis of `windows` and the flat input index of the element PyTorch's scan keeps: the first
+    real one holding the max, or the last NaN."""
     values = jnp.max(windows, axis=-1)
     hit = valid & ((windows == values[..., None]) | jnp.isnan(windows))
-    arg = jnp.argmax(hit, axis=-1)
+    first, last = jnp.argmax(hit, axis=-1), hit.shape[-1] - 1 - jnp.argmax(hit[..., ::-1], axis=-1)
+    arg = jnp.where(jnp.isnan(values), last, first)
     indices = jnp.take_along_axis(jnp.broadcast_to(flat, windows.shape), arg[..., None], axis=-1)[..., 0]
     return values, indices

@@ -1,14 +1,59 @@
 """Lowerings: batch, layer and group normalization and their backward ops (statistics in float32 for half types).
 
-`native_batch_norm` and `_native_batch_norm_legit` update `running_mean` / `running_var` in place, which the
-dispatcher's derived variants cannot express (they write only `self` / `out`); they are direct kernels that run the
-functional `_native_batch_norm_legit_functional` lowering and copy the new statistics into the buffers.
+`native_batch_norm`, `_native_batch_norm_legit` and `_batch_norm_with_update` update `running_mean` /
+`running_var` in place, which the dispatcher's derived variants cannot express (they write only `self` / `out`);
+they are direct kernels that run a functional lowering and copy the new statistics into the buffers.
+
+Saved statistics (mean, rstd) take CPU PyTorch's dtype: the input's, or float32 where a half-type input meets
+float32 parameters. PyTorch's meta kernels, which set the dtypes of eager outputs, follow CUDA instead (always
+float32 for half types), so the ops returning them to the user are kernels that cast (`_cpu_stats`); compiled
+graphs keep the meta dtypes, as their FakeTensors do.
 """
 
-import jax.numpy as jnp
+from collections.abc import Callable
 
+import jax.numpy as jnp
+import torch
+
+from torch_tpu.eager import dispatch
 from torch_tpu.ops.nn.common import masked, upcast
-from torch_tpu.ops.registry import aten, kernel, lower
+from torch_tpu.ops.registry import Lowering, aten, kernel, lower, lower_in_graphs, out_variant
+
+
+def _stats_dtype(input: torch.Tensor, *parameters: torch.Tensor | None) -> torch.dtype:
+    """CPU's dtype of saved statistics: float32 when a half-type input has parameters of another dtype."""
+    half = input.dtype in (torch.bfloat16, torch.float16)
+    mixed = half and any(p is not None and p.dtype != input.dtype for p in parameters)
+    return torch.float32 if mixed else input.dtype
+
+
+def _cast_stats(outputs: tuple, input: torch.Tensor, *parameters: torch.Tensor | None) -> tuple:
+    """`(out, mean, rstd, ...)` with mean and rstd in CPU's dtype."""
+    dtype = _stats_dtype(input, *parameters)
+    return (outputs[0], outputs[1].to(dtype), outputs[2].to(dtype), *outputs[3:])
+
+
+def _cpu_stats(op: torch._ops.OpOverload) -> Callable[[Callable], Callable]:
+    """Register `fn` as `op`'s lowering in compiled graphs and, in eager, a kernel running it whose saved
+    statistics (outputs 1 and 2) take CPU's dtype; the parameters are the tensor arguments after the input.
+    The `out=` variant, whose outputs' dtypes the caller chose, runs `fn` as a derived variant would."""
+
+    def register(fn: Callable) -> Callable:
+        lower_in_graphs(op)(fn)
+        lowering = Lowering(op, fn)
+        run = dispatch.functional_kernel(lowering)
+        out = out_variant(op)
+        if out is not None:
+            kernel(out)(dispatch.out_kernel(lowering, out))
+
+        @kernel(op)
+        def eager(input: torch.Tensor, *args, **kwargs) -> tuple:
+            parameters = [a for a in args if isinstance(a, torch.Tensor)]
+            return _cast_stats(run(input, *args, **kwargs), input, *parameters)
+
+        return fn
+
+    return register
 
 
 def _channel_shape(x):
@@ -72,12 +117,12 @@ def _native_batch_norm_legit_functional(input, weight, bias, running_mean, runni
     return out, mean, rstd, new_mean, new_var
 
 
-@lower(aten._native_batch_norm_legit.no_stats)
+@_cpu_stats(aten._native_batch_norm_legit.no_stats)
 def _native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, eps):
     return _batch_norm_train(input, weight, bias, eps)[:3]
 
 
-@lower(aten._native_batch_norm_legit_no_training.default)
+@_cpu_stats(aten._native_batch_norm_legit_no_training.default)
 def _native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
     return _batch_norm_eval(input, weight, bias, running_mean, running_var, eps)
 
@@ -90,7 +135,7 @@ def _native_batch_norm_legit(input, weight, bias, running_mean, running_var, tra
     if training:
         running_mean.copy_(new_mean)
         running_var.copy_(new_var)
-    return out, mean, rstd
+    return _cast_stats((out, mean, rstd), input, weight, bias, running_mean, running_var)
 
 
 @kernel(aten.native_batch_norm.default)
@@ -98,6 +143,24 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
     if running_mean is None or running_var is None:
         return aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
     return _native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@lower(aten._batch_norm_with_update_functional.default)
+def _batch_norm_with_update_functional(input, weight, bias, running_mean, running_var, momentum, eps):
+    out, mean, rstd, new_mean, new_var = _native_batch_norm_legit_functional(
+        input, weight, bias, running_mean, running_var, True, momentum, eps
+    )
+    return out, mean, rstd, jnp.zeros((0,), jnp.uint8), new_mean, new_var
+
+
+@kernel(aten._batch_norm_with_update.default)
+def _batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    out, mean, rstd, reserve, new_mean, new_var = aten._batch_norm_with_update_functional(
+        input, weight, bias, running_mean, running_var, momentum, eps
+    )
+    running_mean.copy_(new_mean)
+    running_var.copy_(new_var)
+    return *_cast_stats((out, mean, rstd), input, weight, bias, running_mean, running_var), reserve
 
 
 @lower(aten.native_batch_norm_backward.default)
@@ -120,11 +183,20 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
     return masked(output_mask, grad_input, grad_weight, jnp.sum(grad, axis=axes))
 
 
+@lower(aten.batch_norm_backward.default)
+def batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps,
+                        output_mask, reserve):
+    """The backward of `_batch_norm_with_update` (`update`) and `_batch_norm_no_update`; `save_var` is the saved
+    inverse standard deviation."""
+    return native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var,
+                                      update, eps, output_mask)
+
+
 def _trailing_axes(x, count):
     return tuple(range(x.ndim - count, x.ndim))
 
 
-@lower(aten.native_layer_norm.default)
+@_cpu_stats(aten.native_layer_norm.default)
 def native_layer_norm(input, normalized_shape, weight, bias, eps):
     x = upcast(input)
     axes = _trailing_axes(x, len(normalized_shape))
@@ -146,7 +218,7 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
 
 @lower(aten.native_group_norm.default)
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
-    x = upcast(input).reshape(N, group, -1)
+    x = upcast(input).reshape(N, group, C // group * HxW)
     mean, var = _moments(x, (2,))
     rstd = 1 / jnp.sqrt(var + eps)
     normalized = ((x - mean) * rstd).reshape(input.shape)
@@ -156,12 +228,12 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
 
 @lower(aten.native_group_norm_backward.default)
 def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask):
-    x = upcast(input).reshape(N, group, -1)
+    grouped, per_channel = (N, group, C // group * HxW), (N, C, HxW)  # explicit sizes: N may be 0
+    x = upcast(input).reshape(grouped)
     grad = upcast(grad_out)
     mean, rstd = upcast(mean)[..., None], upcast(rstd)[..., None]
     normalized = (x - mean) * rstd
-    grad_normalized = _affine(grad, weight, None, _channel_shape(grad)).reshape(N, group, -1)
+    grad_normalized = _affine(grad, weight, None, _channel_shape(grad)).reshape(grouped)
     grad_input = _normalized_grad(grad_normalized, normalized, rstd, (2,)).reshape(input.shape)
-    per_channel = (N, C, -1)
     grad_weight = jnp.sum(grad.reshape(per_channel) * normalized.reshape(per_channel), axis=(0, 2))
     return masked(output_mask, grad_input, grad_weight, jnp.sum(grad.reshape(per_channel), axis=(0, 2)))

@@ -24,8 +24,8 @@ def _into_planes(values, indices, plane_shape, accumulate):
     """A zero tensor of planes shaped `plane_shape` (batch dims from `values`) with `values` written (or added)
     at their flat in-plane `indices`."""
     batch = values.shape[: values.ndim - len(plane_shape)]
-    rows = int(np.prod(batch, dtype=np.int64))
-    flat_values, flat_indices = values.reshape(rows, -1), indices.reshape(rows, -1)
+    rows, columns = int(np.prod(batch, dtype=np.int64)), int(np.prod(values.shape[len(batch) :], dtype=np.int64))
+    flat_values, flat_indices = values.reshape(rows, columns), indices.reshape(rows, columns)  # rows may be 0
     planes = jnp.zeros((rows, int(np.prod(plane_shape, dtype=np.int64))), values.dtype)
     target = planes.at[jnp.arange(rows)[:, None], flat_indices]
     planes = target.add(flat_values) if accumulate else target.set(flat_values)
@@ -58,9 +58,32 @@ def _max_pool_windows(self, n, kernel_size, stride, padding, dilation, ceil_mode
     return windows, *window_grid(positions, valids, size)
 
 
+def _prefer(a, b):
+    """The (value, index) pair of a max pooling window that wins, by PyTorch's scan: the larger value, the first
+    index on ties, and a NaN over any number (the last NaN among NaNs). Commutative and associative."""
+    (a_value, a_index), (b_value, b_index) = a, b
+    a_nan, b_nan = jnp.isnan(a_value), jnp.isnan(b_value)
+    numbers = (b_value > a_value) | ((b_value == a_value) & (b_index < a_index))
+    take_b = jnp.where(a_nan | b_nan, b_nan & (~a_nan | (b_index > a_index)), numbers)
+    return jnp.where(take_b, b_value, a_value), jnp.where(take_b, b_index, a_index)
+
+
 def _max_pool(self, n, kernel_size, stride, padding, dilation, ceil_mode):
-    windows, flat, valid = _max_pool_windows(self, n, kernel_size, stride, padding, dilation, ceil_mode)
-    return max_with_indices(windows(self, _lowest(self.dtype)), flat, valid)
+    """One variadic `reduce_window` over (value, flat in-plane index) pairs: a small program that compiles fast
+    (stacking every window element, then an argmax, took seconds for 3-d kernels). Padding carries the lowest
+    value and an index past every real one, so it never wins."""
+    geometry = _geometry(self, n, kernel_size, stride, padding, dilation, ceil_mode)
+    batch = (1,) * (self.ndim - n)
+    pads = [(0, 0)] * (self.ndim - n) + [(p, max((o - 1) * st + d * (k - 1) + 1 - s - p, 0))
+                                         for s, k, st, p, d, o in geometry]
+    plane = self.shape[-n:]
+    index = jnp.broadcast_to(lax.iota(jnp.int32, int(np.prod(plane, dtype=np.int64))).reshape(plane), self.shape)
+    init = (jnp.asarray(_lowest(self.dtype), self.dtype), jnp.asarray(jnp.iinfo(jnp.int32).max, jnp.int32))
+    values, indices = lax.reduce_window(
+        (self, index), init, _prefer, batch + tuple(g[1] for g in geometry), batch + tuple(g[2] for g in geometry),
+        pads, window_dilation=batch + tuple(g[4] for g in geometry),
+    )  # fmt: skip
+    return values, indices.astype(jnp.int64)
 
 
 def _max_pool_backward(grad_output, self, n, kernel_size, stride, padding, dilation, ceil_mode, indices):
@@ -228,3 +251,54 @@ def max_unpool2d(self, indices, output_size):
 @lower(aten.max_unpool3d.default)
 def max_unpool3d(self, indices, output_size, stride, padding):
     return _into_planes(self, indices, tuple(output_size), accumulate=False)
+
+
+def _fractional_starts(sample, size, out, kernel):
+    """ATen's pseudo-random window starts along one dim: `int((i + u) * a) - int(u * a)` with
+    `a = (size - kernel) / (out - 1)`, computed in the samples' dtype, and the last window flush with the end."""
+    alpha = jnp.asarray(size - kernel, sample.dtype) / jnp.asarray(max(out - 1, 1), sample.dtype)
+    steps = jnp.arange(out, dtype=sample.dtype)
+    starts = ((steps + sample[..., None]) * alpha).astype(jnp.int32) - (sample * alpha).astype(jnp.int32)[..., None]
+    return jnp.where(jnp.arange(out) == out - 1, size - kernel, starts)
+
+
+def _fractional_max_pool(self, kernel_size, output_size, random_samples, sample_axes):
+    """Max over one pseudo-random window per output element; `sample_axes[d]` is which of a plane's random
+    samples places the windows of spatial dim d. The windows are gathered by flat in-plane index."""
+    n = len(kernel_size)
+    x = self if self.ndim == n + 2 else self[None]
+    sizes = x.shape[2:]
+    flat = jnp.zeros(x.shape[:2] + (1,) * (2 * n), jnp.int32)
+    for d, (size, out, k, axis) in enumerate(zip(sizes, output_size, kernel_size, sample_axes, strict=True)):
+        starts = _fractional_starts(random_samples[..., axis], size, out, k)  # (N, C, out)
+        positions = starts[..., None] + jnp.arange(k)  # (N, C, out, k)
+        shape = [x.shape[0], x.shape[1]] + [1] * (2 * n)
+        shape[2 + d], shape[2 + n + d] = out, k
+        flat = flat + positions.reshape(shape) * int(np.prod(sizes[d + 1 :], dtype=np.int64))
+    flat = flat.reshape(x.shape[:2] + tuple(output_size) + (-1,))
+    planes = x.reshape(x.shape[:2] + (-1,))
+    windows = jnp.take_along_axis(planes, flat.reshape(x.shape[:2] + (-1,)), axis=2).reshape(flat.shape)
+    values, indices = max_with_indices(windows, flat, True)
+    values, indices = (values, indices) if self.ndim == n + 2 else (values[0], indices[0])
+    return values, indices.astype(jnp.int64)
+
+
+@lower(aten.fractional_max_pool2d.default)
+def fractional_max_pool2d(self, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(self, kernel_size, output_size, random_samples, (1, 0))
+
+
+@lower(aten.fractional_max_pool3d.default)
+def fractional_max_pool3d(self, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(self, kernel_size, output_size, random_samples, (0, 1, 2))
+
+
+@lower(aten.fractional_max_pool2d_backward.default)
+def fractional_max_pool2d_backward(grad_output, self, kernel_size, output_size, indices):
+    return _into_planes(upcast(grad_output), indices, self.shape[-2:], accumulate=True)
+
+
+@lower(aten.fractional_max_pool3d_backward.default)
+def fractional_max_pool3d_backward(grad_output, self, kernel_size, output_size, indices):
+    """Cast to the input's dtype here: the op has no meta kernel to set it."""
+    return _into_planes(upcast(grad_output), indices, self.shape[-3:], accumulate=True).astype(self.dtype)

@@ -1,5 +1,5 @@
-"""Lowerings: upsampling (nearest, nearest-exact, linear, bilinear, trilinear, bicubic) with their backward ops,
-and pixel (un)shuffle.
+"""Lowerings: upsampling (nearest, nearest-exact, linear, bilinear, trilinear, bicubic, antialiased bilinear and
+bicubic) with their backward ops, and pixel (un)shuffle.
 
 Every mode is separable: each spatial dim is resampled in turn by gathering a few input taps per output position
 and mixing them with weights. Tap positions and weights depend only on shapes and scales, so they are computed
@@ -27,13 +27,19 @@ def _nearest_taps(size, out, scale, exact):
     return np.minimum(source, size - 1)[:, None]
 
 
+def _ratio(size, out, align_corners, scale, dtype):
+    """ATen's area_pixel_compute_scale: input positions per output position, in `dtype`."""
+    if align_corners:
+        return dtype((size - 1) / (out - 1)) if out > 1 else dtype(0)
+    return dtype(1 / scale) if scale is not None and scale > 0 else dtype(size) / dtype(out)
+
+
 def _source_positions(size, out, align_corners, scale, dtype, cubic):
     """ATen's area_pixel_compute_source_index for every output position, computed in `dtype`."""
     index = np.arange(out).astype(dtype)
+    ratio = _ratio(size, out, align_corners, scale, dtype)
     if align_corners:
-        ratio = dtype((size - 1) / (out - 1)) if out > 1 else dtype(0)
         return ratio * index
-    ratio = dtype(1 / scale) if scale is not None and scale > 0 else dtype(size) / dtype(out)
     source = ratio * (index + dtype(0.5)) - dtype(0.5)
     return source if cubic else np.maximum(source, dtype(0))
 
@@ -63,14 +69,66 @@ def _cubic_taps(size, out, align_corners, scale, dtype):
     return taps, _cubic_weights((source - low.astype(dtype)).astype(dtype)).astype(dtype)
 
 
+def _resample_axis(x, axis, taps, weights):
+    """Resample one dim of `x` by `taps` (out, k) mixed with `weights` (out, k), or by one tap without weights."""
+    gathered = jnp.take(x, taps, axis=axis)  # the dim becomes (out, k)
+    gathered = jnp.moveaxis(gathered, (axis, axis + 1), (-2, -1))
+    mixed = gathered[..., 0] if weights is None else jnp.sum(gathered * weights.astype(x.dtype), axis=-1)
+    return jnp.moveaxis(mixed, -1, axis)
+
+
 def _resample(x, taps_per_dim):
     """Resample the trailing dims of `x`: for each, `(taps (out, k), weights (out, k) or None)`."""
     n = len(taps_per_dim)
     for axis, (taps, weights) in zip(range(x.ndim - n, x.ndim), taps_per_dim, strict=True):
-        gathered = jnp.take(x, taps, axis=axis)  # the dim becomes (out, k)
-        gathered = jnp.moveaxis(gathered, (axis, axis + 1), (-2, -1))
-        mixed = gathered[..., 0] if weights is None else jnp.sum(gathered * weights.astype(x.dtype), axis=-1)
-        x = jnp.moveaxis(mixed, -1, axis)
+        x = _resample_axis(x, axis, taps, weights)
+    return x
+
+
+def _triangle(x):
+    """The antialiasing filter of bilinear resampling."""
+    x = np.abs(x)
+    return np.where(x < 1, 1 - x, 0).astype(x.dtype)
+
+
+def _keys(x, a=-0.5):
+    """The antialiasing filter of bicubic resampling (Keys' cubic with a = -0.5, as ATen's)."""
+    x = np.abs(x)
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return np.where(x < 1, near, np.where(x < 2, far, 0)).astype(x.dtype)
+
+
+def _antialias_taps(size, out, align_corners, scale, dtype, interp_size, kernel):
+    """ATen's antialiased taps along one dim (`_compute_indices_min_size_weights_aa`): output i averages the inputs
+    within `support` of its center under `kernel`, stretched by the downscale factor, weights normalized to sum 1.
+    The mixed float/double arithmetic is ATen's (`+ 0.5` is a double there)."""
+    ratio = _ratio(size, out, align_corners, scale, dtype)
+    support = dtype(interp_size / 2) * ratio if ratio >= 1 else dtype(interp_size / 2)
+    invscale = dtype(1) / ratio if ratio >= 1 else dtype(1)
+    width = int(np.ceil(support)) * 2 + 1
+    center = ratio * (np.arange(out).astype(dtype) + dtype(0.5))
+    low = np.maximum(((center - support).astype(np.float64) + 0.5).astype(np.int64), 0)
+    high = np.minimum(((center + support).astype(np.float64) + 0.5).astype(np.int64), size)
+    count = np.clip(high - low, 0, width)
+    offsets = np.arange(width)
+    distance = ((low[:, None] + offsets).astype(dtype) - center[:, None]).astype(np.float64) + 0.5
+    weights = np.where(offsets < count[:, None], kernel((distance * np.float64(invscale)).astype(dtype)), dtype(0))
+    total = weights.sum(axis=1, dtype=dtype, keepdims=True)
+    weights = (weights / np.where(total != 0, total, dtype(1))).astype(dtype)  # all-zero rows stay zero
+    return np.minimum(low[:, None] + offsets, size - 1), weights
+
+
+def _antialiased(self, output_size, align_corners, scales, interp_size, kernel):
+    """Separable antialiased resampling of the trailing 2 dims, width first as ATen does."""
+    if not jnp.issubdtype(self.dtype, jnp.floating):
+        raise NotImplementedError("torch_tpu: antialiased upsampling of integer images (ATen's fixed-point path)")
+    x = upcast(self)
+    dtype = np.dtype(x.dtype).type
+    sizes = self.shape[-2:]
+    for axis, size, out, scale in reversed(list(zip((-2, -1), sizes, output_size, scales, strict=True))):
+        taps, weights = _antialias_taps(size, out, align_corners, scale, dtype, interp_size, kernel)
+        x = _resample_axis(x, x.ndim + axis, taps, weights)
     return x
 
 
@@ -146,6 +204,16 @@ def upsample_bicubic2d(self, output_size, align_corners, scales_h=None, scales_w
     return _cubic(self, output_size, align_corners, (scales_h, scales_w))
 
 
+@lower(aten._upsample_bilinear2d_aa.default)
+def _upsample_bilinear2d_aa(self, output_size, align_corners, scales_h=None, scales_w=None):
+    return _antialiased(self, output_size, align_corners, (scales_h, scales_w), 2, _triangle)
+
+
+@lower(aten._upsample_bicubic2d_aa.default)
+def _upsample_bicubic2d_aa(self, output_size, align_corners, scales_h=None, scales_w=None):
+    return _antialiased(self, output_size, align_corners, (scales_h, scales_w), 4, _keys)
+
+
 @lower(aten.upsample_nearest1d_backward.default)
 def upsample_nearest1d_backward(grad_output, output_size, input_size, scales=None):
     return linear_adjoint(lambda x: _nearest(x, output_size, (scales,), False), grad_output, input_size)
@@ -203,6 +271,22 @@ def upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corn
                                 scales_w=None):
     scales = (scales_h, scales_w)
     return linear_adjoint(lambda x: _cubic(x, output_size, align_corners, scales), grad_output, input_size)
+
+
+@lower(aten._upsample_bilinear2d_aa_backward.default)
+def _upsample_bilinear2d_aa_backward(grad_output, output_size, input_size, align_corners, scales_h=None,
+                                     scales_w=None):
+    scales = (scales_h, scales_w)
+    return linear_adjoint(lambda x: _antialiased(x, output_size, align_corners, scales, 2, _triangle), grad_output,
+                          input_size)
+
+
+@lower(aten._upsample_bicubic2d_aa_backward.default)
+def _upsample_bicubic2d_aa_backward(grad_output, output_size, input_size, align_corners, scales_h=None,
+                                    scales_w=None):
+    scales = (scales_h, scales_w)
+    return linear_adjoint(lambda x: _antialiased(x, output_size, align_corners, scales, 4, _keys), grad_output,
+                          input_size)
 
 
 @lower(aten.pixel_shuffle.default)
