@@ -6,6 +6,7 @@ PyTorch's own) and raise PyTorch's errors for bad input before anything runs on 
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -73,6 +74,8 @@ class Runner:
         # only then can our kernel (for `dispatched`, the overload it is registered for) see the bits set.
         name = (dispatched or self.op).name()
         self.math_bits = any(torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for key in _MATH_BIT_KEYS)
+        # `inputs` encodes the schema's leading tensors and numbers inline
+        self.prefix = len(list(itertools.takewhile(lambda kind: kind in (_TENSOR, _SCALAR), self.positional)))
 
     def _encode(self, op: OpOverload, value: Any, kind: int, leaves: list, key: list) -> None:
         """Append `value`'s run-time inputs to `leaves` and its part of the cache key to `key`."""
@@ -118,37 +121,53 @@ class Runner:
     def inputs(self, meta_op: OpOverload, args: tuple, kwargs: dict) -> tuple[tuple, list]:
         """The cache key of a call (op, shapes, dtypes, statics, precision) and its run-time inputs.
 
-        A `tpu` tensor that is its whole buffer, in order and at the buffer's dtype (the common case), is read
-        inline: its input is the buffer's array, and its shape and dtype are read once for both.
+        The common positional arguments — `tpu` tensors that are their whole buffers, in order and at the
+        buffers' dtypes, Python numbers and statics — are encoded inline: a tensor's input is its buffer's array,
+        and its shape and dtype are read once for both. Any other (a view, a CPU tensor, a list, a generator)
+        sends them all through `_encode`, which gives the same key.
         """
-        leaves: list = []
         key: list = [id(meta_op)]  # OpOverloads live for the process; id() hashes in C, the op in Python
+        leaves: list = []
         math_bits = self.math_bits
-        for value, kind in zip(args, self.positional, strict=False):
-            if kind != _TENSOR:
-                self._encode(meta_op, value, kind, leaves, key)
-                continue
-            try:  # a CPU tensor, a wrapped Python scalar or None has no tpu buffer
+        general = False
+        prefix = self.prefix
+        for value in args if len(args) <= prefix else args[:prefix]:  # tensors and numbers
+            try:
                 buffer = value.untyped_storage()._tpu_buffer
-            except AttributeError:
-                self._encode(meta_op, value, kind, leaves, key)
-                continue
+            except AttributeError:  # not a tpu tensor: a Python number, else the general encoding
+                number = type(value)
+                if number is float or number is int or number is bool:
+                    key.append(number)
+                    leaves.append(_device_scalar(value) if self.lowering.jit else value)
+                    continue
+                general = True
+                break
             shape = value.shape
             dtype = value.dtype
             # The buffer's array fills its storage and PyTorch keeps every view within the storage, so a
             # contiguous tensor of the array's shape and dtype is the whole storage: its offset is 0. (Dtypes are
-            # compared by identity; a false negative only takes the general read.)
-            if (
+            # compared by identity; a false negative only takes the general encoding.)
+            if not (
                 buffer.shape == shape
                 and buffer.dtype is _JAX_DTYPE[dtype]
                 and value.is_contiguous()
                 and not (math_bits and (value.is_conj() or value.is_neg()))
             ):
-                leaves.append(buffer._array)
-            else:
-                leaves.append(storage.value(value))
+                general = True
+                break
+            leaves.append(buffer._array)
             key.append(shape)
             key.append(dtype)
+        if not general and len(args) > prefix:  # statics after them
+            for value, kind in zip(args[prefix:], self.positional[prefix:], strict=False):
+                if kind != _STATIC:
+                    general = True
+                    break
+                key.append(tuple(value) if isinstance(value, list) else value)
+        if general:
+            del key[1:], leaves[:]
+            for value, kind in zip(args, self.positional, strict=False):
+                self._encode(meta_op, value, kind, leaves, key)
         if kwargs:  # named: PyTorch passes only the keyword arguments given, so positions alone are ambiguous
             for name, value in kwargs.items():
                 key.append(name)
@@ -225,7 +244,7 @@ class Runner:
     def _record(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list) -> Any:
         """Fused mode: record the op into the pending cluster instead of running it."""
         if not self.lowering.jit:  # a data-dependent shape: run the cluster so far, then this op, now
-            fused.flush()
+            fused.flush(extra=[x for x in leaves if fused.is_pending(x)])
             entry = executables.lookup(key)
             return self._compile(meta_op, key, args, kwargs, leaves) if entry is None else entry.executable(
                 *[fused.concrete(x) for x in leaves])
@@ -241,13 +260,17 @@ class Runner:
 
 
 _JAX_DTYPE = dtypes._TORCH_TO_JAX
-_scalars: dict[Any, jax.Array] = {}
+_scalars: dict[Any, Any] = {}
 
 
 def _device_scalar(value: Any) -> Any:
-    """A Python scalar run-time input as a device array of the same (weak) type, cached by value: an executable
-    takes an array as it is but transfers a Python scalar to the device on every call. Data-dependent (non-jit)
-    lowerings keep Python scalars, as they may branch on them."""
+    """A Python scalar run-time input, as a device array of the same (weak) type once the value recurs.
+
+    An executable transfers a Python scalar to the device on every call, but takes an array as it is; making
+    the array costs about three such transfers, so a value becomes one (cached by value) on its second use —
+    constants such as betas, eps or 0.5 do, a per-step value such as a bias correction stays a Python scalar.
+    Data-dependent (non-jit) lowerings keep Python scalars, as they may branch on them.
+    """
     kind = type(value)
     if kind is float:
         key = value.hex()  # tells -0.0 from 0.0
@@ -256,14 +279,18 @@ def _device_scalar(value: Any) -> Any:
     else:
         return value
     found = _scalars.get(key)
-    if found is None:
+    if found is None:  # first use
         if len(_scalars) >= _MAX_SCALARS:
             _scalars.clear()
+        _scalars[key] = False
+        return value
+    if found is False:  # second use
         platform.devices()  # x64 is configured before the first array is made
         try:
-            found = _scalars[key] = jnp.asarray(value)
-        except OverflowError:  # an int beyond int64: the executable reports it as before
-            return value
+            found = jnp.asarray(value)
+        except OverflowError:  # an int beyond int64: the executable reports it, as before
+            found = value
+        _scalars[key] = found
     return found
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 
+from torch_tpu.eager import modes
 from torch_tpu.eager.cache import Entry, executables
 
 MAX_CLUSTER_OPS = int(os.environ.get("TORCH_TPU_FUSED_MAX_OPS", "4096"))
@@ -76,22 +77,22 @@ class Trace:
 
 
 class _Recorder:
-    """The cluster being recorded — per node its function and interned (trace, input refs) id; the concrete
-    leaves; weak references to the buffers whose values it must produce, by id — and the tables that outlive
-    clusters: traces by key, node ids and each node's input refs."""
+    """The cluster being recorded — its plan (per node, the interned id of (trace, input refs)), its concrete
+    leaves and weak references to the buffers whose values it must produce, by id (one dict for good: a dying
+    buffer removes itself) — and the tables that outlive clusters: traces by key, node ids, and per node id its
+    function and input refs."""
 
     def __init__(self) -> None:
-        self.functions: list[Callable] = []
         self.plan: list[int] = []
         self.leaves: list[Any] = []
         self.buffers: dict[int, weakref.ref] = {}
         self.traces: dict[Hashable, Trace] = {}
         self.nodes: dict[tuple, int] = {}
-        self.node_refs: list[tuple] = []
+        self.node_table: list[tuple[Callable, list]] = []
 
-    def reset(self) -> tuple[list, list, list, list]:
-        taken = self.functions, self.plan, self.leaves, list(self.buffers.values())
-        self.functions, self.plan, self.leaves = [], [], []
+    def reset(self) -> tuple[list, list, list]:
+        taken = self.plan, self.leaves, list(self.buffers.values())
+        self.plan, self.leaves = [], []
         self.buffers.clear()
         return taken
 
@@ -136,6 +137,7 @@ def trace(key: Hashable, fn: Callable, inputs: list) -> Trace:
 def record(trace: Trace, inputs: list) -> Any:
     """Record `trace.fn(*inputs)`; returns Pending outputs (a pytree like the function's)."""
     rec = recorder
+    leaves = rec.leaves
     refs = []
     for x in inputs:
         if type(x) is Pending:
@@ -144,15 +146,15 @@ def record(trace: Trace, inputs: list) -> Any:
                 continue
             x = x.value
         refs.append(None)  # a leaf: its aval is fixed by the trace's key
-        rec.leaves.append(x)
-    node = (trace.id, tuple(refs))
+        leaves.append(x)
+    node = (trace.id, *refs)
     node_id = rec.nodes.get(node)
     if node_id is None:
-        node_id = rec.nodes[node] = len(rec.node_refs)
-        rec.node_refs.append(node[1])
-    index = len(rec.plan)
-    rec.plan.append(node_id)
-    rec.functions.append(trace.fn)
+        node_id = rec.nodes[node] = len(rec.node_table)
+        rec.node_table.append((trace.fn, refs))
+    plan = rec.plan
+    index = len(plan)
+    plan.append(node_id)
     if trace.single:
         output = Pending(trace.avals[0], (index, 0))
         if index + 1 >= MAX_CLUSTER_OPS:
@@ -167,9 +169,10 @@ def record(trace: Trace, inputs: list) -> Any:
 
 
 def apply(key: Hashable, fn: Callable, *inputs: Any) -> Any:
-    """`fn(*inputs)` now if every input is computed, else recorded (storage helpers use this); `key` must fix
-    `fn`, and the inputs' avals are added to it."""
-    if any(type(x) is Pending and x.value is None for x in inputs):
+    """`fn(*inputs)` for the storage helpers (view gathers, scatters, casts): recorded in Fused mode, where it then
+    fuses with the ops around it instead of running as its own executable, or when an input is pending; else run
+    now. `key` must fix `fn`; the inputs' avals are added to it."""
+    if modes.state.fused or any(type(x) is Pending and x.value is None for x in inputs):
         arguments = list(inputs)
         return record(trace((key, *[_signature(x) for x in inputs]), fn, arguments), arguments)
     return fn(*[x.value if type(x) is Pending else x for x in inputs])
@@ -178,11 +181,6 @@ def apply(key: Hashable, fn: Callable, *inputs: Any) -> Any:
 def track(buffer: Any) -> None:
     """`buffer` holds a Pending value: the next cluster must produce it (while the buffer lives)."""
     recorder.buffers[id(buffer)] = weakref.ref(buffer)
-
-
-def untrack(buffer: Any) -> None:
-    """`buffer` dies holding a Pending value, which no longer needs producing."""
-    recorder.buffers.pop(id(buffer), None)
 
 
 def concrete(value: Any) -> Any:
@@ -196,7 +194,7 @@ def concrete(value: Any) -> Any:
 
 def flush(extra: list[Pending] = ()) -> None:
     """Run the recorded cluster for the values live storages (and `extra`) hold."""
-    functions, plan, leaves, references = recorder.reset()
+    plan, leaves, references = recorder.reset()
     if not plan:
         return
     buffers = [b for b in (r() for r in references) if b is not None]
@@ -207,7 +205,7 @@ def flush(extra: list[Pending] = ()) -> None:
         entry = executables.lookup(fingerprint)
         if entry is None:
             start = time.perf_counter()
-            executable = jax.jit(_replay(functions, [recorder.node_refs[n] for n in plan], out_refs))
+            executable = jax.jit(_replay([recorder.node_table[n] for n in plan], out_refs))
             results = jax.block_until_ready(executable(*leaves))
             name = f"fused cluster of {len(plan)} ops"
             executables.insert(fingerprint, Entry(name, executable, None, time.perf_counter() - start, "fused"))
@@ -220,32 +218,32 @@ def flush(extra: list[Pending] = ()) -> None:
             buffer._array = buffer._array.value
 
 
-def _live(refs: list[tuple], out_refs: tuple) -> list[bool]:
+def _live(nodes: list[tuple[Callable, list]], out_refs: tuple) -> list[bool]:
     """Which nodes the outputs depend on; the rest are dead and never traced."""
-    live = [False] * len(refs)
+    live = [False] * len(nodes)
     stack = [node for node, _ in out_refs]
     while stack:
         node = stack.pop()
         if not live[node]:
             live[node] = True
-            stack.extend(ref[0] for ref in refs[node] if ref is not None)
+            stack.extend(ref[0] for ref in nodes[node][1] if ref is not None)
     return live
 
 
-def _replay(functions: list[Callable], refs: list[tuple], out_refs: tuple) -> Callable:
-    """The cluster as one function of all its leaves (unused ones are dropped by `jax.jit`); `refs` holds each
-    node's inputs: (node, index) of a recorded value, None for the next leaf."""
-    live = _live(refs, out_refs)
+def _replay(nodes: list[tuple[Callable, list]], out_refs: tuple) -> Callable:
+    """The cluster as one function of all its leaves (unused ones are dropped by `jax.jit`); `nodes` holds each
+    node's function and inputs: (node, index) of a recorded value, None for the next leaf."""
+    live = _live(nodes, out_refs)
 
     def cluster(*leaves: Any) -> tuple:
         results: list[list | None] = []
         remaining = iter(leaves)
-        for fn, node_refs, needed in zip(functions, refs, live, strict=True):
-            args = [next(remaining) if r is None else None for r in node_refs]
+        for (fn, refs), needed in zip(nodes, live, strict=True):
+            args = [next(remaining) if r is None else None for r in refs]
             if not needed:
                 results.append(None)
                 continue
-            args = [a if r is None else results[r[0]][r[1]] for a, r in zip(args, node_refs, strict=True)]
+            args = [a if r is None else results[r[0]][r[1]] for a, r in zip(args, refs, strict=True)]
             results.append(jax.tree_util.tree_leaves(fn(*args)))
         return tuple(results[node][index] for node, index in out_refs)
 

@@ -11,6 +11,7 @@ import functools
 import itertools
 import math
 import threading
+import weakref
 from typing import Any
 
 import jax
@@ -29,6 +30,8 @@ _construct_storage = torch._C._construct_storage_from_data_pointer
 _DEVICE = torch.device("tpu", 0)
 _JAX_DTYPE = dtypes._TORCH_TO_JAX
 _Pending = fused.Pending
+_pending_buffers = fused.recorder.buffers
+_weakref = weakref.ref
 
 
 class MemoryStats:
@@ -93,8 +96,8 @@ class DeviceBuffer:
         self.nbytes = nbytes
         self.dtype = dtype
         self.shape = shape if shape is not None or array is None else array.shape
-        if type(array) is _Pending:
-            fused.track(self)
+        if type(array) is _Pending:  # fused.track(self), inlined: Fused mode makes a pending buffer per op
+            _pending_buffers[id(self)] = _weakref(self)
         stats = memory
         stats.allocated += nbytes
         stats.num_alloc += 1
@@ -105,7 +108,7 @@ class DeviceBuffer:
         memory.allocated -= self.nbytes
         memory.num_free += 1
         if type(self._array) is _Pending:
-            fused.untrack(self)
+            _pending_buffers.pop(id(self), None)
 
     @property
     def array(self) -> jax.Array:
@@ -160,12 +163,11 @@ _layouts: dict[tuple, tuple] = {}
 
 
 def layout(shape: tuple[int, ...], jdtype: np.dtype) -> tuple:
-    """How `wrap_as` lays out a fresh array of `shape` and `jdtype`: (shape, torch dtype, jax dtype, nbytes,
-    contiguous strides); cached, as shapes repeat."""
+    """How `wrap_as` lays out a fresh array of `shape` and `jdtype`: (shape, torch dtype, jax dtype, nbytes);
+    cached, as shapes repeat."""
     found = _layouts.get((shape, jdtype))
     if found is None:
-        nbytes = math.prod(shape) * jdtype.itemsize
-        found = _layouts[shape, jdtype] = (shape, dtypes.to_torch(jdtype), jdtype, nbytes, contiguous_strides(shape))
+        found = _layouts[shape, jdtype] = (shape, dtypes.to_torch(jdtype), jdtype, math.prod(shape) * jdtype.itemsize)
     return found
 
 
@@ -176,17 +178,18 @@ _small_slots = _addresses._slots
 def wrap_as(array: Any, layout: tuple) -> torch.Tensor:
     """A new contiguous `tpu` tensor owning `array`, whose shape and dtype `layout` (from `layout()`) gives.
 
-    The dispatcher keeps the layout with each executable, so this path reads nothing from the array. The
-    tensor starts 0-dim and `set_` gives it the shape (strides omitted: `set_` makes them contiguous), as each
-    argument `set_` converts costs time.
+    The dispatcher keeps the layout with each executable, so this path reads nothing from the array. It is the
+    eager hot path, so it avoids `set_` (as in `empty`), whose boxed call converts every argument: the tensor is
+    made with its sizes and contiguous strides but an empty storage, and that storage takes the data pointer and
+    size of one made at a fresh fake address.
     """
-    shape, torch_dtype, jdtype, nbytes, _ = layout
-    tensor = _create_empty((), torch_dtype)
-    storage = _construct_storage(
-        next(_small_slots) * _SLOT if nbytes <= _SLOT else _addresses.take(nbytes), _DEVICE, nbytes
+    shape, torch_dtype, jdtype, nbytes = layout
+    tensor = _create_empty(shape, torch_dtype)
+    storage = tensor.untyped_storage()
+    storage._swap_data_ptr_(
+        _construct_storage(next(_small_slots) * _SLOT if nbytes <= _SLOT else _addresses.take(nbytes), _DEVICE, nbytes)
     )
     storage._tpu_buffer = DeviceBuffer(nbytes, jdtype, array, shape)
-    _set_storage(_CPU_KEYS, tensor, storage, 0, shape)
     return tensor
 
 
