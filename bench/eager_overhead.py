@@ -16,15 +16,21 @@ import jax.numpy as jnp
 import torch
 
 
-def per_op_us(run: Callable[[], object], ops: int, repeats: int, sync: Callable[[object], None]) -> float:
-    """Median over `repeats` of the time per op of a chain of `ops` ops (synchronised at the end)."""
-    sync(run())
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def per_op_us(runners: dict[str, tuple[Callable[[], object], Callable[[object], None]]], ops: int,
+              repeats: int) -> dict[str, float]:
+    """Median over `repeats` of the time per op of each runner's chain of `ops` ops (synchronised at the end).
+
+    The runners take turns within each repeat, so a change in the machine's load touches them all alike.
+    """
+    for run, sync in runners.values():
         sync(run())
-        samples.append((time.perf_counter() - start) / ops * 1e6)
-    return statistics.median(samples)
+    samples: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, (run, sync) in runners.items():
+            start = time.perf_counter()
+            sync(run())
+            samples[name].append((time.perf_counter() - start) / ops * 1e6)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def torch_chain(x: torch.Tensor, y: torch.Tensor, ops: int) -> Callable[[], torch.Tensor]:
@@ -71,19 +77,21 @@ def main() -> None:
     tpu_run = torch_chain(tpu_x, tpu_y, args.ops)
     torch_sync(tpu_run())
     stats_before = torch.tpu._get_cache_stats()
-    tpu_us = per_op_us(tpu_run, args.ops, args.repeats, torch_sync)
+    us = per_op_us({
+        "torch_tpu eager (Strict)": (tpu_run, torch_sync),
+        "JAX jitted call (floor)": (jax_chain(jax_x, jax_y, args.ops), jax.block_until_ready),
+        "torch CPU eager": (torch_chain(cpu_x, cpu_y, args.ops), torch_sync),
+    }, args.ops, args.repeats)
     stats_after = torch.tpu._get_cache_stats()
-    jax_us = per_op_us(jax_chain(jax_x, jax_y, args.ops), args.ops, args.repeats, jax.block_until_ready)
-    cpu_us = per_op_us(torch_chain(cpu_x, cpu_y, args.ops), args.ops, args.repeats, torch_sync)
-
     misses = (stats_after["num_cache_reqs"] - stats_before["num_cache_reqs"]) - (
         stats_after["num_cache_hits"] - stats_before["num_cache_hits"]
     )
-    print(f"device: {torch.tpu.get_device_name()}; chain of {args.ops} ops on 64x64 float32, median of {args.repeats}")
+    print(f"device: {torch.tpu.get_device_name()}; chain of {args.ops} ops on 64x64 float32, "
+          f"median of {args.repeats} interleaved runs")
     print(f"{'runner':<28}{'us/op':>10}{'vs JAX floor':>14}")
-    for name, us in (("torch_tpu eager (Strict)", tpu_us), ("JAX jitted call (floor)", jax_us),
-                     ("torch CPU eager", cpu_us)):
-        print(f"{name:<28}{us:>10.1f}{us / jax_us:>13.2f}x")
+    floor = us["JAX jitted call (floor)"]
+    for name, value in us.items():
+        print(f"{name:<28}{value:>10.1f}{value / floor:>13.2f}x")
     print(f"executable-cache misses in the timed tpu runs: {misses} (the first, untimed chain compiled each op)")
 
 

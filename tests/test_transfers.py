@@ -1,6 +1,8 @@
 """Host <-> device transfers and host interop behave as on CUDA."""
 
+import copy
 import io
+import pickle
 
 import numpy as np
 import pytest
@@ -108,3 +110,37 @@ def test_module_state_dict_round_trip():
     fresh = torch.nn.Linear(4, 3).to("tpu")
     fresh.load_state_dict(torch.load(buffer))
     assert torch.equal(fresh.weight.cpu(), model.weight.cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool], ids=str)
+def test_pickle_and_deepcopy_keep_values_views_and_device(dtype):
+    host = _sample(dtype).reshape(3, 2)
+    base = host.to("tpu")
+    view = base.t()[:, 1:]  # a strided view at an offset into the shared storage
+    state = {"base": base, "view": view, "param": torch.nn.Parameter(base.float())}
+    for copy_of in (lambda s: pickle.loads(pickle.dumps(s)), copy.deepcopy):
+        copied = copy_of(state)
+        assert copied["view"].device.type == "tpu" and copied["view"].stride() == view.stride()
+        assert torch.equal(copied["view"].cpu(), view.cpu()) and torch.equal(copied["base"].cpu(), base.cpu())
+        assert isinstance(copied["param"], torch.nn.Parameter) and copied["param"].requires_grad
+        copied["base"][0] = copied["base"][1]  # still one storage after the copy, apart from the original's
+        assert torch.equal(copied["view"].cpu(), copied["base"].t()[:, 1:].cpu())
+        assert torch.equal(base.cpu(), host)
+
+
+def test_storage_constructors_on_tpu():
+    # PyTorch builds these with its C++ allocator, which a Python backend cannot provide: they must still work
+    assert (torch.UntypedStorage(10, device="tpu").nbytes(), torch.UntypedStorage(10, device="tpu").device.type) == (
+        10, "tpu")
+    assert torch.UntypedStorage([1, 2, 255], device="tpu").tolist() == [1, 2, 255]
+    typed = torch.TypedStorage(4, device="tpu", dtype=torch.float32)
+    assert (typed.size(), typed.dtype, typed.device.type) == (4, torch.float32, "tpu")
+    storage = torch.arange(4, dtype=torch.int32, device="tpu").untyped_storage()
+    clone = storage.clone()
+    assert clone.device.type == "tpu" and clone.tolist() == storage.tolist()
+    clone.fill_(0)
+    assert storage.tolist() != clone.tolist()  # a copy, not an alias
+    assert (storage.new().device.type, storage.new().nbytes()) == ("tpu", 0)
+    assert torch.UntypedStorage(3).device.type == "cpu" and torch.UntypedStorage(3, device="meta").device.type == "meta"
+    with pytest.raises(NotImplementedError, match="resize"):
+        storage.resize_(100)

@@ -41,6 +41,9 @@ def _register() -> None:
     register.install()
     _accelerator.install()
     _serialization.install()
+    from torch_tpu.runtime import modules
+
+    modules.install()
     from torch_tpu import amp
 
     amp.install()

@@ -1,6 +1,8 @@
 """torch.nn models (TransformerEncoder, LSTM, GRU, a small ResNet) on `tpu` against CPU PyTorch: outputs,
 losses, every gradient and the parameters and buffers after a few optimizer steps."""
 
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -115,13 +117,28 @@ class TiedLanguageModel(nn.Module):
         self.head.weight = self.embedding.weight
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Module.to re-creates parameters for a PrivateUse1 device (torch._has_compatible_shallow_copy_type "
-    "lists only built-in dense backends), so shared parameters are untied; Hugging Face models re-tie with "
-    "model.tie_weights() after .to",
-)
-def test_to_tpu_keeps_tied_weights():
-    model = TiedLanguageModel().to("tpu")
-    tied = model.head.weight is model.embedding.weight  # (a bare `assert a is b` would print both on failure)
-    assert tied
+def test_moves_keep_tied_weights_and_parameter_identity():
+    model = TiedLanguageModel()
+    weight = model.embedding.weight
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    model.head(model.embedding(torch.tensor([1, 2]))).sum().backward()
+    expected = (weight - 0.5 * weight.grad).detach().clone()
+    model.to("tpu")
+    assert (model.head.weight is weight, model.embedding.weight is weight) == (True, True)
+    assert (weight.device.type, weight.grad.device.type) == ("tpu", "tpu")
+    optimizer.step()  # built before the move, it updates the moved parameter
+    torch.testing.assert_close(weight.cpu(), expected)
+    model.cpu()
+    assert (model.head.weight is weight, weight.device.type) == (True, "cpu")
+    model.tpu()
+    assert (model.head.weight is weight, weight.device.type) == (True, "tpu")
+
+
+def test_move_falls_back_with_a_warning_when_a_parameter_cannot_be_swapped():
+    model = TiedLanguageModel()
+    observer = weakref.ref(model.embedding.weight)  # swap_tensors refuses tensors with weak references
+    with pytest.warns(UserWarning, match="could not keep its parameters' identity"):
+        model.to("tpu")
+    assert observer() is None  # replaced, the default way
+    assert (model.embedding.weight.device.type, model.head.weight.device.type) == ("tpu", "tpu")
+    assert not torch.__future__.get_swap_module_params_on_conversion()
