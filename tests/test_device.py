@@ -103,3 +103,19 @@ def test_device_mismatch_raises_like_pytorch():
 def test_zero_dim_cpu_tensor_mixes_like_cuda():
     out = torch.ones(3, device="tpu") * torch.tensor(2.0)
     assert out.device.type == "tpu" and out.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_recurring_zero_dim_cpu_tensors_keep_dtype_sign_and_value():
+    # 0-dim host tensors are cached on the device once a value recurs: the cache must tell them apart exactly
+    base = torch.tensor([1.5, -2.0, 3.0])
+    scalars = [torch.tensor(0.0), torch.tensor(-0.0), torch.tensor(2.5), torch.tensor(2.5, dtype=torch.float64),
+               torch.tensor(2.5, dtype=torch.bfloat16), torch.tensor(3), torch.tensor(True), torch.tensor(1 + 2j),
+               torch.tensor(float("nan"))]
+    for _ in range(3):
+        for scalar in scalars:
+            expected = base * scalar
+            out = base.to("tpu") * scalar
+            assert out.dtype == expected.dtype
+            torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=0, equal_nan=True)
+            if not expected.is_complex():
+                assert torch.equal(torch.signbit(out.cpu()), torch.signbit(expected))

@@ -43,17 +43,7 @@ def lstm_cell(x, h, c, *params):
 
 
 @pytest.mark.parametrize("dtype", [FLOAT, BF16])
-@pytest.mark.parametrize(
-    "bias",
-    [
-        True,
-        pytest.param(False, marks=pytest.mark.xfail(
-            strict=True, raises=AttributeError,
-            reason="PyTorch's meta kernel of _thnn_fused_lstm_cell reads .device of the absent biases; the "
-            "dispatcher asks it for the output dtypes",
-        )),
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize("bias", [True, False])
 def test_lstm_cell(bias, dtype):
     check_cell(lstm_cell, cell_args(4, bias, dtype, states=2))
 
@@ -84,6 +74,7 @@ LAYERS = {
     "lstm_proj": lambda: nn.LSTM(4, 5, proj_size=3),
     "gru_2layer_bidirectional": lambda: nn.GRU(4, 5, 2, bidirectional=True),
     "gru_no_bias": lambda: nn.GRU(4, 5, bias=False),
+    "lstm_no_bias": lambda: nn.LSTM(4, 5, bias=False),
     "rnn_relu": lambda: nn.RNN(4, 5, nonlinearity="relu"),
 }
 

@@ -85,7 +85,7 @@ class Runner:
                     if value.dim() != 0 and kind == _TENSOR:
                         raise _device_mismatch(op, value)
                     key.append("host")
-                    leaves.append(storage.to_device(value))
+                    leaves.append(_host_scalar(value) if value.dim() == 0 else storage.to_device(value))
                 else:
                     leaves.append(storage.value(value))
                 key.append(value.shape)
@@ -294,6 +294,25 @@ def _device_scalar(value: Any) -> Any:
     return found
 
 
+def _host_scalar(value: torch.Tensor) -> jax.Array:
+    """A 0-dim CPU tensor (a loss scale, a `torch.tensor(2.0)` in user code) on the device, cached by dtype and
+    value once the value recurs, as a Python scalar is: each transfer costs a hundred small ops."""
+    number = value.item()
+    if isinstance(number, complex):
+        number = (number.real.hex(), number.imag.hex())
+    elif isinstance(number, float):
+        number = number.hex()
+    key = (value.dtype, number)
+    found = _scalars.get(key)
+    if found is None or found is False:
+        if len(_scalars) >= _MAX_SCALARS:
+            _scalars.clear()
+        array = storage.to_device(value)
+        _scalars[key] = False if found is None else array
+        return array
+    return found
+
+
 def _fill(template: Any, values: tuple) -> Any:
     if isinstance(template, _Leaf):
         return values[template.index]
@@ -318,6 +337,8 @@ def _meta_outputs(op: OpOverload, args: tuple, kwargs: dict) -> Any:
         with torch._C._DisableTorchDispatch():
             return op(*_to_meta(args), **{k: _to_meta(v) for k, v in kwargs.items()})
     except (NotImplementedError, torch._subclasses.fake_tensor.UnsupportedOperatorException):
+        return None
+    except AttributeError:  # a meta kernel that mishandles an absent optional (_thnn_fused_lstm_cell's biases)
         return None
     except RuntimeError as error:  # data-dependent output shapes have no meta kernel
         if "data-dependent" in str(error) or "meta" in str(error):
