@@ -32,12 +32,14 @@ _TENSOR_LIST_TYPES = ("Tensor[]", "Tensor?[]", "List[Tensor]", "List[Optional[Te
 
 
 class _Leaf:
-    """A placeholder for the i-th run-time input of a traced lowering."""
+    """A placeholder for the i-th run-time input of a traced lowering; `dense` is the (shape, stride) through
+    which the input, a buffer's whole array, is read (`storage.dense_view`), or None."""
 
-    __slots__ = ("index",)
+    __slots__ = ("index", "dense")
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, dense: tuple | None = None) -> None:
         self.index = index
+        self.dense = dense
 
 
 def _kind(argument: torch._C.Argument, static: frozenset[str]) -> int:
@@ -87,7 +89,15 @@ class Runner:
                     key.append("host")
                     leaves.append(_host_scalar(value) if value.dim() == 0 else storage.to_device(value))
                 else:
-                    leaves.append(storage.value(value))
+                    buffer = storage.buffer_of(value)
+                    if buffer._array is None:  # written (zeros) first, so that `_template` decides alike
+                        storage.read(value)
+                    dense = storage.dense_view(value, buffer)
+                    if dense is None:
+                        leaves.append(storage.value(value))
+                    else:
+                        key.append(dense)
+                        leaves.append(buffer._array)
                 key.append(value.shape)
                 key.append(value.dtype)
             elif value is None:
@@ -110,7 +120,10 @@ class Runner:
             if value is None:
                 return None
             count[0] += 1
-            return _Leaf(count[0] - 1)
+            dense = None
+            if isinstance(value, torch.Tensor) and not value.is_cpu:
+                dense = storage.dense_view(value, storage.buffer_of(value))
+            return _Leaf(count[0] - 1, None if dense is None else (tuple(value.shape), dense[1]))
         if kind == _TENSORS:
             return [self._template(v, _TENSOR, count) for v in value]
         if kind == _SCALAR and value is not None:
@@ -315,6 +328,8 @@ def _host_scalar(value: torch.Tensor) -> jax.Array:
 
 def _fill(template: Any, values: tuple) -> Any:
     if isinstance(template, _Leaf):
+        if template.dense is not None:
+            return storage.read_dense(values[template.index], *template.dense)
         return values[template.index]
     if isinstance(template, list):
         return [_fill(v, values) for v in template]

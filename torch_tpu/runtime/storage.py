@@ -113,7 +113,7 @@ class DeviceBuffer:
     @property
     def array(self) -> jax.Array:
         if self._array is None:
-            self.array = jnp.zeros((self.nbytes // self.dtype.itemsize,), self.dtype)
+            self.array = _zeros_of((self.nbytes // self.dtype.itemsize,), self.dtype)
         return self._array
 
     @array.setter
@@ -219,18 +219,59 @@ def _covers(tensor: torch.Tensor, buffer: DeviceBuffer) -> bool:
     )
 
 
+_dense_strides: dict[tuple, bool] = {}
+
+
+def _is_dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether the layout covers a block of memory exactly once, in some dimension order."""
+    key = (shape, stride)
+    found = _dense_strides.get(key)
+    if found is None:
+        expected, found = 1, True
+        for step, size in sorted(zip(stride, shape, strict=True)):
+            if size != 1:
+                found = found and step == expected
+                expected *= size
+        _dense_strides[key] = found
+    return found
+
+
+def dense_view(tensor: torch.Tensor, buffer: DeviceBuffer) -> tuple | None:
+    """(buffer shape, stride) when `tensor` reads all of its written buffer at the buffer's dtype in another
+    shape or dimension order (a `view`, `reshape`, `t()`, `permute`...): an executable can take the buffer's
+    array as its input and apply the layout itself (`read_dense`), instead of a read running first as its own
+    executable. None for the buffer as it is, and for every other view."""
+    if buffer._array is None or tensor.storage_offset() or tensor.is_conj() or tensor.is_neg():
+        return None
+    shape = tensor.shape
+    if buffer.dtype is not _JAX_DTYPE[tensor.dtype] or math.prod(shape) * buffer.dtype.itemsize != buffer.nbytes:
+        return None
+    stride = tensor.stride()
+    if buffer.shape == shape and tensor.is_contiguous() or not _is_dense(tuple(shape), stride):
+        return None
+    return buffer.shape, stride
+
+
+def read_dense(array: jax.Array, shape: tuple[int, ...], stride: tuple[int, ...]) -> jax.Array:
+    """The value of a `dense_view` of `array` (inside a traced function, this inlines)."""
+    return _gather(array, array.dtype, shape, stride, 0)
+
+
 def read(tensor: torch.Tensor) -> jax.Array:
     """The value of a `tpu` tensor as a jax.Array of its shape and dtype."""
     buffer = buffer_of(tensor)
     array = buffer._array
     if array is None:
+        if _covers(tensor, buffer):  # unwritten: zeros in the tensor's shape, which later reads then take as is
+            buffer.array = array = _zeros_of(tuple(tensor.shape), buffer.dtype)
+            return array
         array = buffer.array
     elif array.shape == tensor.shape and tensor.is_contiguous() and not tensor.storage_offset():
         if array.dtype == _JAX_DTYPE.get(tensor.dtype):
             return array
     shape = tuple(tensor.shape)
     if _covers(tensor, buffer):
-        return fused.apply(("reshape", shape), lambda a: a.reshape(shape), array)
+        return _call(_reshape, (array,), (shape,))
     return _call(_gather, (array,), (dtypes.to_jax(tensor.dtype), shape, tuple(tensor.stride()),
                                      tensor.storage_offset()))
 
@@ -283,6 +324,35 @@ def write(tensor: torch.Tensor, value: jax.Array) -> None:
 def _call(helper: Any, arrays: tuple, statics: tuple) -> Any:
     """A jitted storage helper on `arrays` (then its static arguments): now, or recorded in Fused mode."""
     return fused.apply((helper.__name__, *statics), lambda *values: helper(*values, *statics), *arrays)
+
+
+_zero_arrays: dict[tuple[tuple[int, ...], np.dtype], jax.Array] = {}
+
+
+def _zeros_of(shape: tuple[int, ...], dtype: np.dtype) -> jax.Array:
+    """Zeros for a buffer read before it is written (`torch.ones` is `empty` then `fill_`, which reads it).
+
+    Small ones are shared, as jax.Arrays are immutable (a write replaces a buffer's array): making them costs
+    as much as several ops, and `ones_like`/`zeros`/`full` recur with the same shapes.
+    """
+    found = _zero_arrays.get((shape, dtype))
+    if found is None:
+        found = _zeros(shape, dtype)
+        if math.prod(shape) * dtype.itemsize <= _AddressSpace._SLOT:
+            if len(_zero_arrays) >= 256:
+                _zero_arrays.clear()
+            _zero_arrays[shape, dtype] = found
+    return found
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _zeros(shape: tuple[int, ...], dtype: np.dtype) -> jax.Array:
+    return jnp.zeros(shape, dtype)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _reshape(array: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    return array.reshape(shape)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
