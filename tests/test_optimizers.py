@@ -163,3 +163,36 @@ def test_clip_grad_value(foreach):
     torch.nn.utils.clip_grad_value_(theirs, 0.05, foreach=foreach)
     torch.testing.assert_close([p.grad.cpu() for p in ours], [p.grad for p in theirs], rtol=RTOL, atol=ATOL)
     assert max(p.grad.abs().max().item() for p in ours) == torch.tensor(0.05).item()  # some were clipped
+
+
+def _foreach_sequence(tensors, others, step):
+    """Foreach ops as optimizers call them, with a scalar list that changes every step (bias corrections)."""
+    corrections = [1 - 0.9 ** step] * len(tensors)
+    torch._foreach_mul_(tensors, 0.99)
+    torch._foreach_add_(tensors, others, alpha=-0.1)
+    torch._foreach_lerp_(tensors, others, 0.25)
+    torch._foreach_addcmul_(tensors, others, others, 0.001)
+    torch._foreach_div_(tensors, corrections)
+    torch._foreach_addcdiv_(tensors, others, torch._foreach_add(torch._foreach_abs(others), 1.0),
+                            torch.tensor([0.01 * step] * len(tensors)))
+    torch._foreach_clamp_min_(tensors, -2.0)
+    return list(torch._foreach_sqrt(torch._foreach_abs(tensors)))
+
+
+def test_foreach_ops_run_one_executable_per_list_and_match_cpu():
+    torch.manual_seed(0)
+    shapes = [(3, 4), (5,), (2, 2, 2)]
+    theirs = [torch.randn(s) for s in shapes]
+    their_others = [torch.randn(s) for s in shapes]
+    ours, our_others = [t.to("tpu") for t in theirs], [t.to("tpu") for t in their_others]
+    for step in range(1, 4):
+        if step == 3:  # by now every op and signature has compiled once: a new step's scalars recompile nothing
+            before = torch.tpu._get_cache_stats()
+        expected = _foreach_sequence(theirs, their_others, step)
+        got = _foreach_sequence(ours, our_others, step)
+        torch.testing.assert_close([t.cpu() for t in ours + got], theirs + expected, rtol=1e-6, atol=1e-7)
+    after = torch.tpu._get_cache_stats()
+    assert after["num_cache_reqs"] - before["num_cache_reqs"] == after["num_cache_hits"] - before["num_cache_hits"]
+    names = {entry["name"] for entry in after["per_entry_stats"]}
+    assert {"aten._foreach_addcdiv_.Tensor", "aten._foreach_div_.ScalarList", "aten._foreach_lerp_.Scalar"} <= names
+    assert "aten.lerp_.Scalar" not in names  # not dispatched tensor by tensor

@@ -144,3 +144,15 @@ def test_storage_constructors_on_tpu():
     assert torch.UntypedStorage(3).device.type == "cpu" and torch.UntypedStorage(3, device="meta").device.type == "meta"
     with pytest.raises(NotImplementedError, match="resize"):
         storage.resize_(100)
+
+
+def test_host_tensor_mutated_after_a_transfer_leaves_the_device_copy_alone():
+    # the transfer is asynchronous and, on the CPU platform, may alias host memory: the device copy is private
+    host = torch.randn(257)
+    expected = host.clone()
+    moved, moved_async = host.to("tpu"), host.to("tpu", non_blocking=True)
+    target = torch.zeros(257, device="tpu")
+    target.copy_(host)
+    host.mul_(2)
+    for tensor in (moved, moved_async, target):
+        assert torch.equal(tensor.cpu(), expected)

@@ -25,7 +25,7 @@ from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import Lowering, mutated_args
 from torch_tpu.runtime import dtypes, platform, storage
 
-_TENSOR, _TENSORS, _SCALAR, _STATIC, _GENERATOR = range(5)
+_TENSOR, _TENSORS, _SCALAR, _SCALARS, _STATIC, _GENERATOR = range(6)
 _MATH_BIT_KEYS = (torch._C.DispatchKey.Conjugate, torch._C.DispatchKey.Negative)
 _MAX_SCALARS = 4096
 _TENSOR_LIST_TYPES = ("Tensor[]", "Tensor?[]", "List[Tensor]", "List[Optional[Tensor]]")
@@ -44,6 +44,8 @@ class _Leaf:
 
 def _kind(argument: torch._C.Argument, static: frozenset[str]) -> int:
     text = str(argument.type)
+    if argument.name == "scalars" or text == "List[number]" and argument.name not in static:
+        return _SCALARS  # foreach ops' per-tensor scalars (a step's values; a host tensor of them, as on CUDA)
     if text in ("Tensor", "Optional[Tensor]"):
         return _TENSOR
     if text in _TENSOR_LIST_TYPES:
@@ -111,6 +113,9 @@ class Runner:
         elif kind == _SCALAR and value is not None:
             key.append(type(value))
             leaves.append(_device_scalar(value) if self.lowering.jit else value)
+        elif kind == _SCALARS:
+            for v in value.tolist() if isinstance(value, torch.Tensor) else value:
+                self._encode(op, v, _SCALAR, leaves, key)
         elif kind != _GENERATOR:
             key.append(tuple(value) if isinstance(value, list) else value)
 
@@ -129,6 +134,9 @@ class Runner:
         if kind == _SCALAR and value is not None:
             count[0] += 1
             return _Leaf(count[0] - 1)
+        if kind == _SCALARS:
+            return [self._template(v, _SCALAR, count) for v in (value.tolist() if isinstance(value, torch.Tensor)
+                                                                  else value)]
         return None if kind == _GENERATOR else value
 
     def inputs(self, meta_op: OpOverload, args: tuple, kwargs: dict) -> tuple[tuple, list]:
@@ -282,7 +290,9 @@ def _device_scalar(value: Any) -> Any:
     An executable transfers a Python scalar to the device on every call, but takes an array as it is; making
     the array costs about three such transfers, so a value becomes one (cached by value) on its second use —
     constants such as betas, eps or 0.5 do, a per-step value such as a bias correction stays a Python scalar.
-    Data-dependent (non-jit) lowerings keep Python scalars, as they may branch on them.
+    In Fused mode, where a scalar is one of a cluster's many inputs and costs far less, none is made (an
+    optimizer's per-step values recur once per parameter within a step). Data-dependent (non-jit) lowerings keep
+    Python scalars, as they may branch on them.
     """
     kind = type(value)
     if kind is float:
@@ -298,6 +308,8 @@ def _device_scalar(value: Any) -> Any:
         _scalars[key] = False
         return value
     if found is False:  # second use
+        if modes.state.fused:
+            return value
         platform.devices()  # x64 is configured before the first array is made
         try:
             found = jnp.asarray(value)
@@ -462,6 +474,14 @@ def _tensor_kernel(runner: Runner, op: OpOverload) -> Callable:
 
 def inplace_kernel(lowering: Lowering, inplace_op: OpOverload) -> Callable:
     runner = Runner(lowering, inplace_op)
+
+    if isinstance(lowering.op._schema.arguments[0].type, torch.ListType):  # a foreach op: one executable, n writes
+
+        def kernel(self: list[torch.Tensor], *args: Any, **kwargs: Any) -> None:
+            for tensor, value in zip(self, runner.run(inplace_op, (self, *args), kwargs), strict=True):
+                storage.write(tensor, value)
+
+        return kernel
 
     def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         storage.write(self, runner.run(inplace_op, (self, *args), kwargs))

@@ -28,7 +28,9 @@ def install() -> None:
             continue
         lib.impl(op, dispatch.functional_kernel(lowering), "PrivateUse1")
         registered.add(op)
-        for variant, make in ((inplace_variant(op), dispatch.inplace_kernel), (out_variant(op), dispatch.out_kernel)):
+        # (a list output's `out=` form, e.g. foreach's, keeps PyTorch's kernel, which calls ours per tensor)
+        out = out_variant(op) if str(op._schema.returns[0].type) != "List[Tensor]" else None
+        for variant, make in ((inplace_variant(op), dispatch.inplace_kernel), (out, dispatch.out_kernel)):
             if variant is not None and variant not in registered and variant not in LOWERINGS:
                 lib.impl(variant, make(lowering, variant), "PrivateUse1")
                 registered.add(variant)

@@ -8,6 +8,7 @@ from torch_tpu.ops import (  # noqa: F401  (imported for their registrations)
     core,
     creation,
     elementwise,
+    foreach,
     graph,
     indexing,
     linalg,

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torch_tpu.ops.registry import aten, graph_lowering, lower_in_graphs
+from torch_tpu.ops.registry import aten, lower_in_graphs
 from torch_tpu.runtime import dtypes
 from torch_tpu.runtime.storage import _bitcast_flat, _flat_indices
 
@@ -156,39 +156,3 @@ def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
 def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.arange(start, end, step, dtype=_dtype(dtype, torch.int64 if all(
         isinstance(v, int) for v in (start, end, step)) else None))
-
-
-def _foreach(op, element, fn):
-    """A `_foreach_*` lowering: `fn` (the lowering of per-tensor `element`) applied per index, list arguments
-    indexed, others shared; trailing positional arguments that `element` takes by keyword are passed so."""
-    n_positional = sum(not a.kwarg_only for a in element._schema.arguments)
-    names = [a.name for a in op._schema.arguments]
-
-    def lowering(*args, **kwargs):
-        kwargs = dict(kwargs, **dict(zip(names[n_positional:len(args)], args[n_positional:], strict=True)))
-        args = args[:n_positional]
-        count = next(len(a) for a in args if isinstance(a, (list, tuple)))
-        pick = lambda a, i: a[i] if isinstance(a, (list, tuple)) else a  # noqa: E731
-        return [fn(*(pick(a, i) for a in args), **{k: pick(v, i) for k, v in kwargs.items()}) for i in range(count)]
-
-    return lowering
-
-
-def _register_foreach() -> None:
-    """Optimizers' foreach ops, functionalized in graphs, as loops over the shared per-tensor lowerings."""
-    for name, element in {
-        "add": aten.add.Tensor, "sub": aten.sub.Tensor, "mul": aten.mul.Tensor, "div": aten.div.Tensor,
-        "addcmul": aten.addcmul.default, "addcdiv": aten.addcdiv.default, "lerp": aten.lerp.Tensor,
-        "maximum": aten.maximum.default, "minimum": aten.minimum.default, "pow": aten.pow.Tensor_Tensor,
-        "sqrt": aten.sqrt.default, "neg": aten.neg.default, "abs": aten.abs.default, "exp": aten.exp.default,
-        "reciprocal": aten.reciprocal.default, "sign": aten.sign.default, "clamp_min": aten.clamp_min.default,
-        "clamp_max": aten.clamp_max.default, "zero": aten.zero.default, "copy": aten.copy.default,
-    }.items():
-        packet = getattr(aten, f"_foreach_{name}")
-        for overload in packet.overloads():
-            op = getattr(packet, overload)
-            if not any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments):
-                lower_in_graphs(op)(_foreach(op, element, graph_lowering(element).fn))
-
-
-_register_foreach()

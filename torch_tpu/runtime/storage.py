@@ -485,7 +485,9 @@ def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:
     array = (host.view(carrier) if carrier else host).numpy()
     if carrier:
         array = array.view(dtypes.to_jax(host.dtype))
-    return jax.device_put(array, platform.device(index))
+    # A private copy: device_put may read the host memory after it returns (the transfer is asynchronous; on
+    # the CPU platform the device array may even alias it), and the caller may mutate its tensor right away.
+    return jax.device_put(np.array(array, copy=True), platform.device(index))
 
 
 def to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
