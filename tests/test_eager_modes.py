@@ -85,6 +85,24 @@ def test_fused_steady_state_does_not_recompile():
     assert len(set(entries[4:])) == 1, entries  # AdamW's step count changes scalars, not the program
 
 
+def test_fused_clusters_follow_the_excess_precision_setting(monkeypatch):
+    from torch_tpu import precision
+
+    options = []
+    original = precision.compiler_options
+    monkeypatch.setattr(precision, "compiler_options", lambda: options.append(original()) or options[-1])
+    x = torch.randn(64, device="tpu", dtype=torch.bfloat16)
+    expected = (x.cpu() * 3 + 1).exp().sum().item()  # CPU rounds every bf16 op, as the cluster must then
+    try:
+        with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+            torch.tpu.allow_excess_precision = False
+            value = (x * 3 + 1).exp().sum().item()
+    finally:
+        torch.tpu.allow_excess_precision = True
+    assert {"xla_allow_excess_precision": False} in options  # the cluster was compiled with XLA's option off
+    assert value == pytest.approx(expected, rel=2**-7)
+
+
 def test_fused_views_inplace_and_rng_match_strict():
     def run(mode):
         torch.manual_seed(7)

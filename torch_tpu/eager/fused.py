@@ -24,6 +24,8 @@ from typing import Any
 
 import jax
 
+from torch_tpu import precision
+from torch_tpu.compile import cache as persistent
 from torch_tpu.eager import modes
 from torch_tpu.eager.cache import Entry, executables
 
@@ -201,11 +203,13 @@ def flush(extra: list[Pending] = ()) -> None:
     wanted = {p.ref: p for p in [b._array for b in buffers] + list(extra) if is_pending(p)}
     if wanted:
         out_refs = tuple(sorted(wanted))
-        fingerprint = ("fused", tuple(plan), out_refs)
+        fingerprint = ("fused", tuple(plan), out_refs, precision.cache_token())
         entry = executables.lookup(fingerprint)
         if entry is None:
             start = time.perf_counter()
-            executable = jax.jit(_replay([recorder.node_table[n] for n in plan], out_refs))
+            # compiled as every executable is: XLA options (excess precision) and the persistent tier
+            lowered = jax.jit(_replay([recorder.node_table[n] for n in plan], out_refs)).lower(*leaves)
+            executable = persistent.fast_call(persistent.compile_lowered(lowered)[0])
             results = jax.block_until_ready(executable(*leaves))
             name = f"fused cluster of {len(plan)} ops"
             executables.insert(fingerprint, Entry(name, executable, None, time.perf_counter() - start, "fused"))
