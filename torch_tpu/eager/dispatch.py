@@ -300,20 +300,16 @@ def _device_scalar(value: Any) -> Any:
         key = (kind, value)
     else:
         return value
-    found = _scalars.get(key)
-    if found is None:  # first use
-        if len(_scalars) >= _MAX_SCALARS:
-            _scalars.clear()
-        _scalars[key] = False
+    found = _recurring(key, _scalar_array, value)
+    return value if found is None else found
+
+
+def _scalar_array(value: bool | int | float) -> Any:
+    platform.devices()  # x64 is configured before the first array is made
+    try:
+        return jnp.asarray(value)
+    except OverflowError:  # an int beyond int64: the executable reports it, as before
         return value
-    if found is False:  # second use
-        platform.devices()  # x64 is configured before the first array is made
-        try:
-            found = jnp.asarray(value)
-        except OverflowError:  # an int beyond int64: the executable reports it, as before
-            found = value
-        _scalars[key] = found
-    return found
 
 
 def _host_scalar(value: torch.Tensor) -> jax.Array:
@@ -324,14 +320,20 @@ def _host_scalar(value: torch.Tensor) -> jax.Array:
         number = (number.real.hex(), number.imag.hex())
     elif isinstance(number, float):
         number = number.hex()
-    key = (value.dtype, number)
+    found = _recurring((value.dtype, number), storage.to_device, value)
+    return storage.to_device(value) if found is None else found
+
+
+def _recurring(key: Any, make: Callable[[Any], Any], value: Any) -> Any:
+    """`make(value)`, cached under `key` from the key's second use on; None on its first use."""
     found = _scalars.get(key)
-    if found is None or found is False:
+    if found is None:
         if len(_scalars) >= _MAX_SCALARS:
             _scalars.clear()
-        array = storage.to_device(value)
-        _scalars[key] = False if found is None else array
-        return array
+        _scalars[key] = False
+        return None
+    if found is False:
+        found = _scalars[key] = make(value)
     return found
 
 

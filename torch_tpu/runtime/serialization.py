@@ -26,9 +26,11 @@ def storage_to_tpu(storage: torch.UntypedStorage, device: Any = None, non_blocki
 
 def _construct(cls: type, *args: Any, device: Any = None, **kwargs: Any) -> Any:
     """`UntypedStorage.__new__`: a `tpu` storage is made on the host with the same arguments, then moved."""
-    if device is not None and torch.device(device).type == "tpu":
-        return storage_to_tpu(_new_storage(cls, *args, **kwargs))
-    return _new_storage(cls, *args, **kwargs) if device is None else _new_storage(cls, *args, device=device, **kwargs)
+    if device is not None:
+        if torch.device(device).type == "tpu":
+            return storage_to_tpu(_new_storage(cls, *args, **kwargs))
+        kwargs["device"] = device
+    return _new_storage(cls, *args, **kwargs)
 
 
 _new_storage = torch._C.StorageBase.__new__

@@ -219,21 +219,16 @@ def _covers(tensor: torch.Tensor, buffer: DeviceBuffer) -> bool:
     )
 
 
-_dense_strides: dict[tuple, bool] = {}
-
-
+@functools.lru_cache(maxsize=4096)
 def _is_dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     """Whether the layout covers a block of memory exactly once, in some dimension order."""
-    key = (shape, stride)
-    found = _dense_strides.get(key)
-    if found is None:
-        expected, found = 1, True
-        for step, size in sorted(zip(stride, shape, strict=True)):
-            if size != 1:
-                found = found and step == expected
-                expected *= size
-        _dense_strides[key] = found
-    return found
+    expected = 1
+    for step, size in sorted(zip(stride, shape, strict=True)):
+        if size != 1:
+            if step != expected:
+                return False
+            expected *= size
+    return True
 
 
 def dense_view(tensor: torch.Tensor, buffer: DeviceBuffer) -> tuple | None:

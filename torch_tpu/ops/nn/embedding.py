@@ -26,7 +26,13 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 @lower(aten.embedding_dense_backward.default)
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
     index = indices.reshape(-1)
-    grad = upcast(grad_output).reshape(index.size, -1)
+    return _accumulate_rows(upcast(grad_output).reshape(index.size, -1), index, num_weights, padding_idx,
+                            scale_grad_by_freq)
+
+
+def _accumulate_rows(grad, index, num_weights, padding_idx, scale_grad_by_freq):
+    """The weight gradient from each looked-up row's gradient: summed per index (averaged over its count with
+    `scale_grad_by_freq`), nothing for `padding_idx`."""
     if scale_grad_by_freq:
         counts = jnp.zeros((num_weights,), grad.dtype).at[index].add(1)
         grad = grad / counts[index][:, None]
@@ -95,11 +101,7 @@ def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_i
         per_index = per_index / jnp.maximum(bag_size[offset2bag], 1)[:, None]
     if per_sample_weights is not None:
         per_index = per_index * upcast(per_sample_weights)[:, None]
-    if scale_grad_by_freq:
-        counts = jnp.zeros((num_weights,), grad.dtype).at[indices].add(1)
-        per_index = per_index / counts[indices][:, None]
-    per_index = jnp.where((indices != padding_idx)[:, None], per_index, 0)
-    return jnp.zeros((num_weights, grad.shape[1]), grad.dtype).at[indices].add(per_index)
+    return _accumulate_rows(per_index, indices, num_weights, padding_idx, scale_grad_by_freq)
 
 
 @lower(aten._embedding_bag_backward.default)
