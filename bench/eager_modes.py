@@ -3,8 +3,9 @@
 (a) dispatch-bound: MLP 4x256 + head, batch 64, AdamW (its many small ops included);
 (b) compute-bound: MLP 4x1024 + head, batch 256, SGD;
 (c) a chain of 200 small elementwise ops on a 64x64 tensor (µs per op).
-Each step ends with `loss.item()` (a materialisation point, as in a real loop). Medians of timed steps after warm-up.
-Usage: python bench/eager_modes.py [--steps N] [--warmup N]
+Each step ends with `loss.item()` (a materialisation point, as in a real loop). The runners of a workload take
+turns in rounds; medians per runner.
+Usage: python bench/eager_modes.py [--rounds N] [--steps N] [--warmup N]
 """
 
 from __future__ import annotations
@@ -88,39 +89,49 @@ def chain_step(ops: int) -> Callable[[], Callable[[], float]]:
     return build
 
 
-def measure(build: Callable[[], Callable[[], float]], mode: torch.tpu.EagerMode, steps: int, warmup: int) -> float:
-    """Median seconds per step after `warmup` steps, in `mode`."""
-    with torch.tpu.set_eager_mode(mode):
-        step = build()
-        for _ in range(warmup):
-            step()
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def measure(runners: dict[str, tuple[Callable[[], Callable[[], float]], torch.tpu.EagerMode]], rounds: int,
+            steps: int, warmup: int) -> dict[str, float]:
+    """Median seconds per step of each runner (built and warmed up in its mode). The runners take turns, `steps`
+    steps each per round, so a change in the machine's load touches them alike."""
+    built = {}
+    for name, (build, mode) in runners.items():
+        with torch.tpu.set_eager_mode(mode):
+            step = build()
+            for _ in range(warmup):
+                step()
+        built[name] = (step, mode, [])
+    for _ in range(rounds):
+        for step, mode, times in built.values():
+            with torch.tpu.set_eager_mode(mode):
+                start = time.perf_counter()
+                for _ in range(steps):
+                    step()
+                times.append((time.perf_counter() - start) / steps)
+    return {name: statistics.median(times) for name, (_, _, times) in built.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20, help="steps per runner per round")
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
-    print(f"device: {torch.tpu.get_device_name()}; median of {args.steps} steps after {args.warmup} warm-up steps")
+    print(f"device: {torch.tpu.get_device_name()}; per runner, median of {args.rounds} rounds of {args.steps} steps "
+          f"after {args.warmup} warm-up steps, the runners taking turns")
     print(f"{'workload':<44}{'strict':>10}{'fused':>10}{'compiled':>10}{'strict/fused':>14}{'fused/compiled':>16}")
     for name, width, batch, optimizer in (("(a) MLP 4x256, batch 64, AdamW [ms/step]", 256, 64, "adamw"),
                                           ("(b) MLP 4x1024, batch 256, SGD [ms/step]", 1024, 256, "sgd")):
-        strict = measure(training_step(width, batch, optimizer), STRICT, args.steps, args.warmup)
-        fused = measure(training_step(width, batch, optimizer), FUSED, args.steps, args.warmup)
-        compiled = measure(compiled_step(width, batch, optimizer), STRICT, args.steps, args.warmup)
-        print(f"{name:<44}{strict * 1e3:>10.2f}{fused * 1e3:>10.2f}{compiled * 1e3:>10.2f}"
-              f"{strict / fused:>13.2f}x{fused / compiled:>15.2f}x")
+        eager = training_step(width, batch, optimizer)
+        t = measure({"strict": (eager, STRICT), "fused": (eager, FUSED),
+                     "compiled": (compiled_step(width, batch, optimizer), STRICT)}, args.rounds, args.steps,
+                    args.warmup)
+        print(f"{name:<44}{t['strict'] * 1e3:>10.2f}{t['fused'] * 1e3:>10.2f}{t['compiled'] * 1e3:>10.2f}"
+              f"{t['strict'] / t['fused']:>13.2f}x{t['fused'] / t['compiled']:>15.2f}x")
     ops = 200
-    strict = measure(chain_step(ops), STRICT, args.steps, args.warmup) / ops
-    fused = measure(chain_step(ops), FUSED, args.steps, args.warmup) / ops
-    print(f"{'(c) 200 elementwise ops, 64x64 [us/op]':<44}{strict * 1e6:>10.2f}{fused * 1e6:>10.2f}{'-':>10}"
-          f"{strict / fused:>13.2f}x{'-':>16}")
+    t = measure({"strict": (chain_step(ops), STRICT), "fused": (chain_step(ops), FUSED)}, args.rounds, args.steps,
+                args.warmup)
+    print(f"{'(c) 200 elementwise ops, 64x64 [us/op]':<44}{t['strict'] / ops * 1e6:>10.2f}"
+          f"{t['fused'] / ops * 1e6:>10.2f}{'-':>10}{t['strict'] / t['fused']:>13.2f}x{'-':>16}")
     stats = torch.tpu._get_cache_stats()
     fused_entries = [e for e in stats["per_entry_stats"] if e["source"] == "fused"]
     print(f"fused clusters compiled: {len(fused_entries)}; "

@@ -85,6 +85,32 @@ def test_fused_steady_state_does_not_recompile():
     assert len(set(entries[4:])) == 1, entries  # AdamW's step count changes scalars, not the program
 
 
+@pytest.mark.parametrize("max_ops", [16, 4096])
+def test_fused_clusters_align_with_optimizer_steps(monkeypatch, max_ops):
+    """Clusters are cut before and after `optimizer.step()`, so a loop replays the same clusters every step even
+    when a size bound cuts them too (without the cut after the step, the remainder of one step's ops would
+    open the next step's cluster and shift every later cut: a new cluster to compile each step)."""
+    from torch_tpu.eager import fused
+
+    monkeypatch.setattr(fused, "MAX_CLUSTER_OPS", max_ops)
+    model, data = make("mlp")
+    model = model.to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    inputs, target = data[0][0].to("tpu"), data[0][1].to("tpu")
+    entries = []
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        for _ in range(6):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(inputs), target)
+            loss.backward()
+            optimizer.step()
+            assert not fused.recorder.plan  # the step's ops are running, none left to record into the next step
+            assert not any(fused.is_pending(p.untyped_storage()._tpu_buffer._array) for p in model.parameters())
+            loss.item()
+            entries.append(torch.tpu._get_cache_stats()["num_entries"])
+    assert len(set(entries[2:])) == 1, entries
+
+
 def test_fused_clusters_follow_the_excess_precision_setting(monkeypatch):
     from torch_tpu import precision
 

@@ -198,3 +198,23 @@ def test_foreach_ops_run_one_executable_per_list_and_match_cpu():
              if i >= len(reads) or entry["read_count"] > reads[i]}
     assert {"aten._foreach_addcdiv_.Tensor", "aten._foreach_div_.ScalarList", "aten._foreach_lerp_.Scalar"} <= names
     assert "aten.lerp_.Scalar" not in names  # not dispatched tensor by tensor
+
+
+@pytest.mark.parametrize("mode", [torch.tpu.EagerMode.DEFER_NEVER, torch.tpu.EagerMode.DEFER_AND_FUSE])
+def test_foreach_scalar_lists_act_as_python_numbers(mode):
+    """A list of floats or of ints travels as one array (one transfer), yet acts as the Python numbers it holds:
+    it does not promote bf16 or int tensors; a mixed list takes each number on its own."""
+    torch.manual_seed(0)
+    halves = [torch.randn(4, 3, dtype=torch.bfloat16), torch.randn(5, dtype=torch.bfloat16)]
+    ints = [torch.randint(-5, 5, (3,)), torch.randint(-5, 5, (2, 2))]
+    with torch.tpu.set_eager_mode(mode):
+        ours_halves, ours_ints = [t.to("tpu") for t in halves], [t.to("tpu") for t in ints]
+        torch._foreach_mul_(ours_halves, [0.75, -1.5])
+        torch._foreach_mul_(halves, [0.75, -1.5])
+        torch._foreach_add_(ours_ints, [3, -7])
+        torch._foreach_add_(ints, [3, -7])
+        mixed = torch._foreach_mul([t.to("tpu") for t in ints], [2, 0.5])
+        assert [t.dtype for t in ours_halves + ours_ints] == [t.dtype for t in halves + ints]
+        torch.testing.assert_close([t.cpu() for t in ours_halves], halves, rtol=0, atol=0)  # exact in bf16
+        assert all(torch.equal(o.cpu(), t) for o, t in zip(ours_ints, ints, strict=True))
+        torch.testing.assert_close([t.cpu() for t in mixed], torch._foreach_mul(ints, [2, 0.5]), rtol=0, atol=0)

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax._src.lax.lax import _convert_element_type
 from torch._ops import OpOverload
 
 from torch_tpu import precision
@@ -33,13 +34,40 @@ _TENSOR_LIST_TYPES = ("Tensor[]", "Tensor?[]", "List[Tensor]", "List[Optional[Te
 
 class _Leaf:
     """A placeholder for the i-th run-time input of a traced lowering; `dense` is the (shape, stride) through
-    which the input, a buffer's whole array, is read (`storage.dense_view`), or None."""
+    which the input, a buffer's whole array, is read (`storage.dense_view`), or None; `count` is set when the
+    input packs a list of that many Python numbers into one array (`_packed`)."""
 
-    __slots__ = ("index", "dense")
+    __slots__ = ("index", "dense", "count")
 
-    def __init__(self, index: int, dense: tuple | None = None) -> None:
+    def __init__(self, index: int, dense: tuple | None = None, count: int | None = None) -> None:
         self.index = index
         self.dense = dense
+        self.count = count
+
+
+def _packed(values: list) -> type | None:
+    """The type of a list of Python numbers that travels as one array — all floats or all ints (a foreach op's
+    per-step scalars: one transfer instead of one per tensor) — else None (each value its own input)."""
+    if not values:
+        return None
+    kind = type(values[0])
+    if (kind is float or kind is int) and all(type(v) is kind for v in values):
+        return kind
+    return None
+
+
+def _whole(value: torch.Tensor, buffer: Any, math_bits: bool) -> bool:
+    """Whether a `tpu` tensor is its buffer's whole array as it is, so that the array is its input.
+
+    The buffer's array fills its storage and PyTorch keeps every view within the storage, so a contiguous
+    tensor of the array's shape and dtype is the whole storage: its offset is 0. (Dtypes are compared by
+    identity; a false negative only takes the general encoding.)"""
+    return (
+        buffer.shape == value.shape
+        and buffer.dtype is _JAX_DTYPE[value.dtype]
+        and value.is_contiguous()
+        and not (math_bits and (value.is_conj() or value.is_neg()))
+    )
 
 
 def _kind(argument: torch._C.Argument, static: frozenset[str]) -> int:
@@ -109,13 +137,25 @@ class Runner:
                 leaves.append(_device_scalar(value) if self.lowering.jit else value)
         elif kind == _TENSORS:  # in a list (e.g. indices), CPU tensors are accepted and moved, as on CUDA
             for v in value:
-                self._encode(op, v, _TENSORS if isinstance(v, torch.Tensor) else _TENSOR, leaves, key)
+                buffer = getattr(v, "untyped_storage", None) and getattr(v.untyped_storage(), "_tpu_buffer", None)
+                if buffer is not None and buffer._array is not None and _whole(v, buffer, self.math_bits):
+                    leaves.append(buffer._array)  # a foreach op's list: mostly whole buffers
+                    key.append(v.shape)
+                    key.append(v.dtype)
+                else:
+                    self._encode(op, v, _TENSORS if isinstance(v, torch.Tensor) else _TENSOR, leaves, key)
         elif kind == _SCALAR and value is not None:
             key.append(type(value))
             leaves.append(_device_scalar(value) if self.lowering.jit else value)
         elif kind == _SCALARS:
-            for v in value.tolist() if isinstance(value, torch.Tensor) else value:
-                self._encode(op, v, _SCALAR, leaves, key)
+            values = value.tolist() if isinstance(value, torch.Tensor) else value
+            packed = _packed(values) if self.lowering.jit else None
+            if packed is None:
+                for v in values:
+                    self._encode(op, v, _SCALAR, leaves, key)
+            else:
+                key.append((packed, len(values)))
+                leaves.append(np.array(values, np.float64 if packed is float else np.int64))
         elif kind != _GENERATOR:
             key.append(tuple(value) if isinstance(value, list) else value)
 
@@ -135,8 +175,11 @@ class Runner:
             count[0] += 1
             return _Leaf(count[0] - 1)
         if kind == _SCALARS:
-            return [self._template(v, _SCALAR, count) for v in (value.tolist() if isinstance(value, torch.Tensor)
-                                                                  else value)]
+            values = value.tolist() if isinstance(value, torch.Tensor) else value
+            if self.lowering.jit and _packed(values) is not None:
+                count[0] += 1
+                return _Leaf(count[0] - 1, count=len(values))
+            return [self._template(v, _SCALAR, count) for v in values]
         return None if kind == _GENERATOR else value
 
     def inputs(self, meta_op: OpOverload, args: tuple, kwargs: dict) -> tuple[tuple, list]:
@@ -163,22 +206,12 @@ class Runner:
                     continue
                 general = True
                 break
-            shape = value.shape
-            dtype = value.dtype
-            # The buffer's array fills its storage and PyTorch keeps every view within the storage, so a
-            # contiguous tensor of the array's shape and dtype is the whole storage: its offset is 0. (Dtypes are
-            # compared by identity; a false negative only takes the general encoding.)
-            if not (
-                buffer.shape == shape
-                and buffer.dtype is _JAX_DTYPE[dtype]
-                and value.is_contiguous()
-                and not (math_bits and (value.is_conj() or value.is_neg()))
-            ):
+            if not _whole(value, buffer, math_bits):
                 general = True
                 break
             leaves.append(buffer._array)
-            key.append(shape)
-            key.append(dtype)
+            key.append(value.shape)
+            key.append(value.dtype)
         if not general and len(args) > prefix:  # statics after them
             for value, kind in zip(args[prefix:], self.positional[prefix:], strict=False):
                 if kind != _STATIC:
@@ -341,6 +374,9 @@ def _fill(template: Any, values: tuple) -> Any:
     if isinstance(template, _Leaf):
         if template.dense is not None:
             return storage.read_dense(values[template.index], *template.dense)
+        if template.count is not None:  # packed Python numbers: weakly typed again, as Python numbers trace
+            packed = values[template.index]
+            return [_convert_element_type(packed[i], weak_type=True) for i in range(template.count)]
         return values[template.index]
     if isinstance(template, list):
         return [_fill(v, values) for v in template]

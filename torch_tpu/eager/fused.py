@@ -2,8 +2,11 @@
 
 A storage's buffer may hold a `Pending` value (shape and dtype known, data not computed yet). When data is
 needed on the host (`.item()`, `.cpu()`, `print`, `torch.save`, Python control flow on values), at
-`torch.tpu.synchronize()`, on leaving the mode, before a compiled graph or a data-dependent op runs, or when a
-cluster reaches `TORCH_TPU_FUSED_MAX_OPS` ops, the recorded cluster runs as one executable. Its fingerprint —
+`torch.tpu.synchronize()`, on leaving the mode, before a compiled graph or a data-dependent op runs, before and
+after every `optimizer.step()`, or when a cluster reaches `TORCH_TPU_FUSED_MAX_OPS` ops, the recorded cluster
+runs as one executable. The optimizer boundaries keep clusters aligned with training steps (so each step replays
+the same executables) and pipeline a step: the forward and backward cluster computes while Python records the
+optimizer's ops, and the optimizer's cluster while it records the next step's forward. Its fingerprint —
 the op sequence with shapes, dtypes and static arguments, and which values live storages still hold — is
 built while recording and keys the executable cache; scalars and PRNG keys are run-time inputs, so a training
 loop's steady state replays one cached executable per step. Values no live storage holds are dead: the
@@ -23,6 +26,8 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from torch_tpu import precision
 from torch_tpu.compile import cache as persistent
@@ -220,6 +225,18 @@ def flush(extra: list[Pending] = ()) -> None:
     for buffer in buffers:
         if type(buffer._array) is Pending:
             buffer._array = buffer._array.value
+
+
+def _step_boundary(optimizer: torch.optim.Optimizer, *args: Any) -> None:
+    """An optimizer step pre- and post-hook: run what is recorded so far (asynchronously) in Fused mode."""
+    if torch.compiler.is_compiling():  # a compiled optimizer step is a graph of its own
+        return
+    if modes.state.fused:
+        flush()
+
+
+register_optimizer_step_pre_hook(_step_boundary)
+register_optimizer_step_post_hook(_step_boundary)
 
 
 def _live(nodes: list[tuple[Callable, list]], out_refs: tuple) -> list[bool]:
