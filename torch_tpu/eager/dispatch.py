@@ -46,13 +46,15 @@ class _Leaf:
 
 
 def _packed(values: list) -> type | None:
-    """The type of a list of Python numbers that travels as one array — all floats or all ints (a foreach op's
-    per-step scalars: one transfer instead of one per tensor) — else None (each value its own input)."""
+    """The type of a list of Python numbers that travels as one array — all floats, or all ints within int64 (a
+    foreach op's per-step scalars: one transfer instead of one per tensor) — else None (each its own input)."""
     if not values:
         return None
     kind = type(values[0])
-    if (kind is float or kind is int) and all(type(v) is kind for v in values):
-        return kind
+    if kind is float and all(type(v) is float for v in values):
+        return float
+    if kind is int and all(type(v) is int and -(2**63) <= v < 2**63 for v in values):
+        return int
     return None
 
 
@@ -137,9 +139,12 @@ class Runner:
                 leaves.append(_device_scalar(value) if self.lowering.jit else value)
         elif kind == _TENSORS:  # in a list (e.g. indices), CPU tensors are accepted and moved, as on CUDA
             for v in value:
-                buffer = getattr(v, "untyped_storage", None) and getattr(v.untyped_storage(), "_tpu_buffer", None)
+                try:  # a foreach op's list: mostly whole buffers
+                    buffer = v.untyped_storage()._tpu_buffer
+                except AttributeError:  # None, or a CPU tensor
+                    buffer = None
                 if buffer is not None and buffer._array is not None and _whole(v, buffer, self.math_bits):
-                    leaves.append(buffer._array)  # a foreach op's list: mostly whole buffers
+                    leaves.append(buffer._array)
                     key.append(v.shape)
                     key.append(v.dtype)
                 else:
