@@ -119,3 +119,25 @@ def test_contiguous_full_tensor_reads_without_dispatch():
 
     x = torch.ones(4, 4, device="tpu").add_(1)
     assert storage.read(x) is storage.buffer_of(x).array
+
+
+def test_ops_read_views_of_their_inputs_themselves(monkeypatch):
+    """Slices, selects, transposes and expands are read inside the op's own executable, with no separate gather
+    run first; the values are CPU's."""
+    from torch_tpu.runtime import storage
+
+    torch.manual_seed(0)
+    qkv, w = torch.randn(8, 24), torch.randn(6, 8)
+    ours_qkv, ours_w = qkv.to("tpu"), w.to("tpu")
+
+    def compute(qkv, w):
+        q, k, v = qkv.split(8, dim=1)
+        return [q * k + v, w.t() @ qkv[:, 3:9].t().t().T, qkv[2] - w[1:, 0:1].expand(5, 24)[3], w[:, ::2] * 2]
+
+    separate = []
+    original = storage._call
+    monkeypatch.setattr(storage, "_call", lambda helper, *args: separate.append(helper) or original(helper, *args))
+    got = compute(ours_qkv, ours_w)
+    assert separate == []
+    for ours, theirs in zip(got, compute(qkv, w), strict=True):
+        assert_close(ours.cpu(), theirs, rtol=1e-6, atol=1e-6)

@@ -33,15 +33,15 @@ _TENSOR_LIST_TYPES = ("Tensor[]", "Tensor?[]", "List[Tensor]", "List[Optional[Te
 
 
 class _Leaf:
-    """A placeholder for the i-th run-time input of a traced lowering; `dense` is the (shape, stride) through
-    which the input, a buffer's whole array, is read (`storage.dense_view`), or None; `count` is set when the
+    """A placeholder for the i-th run-time input of a traced lowering; `view` is the (shape, stride, offset)
+    through which the input, a buffer's whole array, is read (`storage.view_of`), or None; `count` is set when the
     input packs a list of that many Python numbers into one array (`_packed`)."""
 
-    __slots__ = ("index", "dense", "count")
+    __slots__ = ("index", "view", "count")
 
-    def __init__(self, index: int, dense: tuple | None = None, count: int | None = None) -> None:
+    def __init__(self, index: int, view: tuple | None = None, count: int | None = None) -> None:
         self.index = index
-        self.dense = dense
+        self.view = view
         self.count = count
 
 
@@ -124,11 +124,11 @@ class Runner:
                     buffer = storage.buffer_of(value)
                     if buffer._array is None:  # written (zeros) first, so that `_template` decides alike
                         storage.read(value)
-                    dense = storage.dense_view(value, buffer)
-                    if dense is None:
+                    view = storage.view_of(value, buffer)
+                    if view is None:
                         leaves.append(storage.value(value))
                     else:
-                        key.append(dense)
+                        key.append(view)
                         leaves.append(buffer._array)
                 key.append(value.shape)
                 key.append(value.dtype)
@@ -170,10 +170,10 @@ class Runner:
             if value is None:
                 return None
             count[0] += 1
-            dense = None
+            view = None
             if isinstance(value, torch.Tensor) and not value.is_cpu:
-                dense = storage.dense_view(value, storage.buffer_of(value))
-            return _Leaf(count[0] - 1, None if dense is None else (tuple(value.shape), dense[1]))
+                view = storage.view_of(value, storage.buffer_of(value))
+            return _Leaf(count[0] - 1, None if view is None else (tuple(value.shape), *view[1:]))
         if kind == _TENSORS:
             return [self._template(v, _TENSOR, count) for v in value]
         if kind == _SCALAR and value is not None:
@@ -377,8 +377,8 @@ def _recurring(key: Any, make: Callable[[Any], Any], value: Any) -> Any:
 
 def _fill(template: Any, values: tuple) -> Any:
     if isinstance(template, _Leaf):
-        if template.dense is not None:
-            return storage.read_dense(values[template.index], *template.dense)
+        if template.view is not None:
+            return storage.read_view(values[template.index], *template.view)
         if template.count is not None:  # packed Python numbers: weakly typed again, as Python numbers trace
             packed = values[template.index]
             return [_convert_element_type(packed[i], weak_type=True) for i in range(template.count)]

@@ -219,37 +219,24 @@ def _covers(tensor: torch.Tensor, buffer: DeviceBuffer) -> bool:
     )
 
 
-@functools.lru_cache(maxsize=4096)
-def _is_dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    """Whether the layout covers a block of memory exactly once, in some dimension order."""
-    expected = 1
-    for step, size in sorted(zip(stride, shape, strict=True)):
-        if size != 1:
-            if step != expected:
-                return False
-            expected *= size
-    return True
-
-
-def dense_view(tensor: torch.Tensor, buffer: DeviceBuffer) -> tuple | None:
-    """(buffer shape, stride) when `tensor` reads all of its written buffer at the buffer's dtype in another
-    shape or dimension order (a `view`, `reshape`, `t()`, `permute`...): an executable can take the buffer's
-    array as its input and apply the layout itself (`read_dense`), instead of a read running first as its own
-    executable. None for the buffer as it is, and for every other view."""
-    if buffer._array is None or tensor.storage_offset() or tensor.is_conj() or tensor.is_neg():
+def view_of(tensor: torch.Tensor, buffer: DeviceBuffer) -> tuple | None:
+    """(buffer shape, stride, offset) when `tensor` is a view of its written buffer at the buffer's dtype — a
+    `view`, `t()`, `permute`, a slice, `select`, `expand`... — so that an executable can take the buffer's array as
+    its input and apply the view itself (`read_view`), instead of a read running first as its own executable.
+    An offset is compiled in, like a shape: one program per distinct offset, as a separate read has. None for the
+    buffer as it is, for dtype views and for conjugate or negative bits."""
+    array = buffer._array
+    if array is None or tensor.is_conj() or tensor.is_neg() or buffer.dtype is not _JAX_DTYPE[tensor.dtype]:
         return None
-    shape = tensor.shape
-    if buffer.dtype is not _JAX_DTYPE[tensor.dtype] or math.prod(shape) * buffer.dtype.itemsize != buffer.nbytes:
+    offset = tensor.storage_offset()
+    if not offset and buffer.shape == tensor.shape and tensor.is_contiguous():
         return None
-    stride = tensor.stride()
-    if buffer.shape == shape and tensor.is_contiguous() or not _is_dense(tuple(shape), stride):
-        return None
-    return buffer.shape, stride
+    return buffer.shape, tensor.stride(), offset
 
 
-def read_dense(array: jax.Array, shape: tuple[int, ...], stride: tuple[int, ...]) -> jax.Array:
-    """The value of a `dense_view` of `array` (inside a traced function, this inlines)."""
-    return _gather(array, array.dtype, shape, stride, 0)
+def read_view(array: jax.Array, shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> jax.Array:
+    """The value of a `view_of` `array` (inside a traced function, this inlines)."""
+    return _gather(array, array.dtype, shape, stride, offset)
 
 
 def read(tensor: torch.Tensor) -> jax.Array:
