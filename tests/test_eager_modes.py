@@ -85,7 +85,7 @@ def test_fused_steady_state_does_not_recompile():
     assert len(set(entries[4:])) == 1, entries  # AdamW's step count changes scalars, not the program
 
 
-@pytest.mark.parametrize("max_ops", [16, 4096])
+@pytest.mark.parametrize("max_ops", [16, 1024])
 def test_fused_clusters_align_with_optimizer_steps(monkeypatch, max_ops):
     """Clusters are cut before and after `optimizer.step()`, so a loop replays the same clusters every step even
     when a size bound cuts them too (without the cut after the step, the remainder of one step's ops would
@@ -109,6 +109,50 @@ def test_fused_clusters_align_with_optimizer_steps(monkeypatch, max_ops):
             loss.item()
             entries.append(torch.tpu._get_cache_stats()["num_entries"])
     assert len(set(entries[2:])) == 1, entries
+
+
+def test_fused_size_bound_cuts_a_loop_in_phase(monkeypatch):
+    """A loop that never synchronises is cut by the size bound before the op that began the cluster, so its
+    clusters repeat (6 ops per iteration against a bound of 20: cut at fixed counts, they would begin at three
+    points of the loop's body in turn and compile three programs)."""
+    from torch_tpu.eager import fused
+
+    monkeypatch.setattr(fused, "MAX_CLUSTER_OPS", 20)
+
+    def loop(z):
+        outs = []
+        for _ in range(40):
+            z = torch.tanh(z * 0.9 + 0.1)
+            outs.append((z - 0.5).abs().sum())
+        return torch.stack(outs)
+
+    x = torch.randn(8)
+    compiled = lambda: sum(e["source"] == "fused" for e in torch.tpu._get_cache_stats()["per_entry_stats"])  # noqa: E731
+    before = compiled()
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        got = loop(x.to("tpu")).cpu()
+    assert compiled() - before <= 2  # the loop's cluster, and the last one with the stack
+    torch.testing.assert_close(got, loop(x), rtol=1e-6, atol=1e-6)
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):  # a first op that never recurs: cut at 2x
+        z, expected = torch.sin(x.to("tpu")), torch.sin(x)
+        for _ in range(50):
+            z, expected = z + 1, expected + 1
+            assert len(fused.recorder.plan) <= 40
+        torch.testing.assert_close(z.cpu(), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_fused_runs_a_stack_of_many_tensors_on_its_own():
+    """A `stack` of hundreds of pending tensors runs as its own executable after the cluster that computes them,
+    not fused into its consumer (whose XLA compile time would grow superlinearly with the operands)."""
+    torch.manual_seed(0)
+    xs = [torch.randn(4) for _ in range(300)]
+    runs = lambda: sum(e["read_count"] + 1 for e in torch.tpu._get_cache_stats()["per_entry_stats"]  # noqa: E731
+                       if e["name"] == "aten.stack.default")
+    before = runs()
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        got = torch.stack([x.to("tpu") * 2 for x in xs]).sum(0).cpu()
+    assert runs() > before
+    torch.testing.assert_close(got, torch.stack([x * 2 for x in xs]).sum(0), rtol=1e-5, atol=1e-5)
 
 
 def test_fused_clusters_follow_the_excess_precision_setting(monkeypatch):

@@ -3,14 +3,17 @@
 A storage's buffer may hold a `Pending` value (shape and dtype known, data not computed yet). When data is
 needed on the host (`.item()`, `.cpu()`, `print`, `torch.save`, Python control flow on values), at
 `torch.tpu.synchronize()`, on leaving the mode, before a compiled graph or a data-dependent op runs, before and
-after every `optimizer.step()`, or when a cluster reaches `TORCH_TPU_FUSED_MAX_OPS` ops, the recorded cluster
-runs as one executable. The optimizer boundaries keep clusters aligned with training steps (so each step replays
-the same executables) and pipeline a step: the forward and backward cluster computes while Python records the
-optimizer's ops, and the optimizer's cluster while it records the next step's forward. Its fingerprint —
-the op sequence with shapes, dtypes and static arguments, and which values live storages still hold — is
-built while recording and keys the executable cache; scalars and PRNG keys are run-time inputs, so a training
-loop's steady state replays one cached executable per step. Values no live storage holds are dead: the
-executable neither computes nor returns them.
+after every `optimizer.step()`, or past `TORCH_TPU_FUSED_MAX_OPS` ops, the recorded cluster runs as one
+executable. A cluster's fingerprint — the op sequence with shapes, dtypes and static arguments, and which values
+live storages still hold — is built while recording and keys the executable cache; scalars and PRNG keys are
+run-time inputs, so a training loop's steady state replays the same cached executables every step. Values no live
+storage holds are dead: the executable neither computes nor returns them.
+
+The cuts are placed so that clusters repeat. The optimizer's keep them aligned with training steps and pipeline
+a step: the forward-and-backward cluster computes while Python records the optimizer's ops, and the optimizer's
+while it records the next step's forward. The size bound cuts a cluster before the next op that begins as the
+cluster began (at the latest at twice the bound), so a loop that never synchronises replays one cluster instead
+of starting each at another point of the loop's body and compiling it anew.
 
 Recording is on the eager hot path, so each op costs a few dictionary look-ups: its `Trace` (function and
 output avals) is found by the dispatcher's cache key, and the node (trace, input refs) is interned as a small
@@ -34,7 +37,7 @@ from torch_tpu.compile import cache as persistent
 from torch_tpu.eager import modes
 from torch_tpu.eager.cache import Entry, executables
 
-MAX_CLUSTER_OPS = int(os.environ.get("TORCH_TPU_FUSED_MAX_OPS", "4096"))
+MAX_CLUSTER_OPS = int(os.environ.get("TORCH_TPU_FUSED_MAX_OPS", "1024"))
 
 
 class Pending:
@@ -96,6 +99,7 @@ class _Recorder:
         self.traces: dict[Hashable, Trace] = {}
         self.nodes: dict[tuple, int] = {}
         self.node_table: list[tuple[Callable, list]] = []
+        self.first = -1  # the trace id of the cluster's first op
 
     def reset(self) -> tuple[list, list, list]:
         taken = self.plan, self.leaves, list(self.buffers.values())
@@ -144,6 +148,13 @@ def trace(key: Hashable, fn: Callable, inputs: list) -> Trace:
 def record(trace: Trace, inputs: list) -> Any:
     """Record `trace.fn(*inputs)`; returns Pending outputs (a pytree like the function's)."""
     rec = recorder
+    plan = rec.plan
+    if not plan:
+        rec.first = trace.id
+    elif len(plan) >= MAX_CLUSTER_OPS and (trace.id == rec.first or len(plan) >= 2 * MAX_CLUSTER_OPS):
+        flush(extra=[x for x in inputs if type(x) is Pending and x.value is None])
+        rec.first = trace.id
+        plan = rec.plan
     leaves = rec.leaves
     refs = []
     for x in inputs:
@@ -159,20 +170,11 @@ def record(trace: Trace, inputs: list) -> Any:
     if node_id is None:
         node_id = rec.nodes[node] = len(rec.node_table)
         rec.node_table.append((trace.fn, refs))
-    plan = rec.plan
     index = len(plan)
     plan.append(node_id)
     if trace.single:
-        output = Pending(trace.avals[0], (index, 0))
-        if index + 1 >= MAX_CLUSTER_OPS:
-            flush(extra=[output])
-            return output.value
-        return output
-    outputs = [Pending(aval, (index, i)) for i, aval in enumerate(trace.avals)]
-    if index + 1 >= MAX_CLUSTER_OPS:
-        flush(extra=outputs)
-        outputs = [p.value for p in outputs]
-    return jax.tree_util.tree_unflatten(trace.tree, outputs)
+        return Pending(trace.avals[0], (index, 0))
+    return jax.tree_util.tree_unflatten(trace.tree, [Pending(aval, (index, i)) for i, aval in enumerate(trace.avals)])
 
 
 def apply(key: Hashable, fn: Callable, *inputs: Any) -> Any:
