@@ -237,15 +237,27 @@ def _deterministic(op: Any, twin: Any, expected: Any) -> bool:
     return True
 
 
-def _check_outputs(actual: Any, expected: Any, values: bool) -> None:
-    """Outputs on `tpu` and equal to CPU's (shapes and dtypes only unless `values`)."""
+class Misplaced(AssertionError):
+    """An output is not on `tpu` (no value check can rescue that)."""
+
+
+def _names_cpu(sample: Any) -> bool:
+    """Whether the sample asks for the CPU on purpose (`new_empty(..., device="cpu")`, a CPU `device` its meta
+    twin kept): its outputs belong on the CPU."""
+    import torch
+
+    return any(str(value) == "cpu" for value in sample.kwargs.values() if isinstance(value, str | torch.device))
+
+
+def _check_outputs(actual: Any, expected: Any, values: bool, cpu_ok: bool = False) -> None:
+    """Outputs on `tpu` (or anywhere, with `cpu_ok`) and equal to CPU's (shapes and dtypes only unless `values`)."""
     import torch
 
     from torch_tpu.testing import compare
 
     for value in _leaves(actual):
-        if isinstance(value, torch.Tensor) and value.device.type != "tpu":
-            raise AssertionError(f"an output is on {value.device}, expected tpu")
+        if isinstance(value, torch.Tensor) and value.device.type != "tpu" and not cpu_ok:
+            raise Misplaced(f"an output is on {value.device}, expected tpu")
     if values:
         compare.assert_close(actual, expected)
         return
@@ -351,8 +363,10 @@ def _run_sample(op: Any, sample: Any, placement: Any, forward: Tally, grad: Tall
         return
     fell = _note_dispatch(forward, before)
     try:
-        _check_outputs(actual, expected, values=not random)
+        _check_outputs(actual, expected, values=not random, cpu_ok=_names_cpu(device_sample))
         forward.add("fallback" if fell else "passed")
+    except Misplaced as error:
+        forward.add("wrong", one_line(error))
     except Exception as error:
         if op.name in GAUGE_FREE and _same_processed(sample, actual, expected) or _accurate(op, twin, actual,
                                                                                           expected):
