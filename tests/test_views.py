@@ -141,3 +141,16 @@ def test_ops_read_views_of_their_inputs_themselves(monkeypatch):
     assert separate == []
     for ours, theirs in zip(got, compute(qkv, w), strict=True):
         assert_close(ours.cpu(), theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_slices_at_any_offset_share_one_program():
+    """A view's storage offset is a run-time input of the op that reads it: a loop over `data[i:i + batch]`
+    compiles one program for all its offsets, not one per offset."""
+    torch.manual_seed(0)
+    data, w = torch.randn(200, 8), torch.randn(8, 3)
+    ours, our_w = data.to("tpu"), w.to("tpu")
+    before = torch.tpu._get_cache_stats()["num_entries"]
+    got = [ours[i:i + 10] @ our_w for i in range(10, 200, 10)]
+    assert torch.tpu._get_cache_stats()["num_entries"] - before == 1
+    for i, value in zip(range(10, 200, 10), got, strict=True):
+        assert_close(value.cpu(), data[i:i + 10] @ w, rtol=1e-5, atol=1e-5)

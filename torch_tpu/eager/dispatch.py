@@ -37,15 +37,17 @@ _TENSOR_LIST_TYPES = ("Tensor[]", "Tensor?[]", "List[Tensor]", "List[Optional[Te
 
 
 class _Leaf:
-    """A placeholder for the i-th run-time input of a traced lowering; `view` is the (shape, stride, offset)
-    through which the input, a buffer's whole array, is read (`storage.view_of`), or None; `count` is set when the
-    input packs a list of that many Python numbers into one array (`_packed`)."""
+    """A placeholder for the i-th run-time input of a traced lowering; `view` is the (shape, stride) through which
+    the input, a buffer's whole array, is read (`storage.view_of`), or None, with its storage offset the run-time
+    input after it when `offset` (else 0); `count` is set when the input packs a list of that many Python numbers
+    into one array (`_packed`)."""
 
-    __slots__ = ("index", "view", "count")
+    __slots__ = ("index", "view", "offset", "count")
 
-    def __init__(self, index: int, view: tuple | None = None, count: int | None = None) -> None:
+    def __init__(self, index: int, view: tuple | None = None, offset: bool = False, count: int | None = None) -> None:
         self.index = index
         self.view = view
+        self.offset = offset
         self.count = count
 
 
@@ -131,9 +133,12 @@ class Runner:
                     view = storage.view_of(value, buffer)
                     if view is None:
                         leaves.append(storage.value(value))
-                    else:
-                        key.append(view)
+                    else:  # an offset is a run-time input: one program serves every slice of a layout
+                        shape, stride, offset = view
+                        key.append((shape, stride, offset == 0))
                         leaves.append(buffer._array)
+                        if offset:
+                            leaves.append(_device_scalar(offset) if self.lowering.jit else offset)
                 key.append(value.shape)
                 key.append(value.dtype)
             elif value is None:
@@ -177,7 +182,11 @@ class Runner:
             view = None
             if isinstance(value, torch.Tensor) and not value.is_cpu:
                 view = storage.view_of(value, storage.buffer_of(value))
-            return _Leaf(count[0] - 1, None if view is None else (tuple(value.shape), *view[1:]))
+            if view is None:
+                return _Leaf(count[0] - 1)
+            index = count[0] - 1
+            count[0] += bool(view[2])
+            return _Leaf(index, (tuple(value.shape), view[1]), offset=bool(view[2]))
         if kind == _TENSORS:
             return [self._template(v, _TENSOR, count) for v in value]
         if kind == _SCALAR and value is not None:
@@ -385,7 +394,8 @@ def _recurring(key: Any, make: Callable[[Any], Any], value: Any) -> Any:
 def _fill(template: Any, values: tuple) -> Any:
     if isinstance(template, _Leaf):
         if template.view is not None:
-            return storage.read_view(values[template.index], *template.view)
+            offset = values[template.index + 1] if template.offset else 0
+            return storage.read_view(values[template.index], *template.view, offset)
         if template.count is not None:  # packed Python numbers: weakly typed again, as Python numbers trace
             packed = values[template.index]
             return [_convert_element_type(packed[i], weak_type=True) for i in range(template.count)]

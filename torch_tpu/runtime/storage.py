@@ -223,8 +223,7 @@ def view_of(tensor: torch.Tensor, buffer: DeviceBuffer) -> tuple | None:
     """(buffer shape, stride, offset) when `tensor` is a view of its written buffer at the buffer's dtype — a
     `view`, `t()`, `permute`, a slice, `select`, `expand`... — so that an executable can take the buffer's array as
     its input and apply the view itself (`read_view`), instead of a read running first as its own executable.
-    An offset is compiled in, like a shape: one program per distinct offset, as a separate read has. None for the
-    buffer as it is, for dtype views and for conjugate or negative bits."""
+    None for the buffer as it is, for dtype views and for conjugate or negative bits."""
     array = buffer._array
     if array is None or tensor.is_conj() or tensor.is_neg() or buffer.dtype is not _JAX_DTYPE[tensor.dtype]:
         return None
@@ -234,9 +233,17 @@ def view_of(tensor: torch.Tensor, buffer: DeviceBuffer) -> tuple | None:
     return buffer.shape, tensor.stride(), offset
 
 
-def read_view(array: jax.Array, shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> jax.Array:
-    """The value of a `view_of` `array` (inside a traced function, this inlines)."""
-    return _gather(array, array.dtype, shape, stride, offset)
+def read_view(array: jax.Array, shape: tuple[int, ...], stride: tuple[int, ...], offset: Any) -> jax.Array:
+    """The value of a `view_of` `array` (inside a traced function, this inlines). An offset other than a Python
+    0 may be a traced scalar: the view's span is sliced out at it, then read at offset 0, so that one program
+    serves a layout at every offset (a loop over `data[i:i + batch]` compiles once)."""
+    if isinstance(offset, int) and offset == 0:
+        return _gather(array, array.dtype, shape, stride, 0)
+    if math.prod(shape) == 0:
+        return jnp.zeros(shape, array.dtype)
+    span = 1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
+    region = jax.lax.dynamic_slice_in_dim(array.reshape(-1), offset, span)
+    return _gather(region, array.dtype, shape, stride, 0)
 
 
 def read(tensor: torch.Tensor) -> jax.Array:
