@@ -224,8 +224,7 @@ def view_of(tensor: torch.Tensor, buffer: DeviceBuffer) -> tuple | None:
     `view`, `t()`, `permute`, a slice, `select`, `expand`... — so that an executable can take the buffer's array as
     its input and apply the view itself (`read_view`), instead of a read running first as its own executable.
     None for the buffer as it is, for dtype views and for conjugate or negative bits."""
-    array = buffer._array
-    if array is None or tensor.is_conj() or tensor.is_neg() or buffer.dtype is not _JAX_DTYPE[tensor.dtype]:
+    if buffer._array is None or tensor.is_conj() or tensor.is_neg() or buffer.dtype is not _JAX_DTYPE[tensor.dtype]:
         return None
     offset = tensor.storage_offset()
     if not offset and buffer.shape == tensor.shape and tensor.is_contiguous():
