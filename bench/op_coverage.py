@@ -160,8 +160,7 @@ def _moved(sample: Any, to_device: bool, placement: Any = None) -> Any:
             device = "tpu" if to_device and _on_test_device(twin_device) else "cpu"
             with torch.no_grad():
                 return _copy(value, device).requires_grad_(value.requires_grad and to_device)
-        named_cpu = isinstance(value, torch.device) and value.type == "cpu" or isinstance(value, str) and value == "cpu"
-        if to_device and named_cpu and _on_test_device(twin):
+        if to_device and _is_cpu_device(value) and _on_test_device(twin):
             return torch.device("tpu") if isinstance(value, torch.device) else "tpu"
         return value
 
@@ -241,12 +240,17 @@ class Misplaced(AssertionError):
     """An output is not on `tpu` (no value check can rescue that)."""
 
 
+def _is_cpu_device(value: Any) -> bool:
+    """Whether `value` names the CPU device (a `torch.device` or the string)."""
+    import torch
+
+    return isinstance(value, torch.device) and value.type == "cpu" or isinstance(value, str) and value == "cpu"
+
+
 def _names_cpu(sample: Any) -> bool:
     """Whether the sample asks for the CPU on purpose (`new_empty(..., device="cpu")`, a CPU `device` its meta
     twin kept): its outputs belong on the CPU."""
-    import torch
-
-    return any(str(value) == "cpu" for value in sample.kwargs.values() if isinstance(value, str | torch.device))
+    return any(_is_cpu_device(value) for value in sample.kwargs.values())
 
 
 def _check_outputs(actual: Any, expected: Any, values: bool, cpu_ok: bool = False) -> None:

@@ -78,6 +78,17 @@ def _whole(value: torch.Tensor, buffer: Any, math_bits: bool) -> bool:
     )
 
 
+def _whole_array(value: Any, math_bits: bool) -> Any:
+    """The array of a `tpu` tensor's written buffer when the tensor is that whole array as it is (`_whole`), else
+    None (a view, an unwritten buffer, a CPU tensor, None)."""
+    try:
+        buffer = value.untyped_storage()._tpu_buffer
+    except AttributeError:
+        return None
+    array = buffer._array
+    return array if array is not None and _whole(value, buffer, math_bits) else None
+
+
 def _kind(argument: torch._C.Argument, static: frozenset[str]) -> int:
     text = str(argument.type)
     if argument.name == "scalars" or text == "List[number]" and argument.name not in static:
@@ -126,19 +137,20 @@ class Runner:
                         raise _device_mismatch(op, value)
                     key.append("host")
                     leaves.append(_host_scalar(value) if value.dim() == 0 else storage.to_device(value))
+                elif (array := _whole_array(value, self.math_bits)) is not None:
+                    leaves.append(array)
                 else:
                     buffer = storage.buffer_of(value)
                     if buffer._array is None:  # written (zeros) first, so that `_template` decides alike
                         storage.read(value)
-                    view = storage.view_of(value, buffer)
-                    if view is None:
-                        leaves.append(storage.value(value))
-                    else:  # an offset is a run-time input: one program serves every slice of a layout
-                        shape, stride, offset = view
+                    if (view := storage.view_of(value, buffer)) is not None:
+                        shape, stride, offset = view  # the offset is a run-time input: one program per layout
                         key.append((shape, stride, offset == 0))
                         leaves.append(buffer._array)
                         if offset:
                             leaves.append(_device_scalar(offset) if self.lowering.jit else offset)
+                    else:
+                        leaves.append(storage.value(value))
                 key.append(value.shape)
                 key.append(value.dtype)
             elif value is None:
@@ -148,16 +160,13 @@ class Runner:
                 leaves.append(_device_scalar(value) if self.lowering.jit else value)
         elif kind == _TENSORS:  # in a list (e.g. indices), CPU tensors are accepted and moved, as on CUDA
             for v in value:
-                try:  # a foreach op's list: mostly whole buffers
-                    buffer = v.untyped_storage()._tpu_buffer
-                except AttributeError:  # None, or a CPU tensor
-                    buffer = None
-                if buffer is not None and buffer._array is not None and _whole(v, buffer, self.math_bits):
-                    leaves.append(buffer._array)
+                array = _whole_array(v, self.math_bits)
+                if array is None:
+                    self._encode(op, v, _TENSORS if isinstance(v, torch.Tensor) else _TENSOR, leaves, key)
+                else:  # a foreach op's list, mostly whole buffers: `_encode`'s whole-buffer case, without the call
+                    leaves.append(array)
                     key.append(v.shape)
                     key.append(v.dtype)
-                else:
-                    self._encode(op, v, _TENSORS if isinstance(v, torch.Tensor) else _TENSOR, leaves, key)
         elif kind == _SCALAR and value is not None:
             key.append(type(value))
             leaves.append(_device_scalar(value) if self.lowering.jit else value)
@@ -178,14 +187,14 @@ class Runner:
         if kind == _TENSOR or kind == _TENSORS and isinstance(value, torch.Tensor):
             if value is None:
                 return None
+            index = count[0]
             count[0] += 1
             view = None
             if isinstance(value, torch.Tensor) and not value.is_cpu:
                 view = storage.view_of(value, storage.buffer_of(value))
             if view is None:
-                return _Leaf(count[0] - 1)
-            index = count[0] - 1
-            count[0] += bool(view[2])
+                return _Leaf(index)
+            count[0] += bool(view[2])  # its offset, the next input
             return _Leaf(index, (tuple(value.shape), view[1]), offset=bool(view[2]))
         if kind == _TENSORS:
             return [self._template(v, _TENSOR, count) for v in value]

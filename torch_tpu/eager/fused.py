@@ -149,12 +149,11 @@ def record(trace: Trace, inputs: list) -> Any:
     """Record `trace.fn(*inputs)`; returns Pending outputs (a pytree like the function's)."""
     rec = recorder
     plan = rec.plan
+    if len(plan) >= MAX_CLUSTER_OPS and (trace.id == rec.first or len(plan) >= 2 * MAX_CLUSTER_OPS):
+        flush(extra=[x for x in inputs if type(x) is Pending and x.value is None])
+        plan = rec.plan
     if not plan:
         rec.first = trace.id
-    elif len(plan) >= MAX_CLUSTER_OPS and (trace.id == rec.first or len(plan) >= 2 * MAX_CLUSTER_OPS):
-        flush(extra=[x for x in inputs if type(x) is Pending and x.value is None])
-        rec.first = trace.id
-        plan = rec.plan
     leaves = rec.leaves
     refs = []
     for x in inputs:
