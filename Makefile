@@ -21,6 +21,7 @@ demo: venv
 
 test: venv
 	$(PY) -m ruff check torch_tpu tests bench examples
+	$(PY) -m ruff format --check torch_tpu tests bench examples
 	$(PY) -m pytest -q -p no:cacheprovider
 
 test-slow: venv
@@ -35,6 +36,7 @@ bench-compile: venv
 
 lint: venv
 	$(PY) -m ruff check torch_tpu tests bench examples
+	$(PY) -m ruff format --check torch_tpu tests bench examples
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

@@ -329,8 +329,13 @@ def tpu_only(cfg: Config, args: argparse.Namespace) -> dict:
     runner = torch_runner("tpu", model, "tpu", "tpu", batch)
     result = measure([runner], args.steps, args.warmup)[0]
     persistent = torch.tpu._get_cache_stats()["persistent"]
-    return {"result": asdict(result), "persistent": persistent, "compiled": runner.compiled, "dynamo": runner.dynamo,
-            "compile_cpu_s": runner.compile_cpu_s}
+    return {
+        "result": asdict(result),
+        "persistent": persistent,
+        "compiled": runner.compiled,
+        "dynamo": runner.dynamo,
+        "compile_cpu_s": runner.compile_cpu_s,
+    }
 
 
 def warm_up_process() -> None:
@@ -352,8 +357,11 @@ def build(cfg: Config) -> tuple[GPT, tuple[torch.Tensor, torch.Tensor]]:
 def warm_check(cfg: Config, args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="torch_tpu_cache_") as root:
         # Both torch_tpu's cache and PyTorch's (AOTAutograd's entries live there) start empty and are shared.
-        env = dict(os.environ, TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=os.path.join(root, "torch_tpu"),
-                   TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"))
+        env = dict(
+            os.environ,
+            TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=os.path.join(root, "torch_tpu"),
+            TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"),
+        )
         command = [
             sys.executable,
             __file__,
@@ -364,8 +372,10 @@ def warm_check(cfg: Config, args: argparse.Namespace) -> None:
             str(args.warmup),
             *(f"--{k.replace('_', '-')}={v}" for k, v in asdict(cfg).items()),
         ]
-        print(f"warm-start check: the tpu part twice, in two processes sharing the fresh cache roots under {root} "
-              f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+        print(
+            f"warm-start check: the tpu part twice, in two processes sharing the fresh cache roots under {root} "
+            f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+        )
         runs = []
         for label in ("1st (cold)", "2nd (warm)"):
             out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
@@ -384,8 +394,10 @@ def warm_check(cfg: Config, args: argparse.Namespace) -> None:
             )
         cold, warm = (run["result"]["compile_s"] for run in runs)
         cold_cpu, warm_cpu = (run["compile_cpu_s"] for run in runs)
-        print(f"warm start: the 2nd process's first step takes {warm / cold:.0%} of the 1st's (target <= 10%); "
-              f"{warm_cpu / cold_cpu:.0%} in CPU time; load average at the end {os.getloadavg()[0]:.1f}")
+        print(
+            f"warm start: the 2nd process's first step takes {warm / cold:.0%} of the 1st's (target <= 10%); "
+            f"{warm_cpu / cold_cpu:.0%} in CPU time; load average at the end {os.getloadavg()[0]:.1f}"
+        )
 
 
 def main() -> None:

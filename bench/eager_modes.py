@@ -33,8 +33,11 @@ def setup(width: int, batch: int, optimizer: str) -> tuple:
     """The model, its optimizer and one batch, on `tpu`, seeded the same for every mode."""
     torch.manual_seed(0)
     model = mlp(width).to("tpu")
-    opt = (torch.optim.AdamW(model.parameters(), lr=1e-3) if optimizer == "adamw"
-           else torch.optim.SGD(model.parameters(), lr=1e-2))
+    opt = (
+        torch.optim.AdamW(model.parameters(), lr=1e-3)
+        if optimizer == "adamw"
+        else torch.optim.SGD(model.parameters(), lr=1e-2)
+    )
     return model, opt, torch.randn(batch, width, device="tpu"), torch.randint(0, 10, (batch,), device="tpu")
 
 
@@ -89,8 +92,12 @@ def chain_step(ops: int) -> Callable[[], Callable[[], float]]:
     return build
 
 
-def measure(runners: dict[str, tuple[Callable[[], Callable[[], float]], torch.tpu.EagerMode]], rounds: int,
-            steps: int, warmup: int) -> dict[str, float]:
+def measure(
+    runners: dict[str, tuple[Callable[[], Callable[[], float]], torch.tpu.EagerMode]],
+    rounds: int,
+    steps: int,
+    warmup: int,
+) -> dict[str, float]:
     """Median seconds per step of each runner (built and warmed up in its mode). The runners take turns, `steps`
     steps each per round, so a change in the machine's load touches them alike."""
     built = {}
@@ -116,26 +123,44 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="steps per runner per round")
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
-    print(f"device: {torch.tpu.get_device_name()}; per runner, median of {args.rounds} rounds of {args.steps} steps "
-          f"after {args.warmup} warm-up steps, the runners taking turns")
+    print(
+        f"device: {torch.tpu.get_device_name()}; per runner, median of {args.rounds} rounds of {args.steps} steps "
+        f"after {args.warmup} warm-up steps, the runners taking turns"
+    )
     print(f"{'workload':<44}{'strict':>10}{'fused':>10}{'compiled':>10}{'strict/fused':>14}{'fused/compiled':>16}")
-    for name, width, batch, optimizer in (("(a) MLP 4x256, batch 64, AdamW [ms/step]", 256, 64, "adamw"),
-                                          ("(b) MLP 4x1024, batch 256, SGD [ms/step]", 1024, 256, "sgd")):
+    for name, width, batch, optimizer in (
+        ("(a) MLP 4x256, batch 64, AdamW [ms/step]", 256, 64, "adamw"),
+        ("(b) MLP 4x1024, batch 256, SGD [ms/step]", 1024, 256, "sgd"),
+    ):
         eager = training_step(width, batch, optimizer)
-        t = measure({"strict": (eager, STRICT), "fused": (eager, FUSED),
-                     "compiled": (compiled_step(width, batch, optimizer), STRICT)}, args.rounds, args.steps,
-                    args.warmup)
-        print(f"{name:<44}{t['strict'] * 1e3:>10.2f}{t['fused'] * 1e3:>10.2f}{t['compiled'] * 1e3:>10.2f}"
-              f"{t['strict'] / t['fused']:>13.2f}x{t['fused'] / t['compiled']:>15.2f}x")
+        t = measure(
+            {
+                "strict": (eager, STRICT),
+                "fused": (eager, FUSED),
+                "compiled": (compiled_step(width, batch, optimizer), STRICT),
+            },
+            args.rounds,
+            args.steps,
+            args.warmup,
+        )
+        print(
+            f"{name:<44}{t['strict'] * 1e3:>10.2f}{t['fused'] * 1e3:>10.2f}{t['compiled'] * 1e3:>10.2f}"
+            f"{t['strict'] / t['fused']:>13.2f}x{t['fused'] / t['compiled']:>15.2f}x"
+        )
     ops = 200
-    t = measure({"strict": (chain_step(ops), STRICT), "fused": (chain_step(ops), FUSED)}, args.rounds, args.steps,
-                args.warmup)
-    print(f"{'(c) 200 elementwise ops, 64x64 [us/op]':<44}{t['strict'] / ops * 1e6:>10.2f}"
-          f"{t['fused'] / ops * 1e6:>10.2f}{'-':>10}{t['strict'] / t['fused']:>13.2f}x{'-':>16}")
+    t = measure(
+        {"strict": (chain_step(ops), STRICT), "fused": (chain_step(ops), FUSED)}, args.rounds, args.steps, args.warmup
+    )
+    print(
+        f"{'(c) 200 elementwise ops, 64x64 [us/op]':<44}{t['strict'] / ops * 1e6:>10.2f}"
+        f"{t['fused'] / ops * 1e6:>10.2f}{'-':>10}{t['strict'] / t['fused']:>13.2f}x{'-':>16}"
+    )
     stats = torch.tpu._get_cache_stats()
     fused_entries = [e for e in stats["per_entry_stats"] if e["source"] == "fused"]
-    print(f"fused clusters compiled: {len(fused_entries)}; "
-          f"largest replayed {max(e['read_count'] for e in fused_entries)} times")
+    print(
+        f"fused clusters compiled: {len(fused_entries)}; "
+        f"largest replayed {max(e['read_count'] for e in fused_entries)} times"
+    )
 
 
 if __name__ == "__main__":

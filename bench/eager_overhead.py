@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import torch
 
 
-def per_op_us(runners: dict[str, tuple[Callable[[], object], Callable[[object], None]]], ops: int,
-              repeats: int) -> dict[str, float]:
+def per_op_us(
+    runners: dict[str, tuple[Callable[[], object], Callable[[object], None]]], ops: int, repeats: int
+) -> dict[str, float]:
     """Median over `repeats` of the time per op of each runner's chain of `ops` ops (synchronised at the end).
 
     The runners take turns within each repeat, so a change in the machine's load touches them all alike.
@@ -77,17 +78,23 @@ def main() -> None:
     tpu_run = torch_chain(tpu_x, tpu_y, args.ops)
     torch_sync(tpu_run())
     stats_before = torch.tpu._get_cache_stats()
-    us = per_op_us({
-        "torch_tpu eager (Strict)": (tpu_run, torch_sync),
-        "JAX jitted call (floor)": (jax_chain(jax_x, jax_y, args.ops), jax.block_until_ready),
-        "torch CPU eager": (torch_chain(cpu_x, cpu_y, args.ops), torch_sync),
-    }, args.ops, args.repeats)
+    us = per_op_us(
+        {
+            "torch_tpu eager (Strict)": (tpu_run, torch_sync),
+            "JAX jitted call (floor)": (jax_chain(jax_x, jax_y, args.ops), jax.block_until_ready),
+            "torch CPU eager": (torch_chain(cpu_x, cpu_y, args.ops), torch_sync),
+        },
+        args.ops,
+        args.repeats,
+    )
     stats_after = torch.tpu._get_cache_stats()
     misses = (stats_after["num_cache_reqs"] - stats_before["num_cache_reqs"]) - (
         stats_after["num_cache_hits"] - stats_before["num_cache_hits"]
     )
-    print(f"device: {torch.tpu.get_device_name()}; chain of {args.ops} ops on 64x64 float32, "
-          f"median of {args.repeats} interleaved runs")
+    print(
+        f"device: {torch.tpu.get_device_name()}; chain of {args.ops} ops on 64x64 float32, "
+        f"median of {args.repeats} interleaved runs"
+    )
     print(f"{'runner':<28}{'us/op':>10}{'vs JAX floor':>14}")
     floor = us["JAX jitted call (floor)"]
     for name, value in us.items():

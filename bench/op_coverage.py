@@ -271,8 +271,9 @@ def _check_outputs(actual: Any, expected: Any, values: bool, cpu_ok: bool = Fals
     for a, e in zip(flat_a, flat_e, strict=True):
         if isinstance(e, torch.Tensor):
             if not isinstance(a, torch.Tensor) or a.shape != e.shape or a.dtype != e.dtype:
-                raise AssertionError(f"random output {getattr(a, 'shape', a)} {getattr(a, 'dtype', '')} != "
-                                     f"{e.shape} {e.dtype}")
+                raise AssertionError(
+                    f"random output {getattr(a, 'shape', a)} {getattr(a, 'dtype', '')} != {e.shape} {e.dtype}"
+                )
 
 
 def _widened(value: Any) -> Any:
@@ -292,8 +293,12 @@ def _reference64(op: Any, sample: Any) -> tuple[Any, Any]:
     """The sample in float64 and `op`'s outputs on it (on CPU)."""
     from torch.testing._internal.opinfo.core import SampleInput
 
-    wide = SampleInput(_widened(sample.input), args=_widened(sample.args), kwargs=_widened(sample.kwargs),
-                       output_process_fn_grad=sample.output_process_fn_grad)
+    wide = SampleInput(
+        _widened(sample.input),
+        args=_widened(sample.args),
+        kwargs=_widened(sample.kwargs),
+        output_process_fn_grad=sample.output_process_fn_grad,
+    )
     return wide, _call(op, wide)
 
 
@@ -335,7 +340,8 @@ def _differentiable(outputs: Any) -> list[int]:
     import torch
 
     return [
-        i for i, o in enumerate(outputs)
+        i
+        for i, o in enumerate(outputs)
         if isinstance(o, torch.Tensor) and o.requires_grad and (o.is_floating_point() or o.is_complex())
     ]
 
@@ -372,8 +378,7 @@ def _run_sample(op: Any, sample: Any, placement: Any, forward: Tally, grad: Tall
     except Misplaced as error:
         forward.add("wrong", one_line(error))
     except Exception as error:
-        if op.name in GAUGE_FREE and _same_processed(sample, actual, expected) or _accurate(op, twin, actual,
-                                                                                          expected):
+        if op.name in GAUGE_FREE and _same_processed(sample, actual, expected) or _accurate(op, twin, actual, expected):
             forward.add("fallback" if fell else "passed")
         else:
             forward.add("wrong", one_line(error))
@@ -389,8 +394,7 @@ def _accurate(op: Any, twin: Any, actual: Any, expected: Any) -> bool:
         return False
 
 
-def _run_grad(op: Any, sample: Any, device_sample: Any, expected: Any, actual: Any, random: bool,
-              grad: Tally) -> None:
+def _run_grad(op: Any, sample: Any, device_sample: Any, expected: Any, actual: Any, random: bool, grad: Tally) -> None:
     import torch
 
     from torch_tpu.testing import compare
@@ -437,8 +441,9 @@ def _run_grad(op: Any, sample: Any, device_sample: Any, expected: Any, actual: A
             grad.add("wrong", one_line(error))
 
 
-def _accurate_grads(op: Any, sample: Any, picked: list[int], wrt: list[int], seeds: list[Any], actual: Any,
-                    expected: Any) -> bool:
+def _accurate_grads(
+    op: Any, sample: Any, picked: list[int], wrt: list[int], seeds: list[Any], actual: Any, expected: Any
+) -> bool:
     """The float64 recheck of gradients: the same seeds through the same outputs of the float64 sample."""
     import torch
 
@@ -446,9 +451,12 @@ def _accurate_grads(op: Any, sample: Any, picked: list[int], wrt: list[int], see
         wide, outputs = _reference64(op, sample)
         outputs = _leaves(sample.output_process_fn_grad(outputs))
         tensors = _leaves((wide.input, wide.args, wide.kwargs))
-        reference = torch.autograd.grad([outputs[i] for i in picked], [tensors[i] for i in wrt],
-                                        [s.to(outputs[i].dtype) for s, i in zip(seeds, picked, strict=True)],
-                                        allow_unused=True)
+        reference = torch.autograd.grad(
+            [outputs[i] for i in picked],
+            [tensors[i] for i in wrt],
+            [s.to(outputs[i].dtype) for s, i in zip(seeds, picked, strict=True)],
+            allow_unused=True,
+        )
         return _as_accurate_as_cpu(list(actual), list(expected), list(reference))
     except Exception:
         return False
@@ -503,8 +511,13 @@ def worker(conn: multiprocessing.connection.Connection) -> None:
         try:
             result = run_task(ops[key], dtype_name, progress=lambda: conn.send("tick"))
         except BaseException as error:  # a bug in the sweep itself: report it against the op, keep going
-            result = {dtype_name: {"status": "error", "message": "sweep: " + one_line(error),
-                                   "trace": traceback.format_exc(limit=5)}}
+            result = {
+                dtype_name: {
+                    "status": "error",
+                    "message": "sweep: " + one_line(error),
+                    "trace": traceback.format_exc(limit=5),
+                }
+            }
         executables.clear()
         conn.send(result)
 
@@ -563,8 +576,9 @@ def sweep(tasks: list[tuple[str, str]], jobs: int, timeout: float, grad_keys: se
     return results
 
 
-def _drive(slots: list[Slot], pending: collections.deque, results: dict, timeout: float, total: int,
-           grad_keys: set[str]) -> None:
+def _drive(
+    slots: list[Slot], pending: collections.deque, results: dict, timeout: float, total: int, grad_keys: set[str]
+) -> None:
     """Feed tasks to idle workers and collect results until every task has one."""
     finished = 0
 
@@ -604,8 +618,10 @@ def _drive(slots: list[Slot], pending: collections.deque, results: dict, timeout
                     results[key].update(message)
                     finished += 1
                     status = message[slot.task[1]]["status"]
-                    print(f"[{finished}/{total}] {key} {slot.task[1]}: {status} "
-                          f"({time.monotonic() - slot.started:.1f}s)", flush=True)
+                    print(
+                        f"[{finished}/{total}] {key} {slot.task[1]}: {status} ({time.monotonic() - slot.started:.1f}s)",
+                        flush=True,
+                    )
                     slot.task = None
                     slot.done += 1
                     if slot.done >= _TASKS_PER_WORKER:
@@ -661,8 +677,7 @@ def print_report(ops: list[Any], results: dict[str, dict], seconds: float) -> No
     print(f"{len(ops)} OpInfos in {seconds / 60:.1f} min")
 
 
-def write_doc(path: str, ops: list[Any], results: dict[str, dict], seconds: float, jobs: int,
-              rerun: list[str]) -> None:
+def write_doc(path: str, ops: list[Any], results: dict[str, dict], seconds: float, jobs: int, rerun: list[str]) -> None:
     import torch
 
     lines = [
@@ -686,17 +701,25 @@ def write_doc(path: str, ops: list[Any], results: dict[str, dict], seconds: floa
         f"Sweep time: {seconds / 60:.1f} min with {jobs} worker processes on {os.cpu_count()} CPU cores "
         "(XLA CPU platform).",
         "",
-        *([f"After fixes, the {len(rerun)} OpInfos that had not passed were re-run (`--rerun-failing`); "
-           "their rows come from that re-run, the others from the whole sweep. The CI subset "
-           "(tests/test_opinfo.py) and the op tests guard the rest against regressions.", ""] if rerun else []),
+        *(
+            [
+                f"After fixes, the {len(rerun)} OpInfos that had not passed were re-run (`--rerun-failing`); "
+                "their rows come from that re-run, the others from the whole sweep. The CI subset "
+                "(tests/test_opinfo.py) and the op tests guard the rest against regressions.",
+                "",
+            ]
+            if rerun
+            else []
+        ),
         "## Summary",
         "",
         *table_lines(summarize(ops, results)),
         "",
     ]
     for name, (passing, eligible) in headline(ops, results).items():
-        lines.append(f"- {name}: **{passing}/{eligible}** OpInfos pass every sample "
-                     f"({100 * passing / max(eligible, 1):.1f}%).")
+        lines.append(
+            f"- {name}: **{passing}/{eligible}** OpInfos pass every sample ({100 * passing / max(eligible, 1):.1f}%)."
+        )
     decomposed: collections.Counter[str] = collections.Counter()
     fell_back: collections.Counter[str] = collections.Counter()
     for op in ops:
@@ -729,13 +752,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", help="comma-separated OpInfo names (default: the whole op_db)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
-    parser.add_argument("--timeout", type=float, default=180.0,
-                        help="seconds one sample may take before its (op, dtype) counts as hung (default 180)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=180.0,
+        help="seconds one sample may take before its (op, dtype) counts as hung (default 180)",
+    )
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated subset of " + ",".join(DTYPES))
     parser.add_argument("--doc", default="docs/op_coverage.md", help="the generated doc (whole sweeps only)")
     parser.add_argument("--json", help="also dump the raw results here")
-    parser.add_argument("--rerun-failing", action="store_true",
-                        help="re-run the OpInfos that did not pass in the doc's JSON and update the doc")
+    parser.add_argument(
+        "--rerun-failing",
+        action="store_true",
+        help="re-run the OpInfos that did not pass in the doc's JSON and update the doc",
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))  # so `sweep` stops its workers
 
@@ -748,8 +778,11 @@ def main() -> None:
     if args.rerun_failing:
         with open(stored_path) as file:
             stored = json.load(file)
-        failing = {key for key, records in stored["results"].items()
-                   if any(r["status"] not in ("passed", "skipped") for r in records.values())}
+        failing = {
+            key
+            for key, records in stored["results"].items()
+            if any(r["status"] not in ("passed", "skipped") for r in records.values())
+        }
         args.ops = ",".join(sorted(failing | set(args.ops.split(",") if args.ops else ())))
     if args.ops:
         wanted = set(args.ops.split(","))
@@ -789,10 +822,18 @@ def main() -> None:
 
 def _slim(results: dict[str, dict]) -> dict[str, dict]:
     """Status and first message per (OpInfo, check): what the doc and a later re-run need."""
-    return {key: {column: {"status": r["status"], "message": r.get("message", ""),
-                           "fallbacks": r.get("fallbacks", {}), "decompositions": r.get("decompositions", {})}
-                  for column, r in records.items()}
-            for key, records in results.items()}
+    return {
+        key: {
+            column: {
+                "status": r["status"],
+                "message": r.get("message", ""),
+                "fallbacks": r.get("fallbacks", {}),
+                "decompositions": r.get("decompositions", {}),
+            }
+            for column, r in records.items()
+        }
+        for key, records in results.items()
+    }
 
 
 if __name__ == "__main__":

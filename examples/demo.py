@@ -50,8 +50,10 @@ def main() -> None:
         f"10 AdamW steps on tpu in {tpu_seconds:.2f} s (compiles included); executable cache: "
         f"{stats['num_entries']} executables, {stats['num_cache_hits']}/{stats['num_cache_reqs']} hits"
     )
-    print(f"parameters live on {next(model.parameters()).device}; memory allocated "
-          f"{torch.accelerator.memory_allocated() / 1024:.0f} KiB")
+    print(
+        f"parameters live on {next(model.parameters()).device}; memory allocated "
+        f"{torch.accelerator.memory_allocated() / 1024:.0f} KiB"
+    )
 
 
 if __name__ == "__main__":

@@ -38,10 +38,18 @@ def mlp(features: int = 32, classes: int = 8, train_steps: int = 20) -> Workload
         return inputs, (inputs @ weights).argmax(-1)
 
     return Workload(
-        name="mlp", description=f"MLP {features}->64->{classes}, synthetic teacher labels",
-        make_model=make_model, make_batch=make_batch, loss=F.cross_entropy, metric=_accuracy,
-        metric_name="accuracy", quality_target=0.6, train_steps=train_steps, learning_rate=1e-2,
-        shapes=[Shape(128), Shape(32), Shape(128, dtype="bfloat16")], latency_slo_ms=250.0,
+        name="mlp",
+        description=f"MLP {features}->64->{classes}, synthetic teacher labels",
+        make_model=make_model,
+        make_batch=make_batch,
+        loss=F.cross_entropy,
+        metric=_accuracy,
+        metric_name="accuracy",
+        quality_target=0.6,
+        train_steps=train_steps,
+        learning_rate=1e-2,
+        shapes=[Shape(128), Shape(32), Shape(128, dtype="bfloat16")],
+        latency_slo_ms=250.0,
     )
 
 
@@ -100,8 +108,16 @@ def tiny_lm(vocab: int = 32, width: int = 32, heads: int = 2, layers: int = 1, t
         return F.cross_entropy(output.float().reshape(-1, output.shape[-1]), target.reshape(-1))
 
     return Workload(
-        name="tiny_lm", description=f"decoder-only LM: vocab {vocab}, width {width}, {layers} layer(s), synthetic",
-        make_model=make_model, make_batch=make_batch, loss=loss, metric=_accuracy, metric_name="next-token accuracy",
-        quality_target=0.5, train_steps=train_steps, learning_rate=3e-3,
-        shapes=[Shape(16, 16), Shape(16, 32), Shape(16, 16, "bfloat16")], latency_slo_ms=500.0,
+        name="tiny_lm",
+        description=f"decoder-only LM: vocab {vocab}, width {width}, {layers} layer(s), synthetic",
+        make_model=make_model,
+        make_batch=make_batch,
+        loss=loss,
+        metric=_accuracy,
+        metric_name="next-token accuracy",
+        quality_target=0.5,
+        train_steps=train_steps,
+        learning_rate=3e-3,
+        shapes=[Shape(16, 16), Shape(16, 32), Shape(16, 16, "bfloat16")],
+        latency_slo_ms=500.0,
     )

@@ -115,8 +115,20 @@ def test_whole_adamw_training_step_compiled_with_buckets_matches_cpu():
 def test_reductions_and_contractions_over_the_padded_axis_match_cpu():
     def fn(x):
         y = 1 / x  # the zero padding becomes inf here: masks must not let it reach real values
-        return (y.sum(0), y.mean(0), y.mean(), y.amax(0), y.max(0).values, y.argmin(0), y.softmax(0),
-                y.log_softmax(0), y.t() @ y, y.logsumexp(0), y * x.shape[0], y.sum(0) / x.shape[0])
+        return (
+            y.sum(0),
+            y.mean(0),
+            y.mean(),
+            y.amax(0),
+            y.max(0).values,
+            y.argmin(0),
+            y.softmax(0),
+            y.log_softmax(0),
+            y.t() @ y,
+            y.logsumexp(0),
+            y * x.shape[0],
+            y.sum(0) / x.shape[0],
+        )
 
     compiled = torch.compile(fn, backend="tpu", options=dict(OPTIONS, name="reduce"))
     with warnings.catch_warnings():

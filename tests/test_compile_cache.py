@@ -26,8 +26,12 @@ print(json.dumps({"eager": eager.cpu().tolist(), "stats": stats, "out_shape": li
 
 def run(root: pathlib.Path, script: str = SCRIPT, **extra_env: str) -> tuple[dict, str]:
     # PyTorch's cache directory (AOTAutograd's entries) is private to the test too, beside the root.
-    env = dict(os.environ, TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=str(root),
-               TORCHINDUCTOR_CACHE_DIR=str(root.parent / f"{root.name}-inductor"), **extra_env)
+    env = dict(
+        os.environ,
+        TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=str(root),
+        TORCHINDUCTOR_CACHE_DIR=str(root.parent / f"{root.name}-inductor"),
+        **extra_env,
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
@@ -75,8 +79,12 @@ def test_truncated_entry_is_discarded(tmp_path):
 
 def test_concurrent_writers_never_leave_partial_entries(tmp_path):
     env = dict(os.environ, TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=str(tmp_path))
-    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     for proc in procs:
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-3000:]

@@ -108,9 +108,17 @@ def test_zero_dim_cpu_tensor_mixes_like_cuda():
 def test_recurring_zero_dim_cpu_tensors_keep_dtype_sign_and_value():
     # 0-dim host tensors are cached on the device once a value recurs: the cache must tell them apart exactly
     base = torch.tensor([1.5, -2.0, 3.0])
-    scalars = [torch.tensor(0.0), torch.tensor(-0.0), torch.tensor(2.5), torch.tensor(2.5, dtype=torch.float64),
-               torch.tensor(2.5, dtype=torch.bfloat16), torch.tensor(3), torch.tensor(True), torch.tensor(1 + 2j),
-               torch.tensor(float("nan"))]
+    scalars = [
+        torch.tensor(0.0),
+        torch.tensor(-0.0),
+        torch.tensor(2.5),
+        torch.tensor(2.5, dtype=torch.float64),
+        torch.tensor(2.5, dtype=torch.bfloat16),
+        torch.tensor(3),
+        torch.tensor(True),
+        torch.tensor(1 + 2j),
+        torch.tensor(float("nan")),
+    ]
     for _ in range(3):
         for scalar in scalars:
             expected = base * scalar

@@ -146,8 +146,11 @@ def test_fused_runs_a_stack_of_many_tensors_on_its_own():
     not fused into its consumer (whose XLA compile time would grow superlinearly with the operands)."""
     torch.manual_seed(0)
     xs = [torch.randn(4) for _ in range(300)]
-    runs = lambda: sum(e["read_count"] + 1 for e in torch.tpu._get_cache_stats()["per_entry_stats"]  # noqa: E731
-                       if e["name"] == "aten.stack.default")
+    runs = lambda: sum(
+        e["read_count"] + 1
+        for e in torch.tpu._get_cache_stats()["per_entry_stats"]  # noqa: E731
+        if e["name"] == "aten.stack.default"
+    )
     before = runs()
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
         got = torch.stack([x.to("tpu") * 2 for x in xs]).sum(0).cpu()

@@ -68,7 +68,8 @@ OPTIMIZERS = {
     "adamw_amsgrad": (torch.optim.AdamW, dict(lr=0.01, amsgrad=True)),
     "rmsprop": (torch.optim.RMSprop, dict(lr=0.01)),
     "rmsprop_centered_momentum_wd": (
-        torch.optim.RMSprop, dict(lr=0.01, centered=True, momentum=0.9, weight_decay=0.01)
+        torch.optim.RMSprop,
+        dict(lr=0.01, centered=True, momentum=0.9, weight_decay=0.01),
     ),
     "adagrad": (torch.optim.Adagrad, dict(lr=0.1)),
     "adagrad_decay_wd": (torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01, weight_decay=0.1, eps=1e-6)),
@@ -167,14 +168,15 @@ def test_clip_grad_value(foreach):
 
 def _foreach_sequence(tensors, others, step):
     """Foreach ops as optimizers call them, with a scalar list that changes every step (bias corrections)."""
-    corrections = [1 - 0.9 ** step] * len(tensors)
+    corrections = [1 - 0.9**step] * len(tensors)
     torch._foreach_mul_(tensors, 0.99)
     torch._foreach_add_(tensors, others, alpha=-0.1)
     torch._foreach_lerp_(tensors, others, 0.25)
     torch._foreach_addcmul_(tensors, others, others, 0.001)
     torch._foreach_div_(tensors, corrections)
-    torch._foreach_addcdiv_(tensors, others, torch._foreach_add(torch._foreach_abs(others), 1.0),
-                            torch.tensor([0.01 * step] * len(tensors)))
+    torch._foreach_addcdiv_(
+        tensors, others, torch._foreach_add(torch._foreach_abs(others), 1.0), torch.tensor([0.01 * step] * len(tensors))
+    )
     torch._foreach_clamp_min_(tensors, -2.0)
     return list(torch._foreach_sqrt(torch._foreach_abs(tensors)))
 
@@ -194,8 +196,11 @@ def test_foreach_ops_run_one_executable_per_list_and_match_cpu():
         torch.testing.assert_close([t.cpu() for t in ours + got], theirs + expected, rtol=1e-6, atol=1e-7)
     after = torch.tpu._get_cache_stats()
     assert after["num_cache_reqs"] - before["num_cache_reqs"] == after["num_cache_hits"] - before["num_cache_hits"]
-    names = {entry["name"] for i, entry in enumerate(after["per_entry_stats"])  # the executables this test ran
-             if i >= len(reads) or entry["read_count"] > reads[i]}
+    names = {
+        entry["name"]
+        for i, entry in enumerate(after["per_entry_stats"])  # the executables this test ran
+        if i >= len(reads) or entry["read_count"] > reads[i]
+    }
     assert {"aten._foreach_addcdiv_.Tensor", "aten._foreach_div_.ScalarList", "aten._foreach_lerp_.Scalar"} <= names
     assert "aten.lerp_.Scalar" not in names  # not dispatched tensor by tensor
 

@@ -56,8 +56,9 @@ def test_fp32_results_at_every_level_on_this_platform(level):
 def test_compiled_graph_follows_precision():
     torch._dynamo.reset()
     seen = []
-    model = torch.compile(torch.nn.Linear(4, 4).to("tpu"), backend="tpu",
-                          options={"debug_callback": lambda fx, hlo: seen.append(hlo)})
+    model = torch.compile(
+        torch.nn.Linear(4, 4).to("tpu"), backend="tpu", options={"debug_callback": lambda fx, hlo: seen.append(hlo)}
+    )
     x = torch.randn(2, 4, device="tpu")
     model(x)
     with torch.tpu.precision(torch.tpu.Precision.DEFAULT):

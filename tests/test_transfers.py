@@ -8,8 +8,19 @@ import numpy as np
 import pytest
 import torch
 
-DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.int16, torch.int32,
-          torch.int64, torch.uint8, torch.bool, torch.complex64]
+DTYPES = [
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.float64,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+]
 
 
 def _sample(dtype):
@@ -131,7 +142,9 @@ def test_pickle_and_deepcopy_keep_values_views_and_device(dtype):
 def test_storage_constructors_on_tpu():
     # PyTorch builds these with its C++ allocator, which a Python backend cannot provide: they must still work
     assert (torch.UntypedStorage(10, device="tpu").nbytes(), torch.UntypedStorage(10, device="tpu").device.type) == (
-        10, "tpu")
+        10,
+        "tpu",
+    )
     assert torch.UntypedStorage([1, 2, 255], device="tpu").tolist() == [1, 2, 255]
     typed = torch.TypedStorage(4, device="tpu", dtype=torch.float32)
     assert (typed.size(), typed.dtype, typed.device.type) == (4, torch.float32, "tpu")

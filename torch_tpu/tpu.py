@@ -62,6 +62,7 @@ __all__ = [
     "synchronize",
 ]
 
+
 def _lazy_init() -> None:
     """Pick the PJRT platform and configure JAX, once."""
     platform.devices()

@@ -24,9 +24,18 @@ def tiny(train_steps: int = 4, **kwargs) -> Workload:
     def accuracy(out: torch.Tensor, target: torch.Tensor) -> float:
         return float((out.argmax(-1) == target).float().mean().cpu())
 
-    fields = dict(name="tiny", make_model=make_model, make_batch=make_batch, loss=F.cross_entropy, metric=accuracy,
-                  quality_target=0.0, train_steps=train_steps, learning_rate=5e-2,
-                  shapes=[Shape(16), Shape(8)], latency_slo_ms=10_000.0)
+    fields = dict(
+        name="tiny",
+        make_model=make_model,
+        make_batch=make_batch,
+        loss=F.cross_entropy,
+        metric=accuracy,
+        quality_target=0.0,
+        train_steps=train_steps,
+        learning_rate=5e-2,
+        shapes=[Shape(16), Shape(8)],
+        latency_slo_ms=10_000.0,
+    )
     fields.update(kwargs)
     return Workload(**fields)
 

@@ -21,8 +21,20 @@ def full_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     prices = out / "prices.json"
     prices.write_text(json.dumps({"accelerator_per_hour": 1.2, "host_per_hour": 0.2, "storage_per_gb_month": 0.02}))
-    code = cli.main(["evaluate", f"{SPEC}:tiny", "--out", str(out), "--prices", str(prices), "--modes", "compiled",
-                     "--iterations", "10"])
+    code = cli.main(
+        [
+            "evaluate",
+            f"{SPEC}:tiny",
+            "--out",
+            str(out),
+            "--prices",
+            str(prices),
+            "--modes",
+            "compiled",
+            "--iterations",
+            "10",
+        ]
+    )
     return code, out, json.loads((out / "report.json").read_text())
 
 
@@ -89,8 +101,18 @@ def test_nan_loss_fails_correctness_and_operations_and_missing_prices_fail_cost(
 def test_smoke_runs_in_its_own_process_with_the_seed_fields():
     (record,) = smoke.run_in_processes(["compiled"], iterations=5)
     assert "error" not in record, record
-    for field in ("torch", "torch_tpu", "mode", "first_call_seconds", "mean_batch_seconds", "samples_per_second",
-                  "finite", "platform", "compile_cache", "run_id"):
+    for field in (
+        "torch",
+        "torch_tpu",
+        "mode",
+        "first_call_seconds",
+        "mean_batch_seconds",
+        "samples_per_second",
+        "finite",
+        "platform",
+        "compile_cache",
+        "run_id",
+    ):
         assert field in record
     assert record["mode"] == "compiled" and record["finite"] is True
     assert record["compile_cache"]["state"] in ("cold", "warm")

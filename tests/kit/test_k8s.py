@@ -9,9 +9,15 @@ def _job(docs):
     return next(d for d in docs if d["kind"] == "Job")
 
 
-@pytest.mark.parametrize("accelerator,topology,chips", [("tpu-v6e-slice", "1x1", 1), ("tpu-v6e-slice", "2x4", 8),
-                                                         ("tpu-v5-lite-podslice", "2x2", 4),
-                                                         ("tpu-v5p-slice", "2x2x1", 4)])
+@pytest.mark.parametrize(
+    "accelerator,topology,chips",
+    [
+        ("tpu-v6e-slice", "1x1", 1),
+        ("tpu-v6e-slice", "2x4", 8),
+        ("tpu-v5-lite-podslice", "2x2", 4),
+        ("tpu-v5p-slice", "2x2x1", 4),
+    ],
+)
 def test_manifest_validates_against_the_kubernetes_api(accelerator, topology, chips):
     docs = k8s.build(k8s.JobSpec(image="us-docker.pkg.dev/p/ml/img:1", accelerator=accelerator, topology=topology))
     k8s.validate(docs)
@@ -22,8 +28,10 @@ def test_manifest_validates_against_the_kubernetes_api(accelerator, topology, ch
     assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] > 0
     assert job["spec"]["ttlSecondsAfterFinished"] >= 0
     assert pod["automountServiceAccountToken"] is False and pod["restartPolicy"] == "Never"
-    assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": accelerator,
-                                   "cloud.google.com/gke-tpu-topology": topology}
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": accelerator,
+        "cloud.google.com/gke-tpu-topology": topology,
+    }
     resources = container["resources"]
     assert resources["requests"]["google.com/tpu"] == resources["limits"]["google.com/tpu"] == str(chips)
     security = container["securityContext"]
@@ -46,14 +54,17 @@ def test_wrong_type_is_caught_by_the_schema():
         k8s.validate(docs)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"accelerator": "tpu-v9-imaginary"}, "unknown accelerator"),
-    ({"topology": "2x2x2"}, "2 dimensions"),
-    ({"topology": "3x3"}, "not offered"),
-    ({"topology": "4x4"}, "multi-host"),
-    ({"topology": "2x2", "chips": 1}, "4 chip"),
-    ({"mode": "turbo"}, "eager or compiled"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"accelerator": "tpu-v9-imaginary"}, "unknown accelerator"),
+        ({"topology": "2x2x2"}, "2 dimensions"),
+        ({"topology": "3x3"}, "not offered"),
+        ({"topology": "4x4"}, "multi-host"),
+        ({"topology": "2x2", "chips": 1}, "4 chip"),
+        ({"mode": "turbo"}, "eager or compiled"),
+    ],
+)
 def test_invalid_combinations_are_refused(kwargs, message):
     with pytest.raises(k8s.ManifestError, match=message):
         k8s.build(k8s.JobSpec(image="img:1", **kwargs))
@@ -61,8 +72,12 @@ def test_invalid_combinations_are_refused(kwargs, message):
 
 def test_cli_prints_yaml_and_refuses_with_a_message(capsys):
     yaml = pytest.importorskip("yaml")
-    assert cli.main(["k8s", "--image", "img:1", "--accelerator", "tpu-v6e-slice", "--topology", "1x1",
-                     "--mode", "compiled"]) == 0
+    assert (
+        cli.main(
+            ["k8s", "--image", "img:1", "--accelerator", "tpu-v6e-slice", "--topology", "1x1", "--mode", "compiled"]
+        )
+        == 0
+    )
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     k8s.validate(docs)
     assert _job(docs)["spec"]["template"]["spec"]["containers"][0]["command"][-1] == "compiled"

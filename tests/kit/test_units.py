@@ -35,8 +35,12 @@ def test_price_file_errors(tmp_path):
 
 
 def test_cost_per_useful_result():
-    prices = {"accelerator_per_hour": 3.6, "host_per_hour": 0.36, "storage_per_gb_month": 1.0,
-              "engineering": {"hours": 10, "rate_per_hour": 100, "amortise_over_runs": 100}}
+    prices = {
+        "accelerator_per_hour": 3.6,
+        "host_per_hour": 0.36,
+        "storage_per_gb_month": 1.0,
+        "engineering": {"hours": 10, "rate_per_hour": 100, "amortise_over_runs": 100},
+    }
     result = cost.attribute(prices, machine_seconds=100, stored_bytes=10**9, useful_results=2)
     assert result["breakdown"]["accelerator"] == pytest.approx(0.1)
     assert result["total"] == pytest.approx(0.1 + 0.01 + 1.0)

@@ -99,10 +99,29 @@ def test_unary(name, dtype):
 
 def test_unary_special_values():
     x = torch.tensor([0.0, -0.0, 1.0, -1.0, float("inf"), float("-inf"), float("nan"), -2.0, -2.5, 0.5])
-    for fn in (torch.sign, torch.sgn, torch.signbit, torch.isnan, torch.isinf, torch.isposinf, torch.isneginf,
-               torch.isfinite, torch.digamma, torch.lgamma, torch.erfinv, torch.angle, torch.nan_to_num,
-               torch.sqrt, torch.log, torch.frac, torch.round, torch.abs, torch.reciprocal, torch.sigmoid,
-               torch.logit):
+    for fn in (
+        torch.sign,
+        torch.sgn,
+        torch.signbit,
+        torch.isnan,
+        torch.isinf,
+        torch.isposinf,
+        torch.isneginf,
+        torch.isfinite,
+        torch.digamma,
+        torch.lgamma,
+        torch.erfinv,
+        torch.angle,
+        torch.nan_to_num,
+        torch.sqrt,
+        torch.log,
+        torch.frac,
+        torch.round,
+        torch.abs,
+        torch.reciprocal,
+        torch.sigmoid,
+        torch.logit,
+    ):
         check_op(fn, x)
     check_op(lambda t: torch.nan_to_num(t, nan=1.5, posinf=2.0, neginf=-3.0), x)
     check_op(torch.nan_to_num, x.bfloat16())
@@ -114,8 +133,13 @@ def test_unary_special_values():
 
 def test_composites():
     a, b = make(FLOAT, grad=True), make(FLOAT, 0.5, 2, grad=True, seed=1)
-    for fn in (torch.true_divide, lambda x, y: torch.float_power(y, 2.5), lambda x, y: x.clip(-y, y),
-               lambda x, y: torch.fix(x) + torch.positive(y), lambda x, y: F.softsign(x) * F.tanhshrink(y)):
+    for fn in (
+        torch.true_divide,
+        lambda x, y: torch.float_power(y, 2.5),
+        lambda x, y: x.clip(-y, y),
+        lambda x, y: torch.fix(x) + torch.positive(y),
+        lambda x, y: F.softsign(x) * F.tanhshrink(y),
+    ):
         check_op(fn, a, b, grad=True)
     check_op(torch.isreal, a.detach())
     z = torch.randn(SHAPE, dtype=torch.complex64)
@@ -194,8 +218,9 @@ def test_binary_broadcast_and_mixed_dtypes(name):
 
 
 @pytest.mark.parametrize("scalar", [3, -1.5])
-@pytest.mark.parametrize("name", ["add", "sub", "rsub", "mul", "div", "remainder", "fmod", "pow", "floor_divide",
-                                  "eq", "ne", "lt", "ge"])
+@pytest.mark.parametrize(
+    "name", ["add", "sub", "rsub", "mul", "div", "remainder", "fmod", "pow", "floor_divide", "eq", "ne", "lt", "ge"]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
 def test_tensor_scalar(name, dtype, scalar):
     fn = getattr(torch, name)
@@ -240,7 +265,7 @@ def test_integer_overflow_and_pow():
     check_op(lambda x: x * 3, big)
     check_op(lambda x: -x, big)
     check_op(torch.abs, big)
-    check_op(lambda x: (x.to(torch.int32) * 1000000), big)
+    check_op(lambda x: x.to(torch.int32) * 1000000, big)
     base = torch.tensor([3, -3, 2, -1, 1, 0, 7, -1])
     exponent = torch.tensor([40, 5, 64, 7, -3, 3, 0, -2])
     check_op(torch.pow, base, exponent)
@@ -259,9 +284,22 @@ def test_float_pow_special_values():
 
 def test_bool_arithmetic():
     a, b = make(torch.bool), make(torch.bool, seed=1)
-    for fn in (torch.add, torch.mul, torch.maximum, torch.minimum, torch.eq, torch.lt, torch.bitwise_and,
-               torch.bitwise_or, torch.bitwise_xor, torch.logical_and, torch.logical_or, torch.logical_xor, torch.div,
-               torch.where):
+    for fn in (
+        torch.add,
+        torch.mul,
+        torch.maximum,
+        torch.minimum,
+        torch.eq,
+        torch.lt,
+        torch.bitwise_and,
+        torch.bitwise_or,
+        torch.bitwise_xor,
+        torch.logical_and,
+        torch.logical_or,
+        torch.logical_xor,
+        torch.div,
+        torch.where,
+    ):
         args = (a, b, ~b) if fn is torch.where else (a, b)
         check_op(fn, *args)
     for fn in (torch.bitwise_not, torch.logical_not, torch.sign, torch.signbit, torch.sqrt, torch.exp):

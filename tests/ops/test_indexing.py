@@ -212,8 +212,9 @@ def test_keyword_arguments_key_their_executables():
     x = torch.randn(3, 4, 5, requires_grad=True)
     check_op(lambda a: (a.sort(stable=False, descending=True), a.sort(1, False)), x, grad=True)
     sequence, values = torch.tensor([1.0, 3, 5, 7]), torch.tensor([0.0, 3, 7, 8])
-    check_op(lambda s, v: (torch.searchsorted(s, v, out_int32=True), torch.searchsorted(s, v, right=True)),
-             sequence, values)
+    check_op(
+        lambda s, v: (torch.searchsorted(s, v, out_int32=True), torch.searchsorted(s, v, right=True)), sequence, values
+    )
 
 
 def test_mode():
@@ -223,17 +224,25 @@ def test_mode():
 
 UNIQUES = {
     "unique": (lambda a: torch.unique(a), torch.tensor([[3, 1], [3, 2]])),
-    "unique_inverse_counts": (lambda a: torch.unique(a, return_inverse=True, return_counts=True),
-                              torch.tensor([[3, 1], [3, 2]])),
+    "unique_inverse_counts": (
+        lambda a: torch.unique(a, return_inverse=True, return_counts=True),
+        torch.tensor([[3, 1], [3, 2]]),
+    ),
     "unique_float": (lambda a: torch.unique(a, return_counts=True), torch.tensor([0.5, -1.0, 0.5, 2.0])),
-    "unique_dim": (lambda a: torch.unique(a, dim=0, return_inverse=True, return_counts=True),
-                   torch.tensor([[3, 1], [3, 2], [3, 1]])),
+    "unique_dim": (
+        lambda a: torch.unique(a, dim=0, return_inverse=True, return_counts=True),
+        torch.tensor([[3, 1], [3, 2], [3, 1]]),
+    ),
     "unique_dim1": (lambda a: torch.unique(a, dim=1), torch.tensor([[3, 1, 3], [2, 0, 2]])),
-    "unique_consecutive": (lambda a: torch.unique_consecutive(a, return_inverse=True, return_counts=True),
-                           torch.tensor([1, 1, 2, 2, 3, 1, 1])),
+    "unique_consecutive": (
+        lambda a: torch.unique_consecutive(a, return_inverse=True, return_counts=True),
+        torch.tensor([1, 1, 2, 2, 3, 1, 1]),
+    ),
     "unique_consecutive_plain": (lambda a: torch.unique_consecutive(a), torch.tensor([[1, 1], [2, 1]])),
-    "unique_consecutive_dim": (lambda a: torch.unique_consecutive(a, return_counts=True, dim=0),
-                               torch.tensor([[3, 1], [3, 1], [3, 2]])),
+    "unique_consecutive_dim": (
+        lambda a: torch.unique_consecutive(a, return_counts=True, dim=0),
+        torch.tensor([[3, 1], [3, 1], [3, 2]]),
+    ),
 }
 
 
@@ -246,8 +255,11 @@ def test_unique(name):
 SEARCHES = {
     "searchsorted": (lambda s, v: torch.searchsorted(s, v), [1.0, 3, 5, 7], [[0.0, 3, 6], [8, 1, 5]]),
     "searchsorted_right": (lambda s, v: torch.searchsorted(s, v, right=True), [1.0, 3, 5, 7], [0.0, 3, 7, 8]),
-    "searchsorted_batched": (lambda s, v: torch.searchsorted(s, v, side="right"),
-                             [[1.0, 3, 5, 7], [0, 2, 4, 6]], [[0.0, 3, 6], [8, 2, 5]]),
+    "searchsorted_batched": (
+        lambda s, v: torch.searchsorted(s, v, side="right"),
+        [[1.0, 3, 5, 7], [0, 2, 4, 6]],
+        [[0.0, 3, 6], [8, 2, 5]],
+    ),
     "searchsorted_sorter": (lambda s, v: torch.searchsorted(s, v, sorter=torch.argsort(s)), [5.0, 1, 7, 3], [0.0, 3]),
     "searchsorted_int32": (lambda s, v: torch.searchsorted(s, v, out_int32=True), [1, 3, 5], [4, 0, 5]),
     "bucketize": (lambda s, v: torch.bucketize(v, s), [1.0, 3, 5, 7], [[0.0, 3, 6], [8, 1, 5]]),
@@ -348,8 +360,9 @@ def test_debug_checks_raise_index_error():
     """TORCH_TPU_ENABLE_DEBUG_CHECKS=1 (read at import, so in a fresh process) raises as CPU does."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, TORCH_TPU_ENABLE_DEBUG_CHECKS="1", PYTHONPATH=root)
-    done = subprocess.run([sys.executable, "-c", _DEBUG_CHECKS_SCRIPT], env=env, cwd=root, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", _DEBUG_CHECKS_SCRIPT], env=env, cwd=root, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0 and "checked" in done.stdout, done.stderr[-3000:]
 
 
@@ -359,8 +372,9 @@ def test_debug_checks_raise_index_error():
 def test_index_reduce(reduce, include_self, dtype):
     grad = dtype == torch.float32
     x, source = make(3, 4, dtype=dtype, grad=grad), make(3, 3, dtype=dtype, grad=grad, seed=1)
-    check_op(lambda a, i, s: a.index_reduce(1, i, s, reduce, include_self=include_self), x, idx(0, 2, 0), source,
-             grad=grad)
+    check_op(
+        lambda a, i, s: a.index_reduce(1, i, s, reduce, include_self=include_self), x, idx(0, 2, 0), source, grad=grad
+    )
     check_op(lambda a, i, s: a.index_reduce(0, i, s, reduce), make(dtype=dtype), idx(0), make(dtype=dtype, seed=2))
 
 

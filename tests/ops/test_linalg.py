@@ -28,8 +28,12 @@ PRODUCTS = [
     ("addmv", lambda s, a, v: torch.addmv(s, a, v, beta=2.0, alpha=0.5), [(3,), (3, 4), (4,)], (FLOAT, BF16)),
     ("dot", torch.dot, [(7,), (7,)], (FLOAT, BF16, INT)),
     ("vdot", torch.vdot, [(7,), (7,)], (FLOAT, INT)),
-    ("baddbmm", lambda s, a, b: torch.baddbmm(s, a, b, beta=0.5, alpha=2.0), [(3, 5), (2, 3, 4), (2, 4, 5)],
-     (FLOAT, BF16)),
+    (
+        "baddbmm",
+        lambda s, a, b: torch.baddbmm(s, a, b, beta=0.5, alpha=2.0),
+        [(3, 5), (2, 3, 4), (2, 4, 5)],
+        (FLOAT, BF16),
+    ),
     ("addbmm", lambda s, a, b: torch.addbmm(s, a, b, alpha=-1.0), [(3, 5), (2, 3, 4), (2, 4, 5)], (FLOAT, BF16, INT)),
     ("addr", lambda s, a, b: torch.addr(s, a, b, beta=2.0, alpha=0.5), [(3, 4), (3,), (4,)], (FLOAT, BF16)),
     ("outer", torch.outer, [(3,), (4,)], (FLOAT, INT)),
@@ -109,7 +113,9 @@ def test_addmm_activation():
     s, a, b = make(5), make(3, 4), make(4, 5)
     check_op(
         lambda s, a, b: (aten._addmm_activation(s, a, b, beta=0.5), aten._addmm_activation(s, a, b, use_gelu=True)),
-        s, a, b,
+        s,
+        a,
+        b,
     )
 
 
@@ -142,8 +148,11 @@ DECOMPOSITIONS = [
     ("cholesky_ex", lambda s: torch.linalg.cholesky_ex(s), lambda: [spd(4, 4)]),
     ("cholesky_legacy", lambda s: torch.cholesky(s, upper=True), lambda: [spd(3, 3)]),
     ("cholesky_solve", lambda s, b: torch.cholesky_solve(b, torch.linalg.cholesky(s)), lambda: [spd(4, 4), make(4, 2)]),
-    ("cholesky_solve_upper", lambda s, b: torch.cholesky_solve(b, torch.linalg.cholesky(s, upper=True), upper=True),
-     lambda: [spd(2, 3, 3), make(3, 2)]),
+    (
+        "cholesky_solve_upper",
+        lambda s, b: torch.cholesky_solve(b, torch.linalg.cholesky(s, upper=True), upper=True),
+        lambda: [spd(2, 3, 3), make(3, 2)],
+    ),
     ("cholesky_inverse", lambda s: torch.cholesky_inverse(torch.linalg.cholesky(s)), lambda: [spd(4, 4)]),
     ("det", torch.linalg.det, lambda: [make(4, 4)]),
     ("det_batched", torch.linalg.det, lambda: [make(2, 3, 3)]),
@@ -161,13 +170,21 @@ DECOMPOSITIONS = [
     ("lu", torch.linalg.lu, lambda: [make(4, 4)]),
     ("lu_tall", torch.linalg.lu, lambda: [make(5, 3)]),
     ("lu_solve", lambda a, b: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), b), lambda: [make(4, 4), make(4, 2)]),
-    ("lu_solve_adjoint", lambda a, b: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), b, adjoint=True),
-     lambda: [make(4, 4), make(4, 2)]),
-    ("lu_solve_right", lambda a, b: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), b, left=False),
-     lambda: [make(4, 4), make(2, 4)]),
-    ("lu_solve_right_adjoint",
-     lambda a, b: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), b, left=False, adjoint=True),
-     lambda: [make(2, 4, 4), make(2, 4)]),
+    (
+        "lu_solve_adjoint",
+        lambda a, b: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), b, adjoint=True),
+        lambda: [make(4, 4), make(4, 2)],
+    ),
+    (
+        "lu_solve_right",
+        lambda a, b: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), b, left=False),
+        lambda: [make(4, 4), make(2, 4)],
+    ),
+    (
+        "lu_solve_right_adjoint",
+        lambda a, b: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), b, left=False, adjoint=True),
+        lambda: [make(2, 4, 4), make(2, 4)],
+    ),
     ("lu_unpack", lambda a: torch.lu_unpack(*torch.linalg.lu_factor(a)), lambda: [make(4, 4)]),
     ("eigh", lambda s: (torch.linalg.eigh(s)[0], abs_columns(torch.linalg.eigh(s)[1])), lambda: [spd(4, 4)]),
     ("eigh_upper", lambda s: torch.linalg.eigh(s.triu(), UPLO="U")[0], lambda: [spd(2, 3, 3)]),
@@ -177,16 +194,31 @@ DECOMPOSITIONS = [
     ("svdvals", torch.linalg.svdvals, lambda: [make(2, 4, 3)]),
     ("qr", torch.linalg.qr, lambda: [make(5, 3)]),
     ("qr_complete", lambda a: torch.linalg.qr(a, mode="complete"), lambda: [make(3, 4)]),
-    ("solve_triangular", lambda a, b: torch.linalg.solve_triangular(a, b, upper=True),
-     lambda: [triangular(4, 4, upper=True), make(4, 2)]),
-    ("solve_triangular_right_lower", lambda a, b: torch.linalg.solve_triangular(a, b, upper=False, left=False),
-     lambda: [triangular(2, 4, 4, upper=False), make(3, 4)]),
-    ("solve_triangular_unit", lambda a, b: torch.linalg.solve_triangular(a, b, upper=False, unitriangular=True),
-     lambda: [triangular(4, 4, upper=False), make(4, 2)]),
-    ("triangular_solve", lambda b, a: torch.triangular_solve(b, a, upper=False),
-     lambda: [make(4, 2), triangular(4, 4, upper=False)]),
-    ("triangular_solve_transpose", lambda b, a: torch.triangular_solve(b, a, transpose=True),
-     lambda: [make(2, 4, 2), triangular(4, 4, upper=True)]),
+    (
+        "solve_triangular",
+        lambda a, b: torch.linalg.solve_triangular(a, b, upper=True),
+        lambda: [triangular(4, 4, upper=True), make(4, 2)],
+    ),
+    (
+        "solve_triangular_right_lower",
+        lambda a, b: torch.linalg.solve_triangular(a, b, upper=False, left=False),
+        lambda: [triangular(2, 4, 4, upper=False), make(3, 4)],
+    ),
+    (
+        "solve_triangular_unit",
+        lambda a, b: torch.linalg.solve_triangular(a, b, upper=False, unitriangular=True),
+        lambda: [triangular(4, 4, upper=False), make(4, 2)],
+    ),
+    (
+        "triangular_solve",
+        lambda b, a: torch.triangular_solve(b, a, upper=False),
+        lambda: [make(4, 2), triangular(4, 4, upper=False)],
+    ),
+    (
+        "triangular_solve_transpose",
+        lambda b, a: torch.triangular_solve(b, a, transpose=True),
+        lambda: [make(2, 4, 2), triangular(4, 4, upper=True)],
+    ),
     ("matrix_exp", lambda a: torch.linalg.matrix_exp(a / 4), lambda: [make(2, 3, 3)]),
     ("matrix_norm_fro", torch.linalg.matrix_norm, lambda: [make(3, 4)]),
     ("matrix_norm_inf", lambda a: torch.linalg.matrix_norm(a, math.inf), lambda: [make(3, 4)]),
@@ -203,8 +235,19 @@ def test_decomposition(fn, inputs):
 def test_complex_decompositions():
     x = torch.randn(3, 3, dtype=torch.complex64)
     h = x @ x.mH + 3 * torch.eye(3)
-    check_op(lambda x, h: (torch.linalg.cholesky(h), torch.linalg.inv(x), torch.linalg.det(x), torch.linalg.slogdet(x),
-                           torch.linalg.solve(x, h), torch.linalg.eigvalsh(h), torch.linalg.svdvals(x)), x, h)
+    check_op(
+        lambda x, h: (
+            torch.linalg.cholesky(h),
+            torch.linalg.inv(x),
+            torch.linalg.det(x),
+            torch.linalg.slogdet(x),
+            torch.linalg.solve(x, h),
+            torch.linalg.eigvalsh(h),
+            torch.linalg.svdvals(x),
+        ),
+        x,
+        h,
+    )
 
 
 def test_qr_modes_without_grad():
@@ -214,8 +257,15 @@ def test_qr_modes_without_grad():
 
 def test_singular():
     a = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [4.0, 5.0, 7.0]])
-    check_op(lambda a: (torch.linalg.det(a), torch.linalg.slogdet(a), torch.linalg.inv_ex(a)[1],
-                        torch.linalg.lu_factor_ex(a)[2]), a)
+    check_op(
+        lambda a: (
+            torch.linalg.det(a),
+            torch.linalg.slogdet(a),
+            torch.linalg.inv_ex(a)[1],
+            torch.linalg.lu_factor_ex(a)[2],
+        ),
+        a,
+    )
     with pytest.raises(torch.linalg.LinAlgError):
         torch.linalg.inv(a.to("tpu"))
 
@@ -231,8 +281,16 @@ def test_cholesky_reads_one_triangle():
     s = spd(3, 3).detach()
     noisy_upper = s.tril() + torch.randn(3, 3).triu(1)
     noisy_lower = s.triu() + torch.randn(3, 3).tril(-1)
-    check_op(lambda a, b: (torch.linalg.cholesky(a), torch.linalg.cholesky(b, upper=True),
-                           torch.linalg.eigvalsh(a), torch.linalg.eigvalsh(b, UPLO="U")), noisy_upper, noisy_lower)
+    check_op(
+        lambda a, b: (
+            torch.linalg.cholesky(a),
+            torch.linalg.cholesky(b, upper=True),
+            torch.linalg.eigvalsh(a),
+            torch.linalg.eigvalsh(b, UPLO="U"),
+        ),
+        noisy_upper,
+        noisy_lower,
+    )
 
 
 def test_scalars_in_integer_products():
@@ -245,8 +303,16 @@ def test_scalars_in_integer_products():
 
 def test_empty_matrices():
     empty = torch.randn(2, 0, 0)
-    check_op(lambda a: (torch.linalg.det(a), torch.linalg.slogdet(a), torch.linalg.inv(a),
-                        torch.linalg.cholesky_ex(a), torch.linalg.solve(a, a)), empty)
+    check_op(
+        lambda a: (
+            torch.linalg.det(a),
+            torch.linalg.slogdet(a),
+            torch.linalg.inv(a),
+            torch.linalg.cholesky_ex(a),
+            torch.linalg.solve(a, a),
+        ),
+        empty,
+    )
 
 
 def test_householder():
@@ -257,8 +323,13 @@ def test_householder():
     other = make(4, 2)
     for left, transpose in ((True, False), (True, True), (False, False)):
         rhs = other if left else other.mT
-        check_op(lambda r, t, c, left=left, transpose=transpose: torch.ormqr(r, t, c, left, transpose),
-                 reflectors, taus, rhs, grad=True)
+        check_op(
+            lambda r, t, c, left=left, transpose=transpose: torch.ormqr(r, t, c, left, transpose),
+            reflectors,
+            taus,
+            rhs,
+            grad=True,
+        )
 
 
 @pytest.mark.parametrize("p", [0.0, 1.0, 1.5, 2.0, 3.0, math.inf])
@@ -302,8 +373,9 @@ def test_ldl_factor_and_solve(dtype, hermitian):
     check_op(lambda x: torch.linalg.ldl_factor(x, hermitian=hermitian), a[2])
     full_rank = a[[0, 2]]
     factors = torch.linalg.ldl_factor(full_rank, hermitian=hermitian)
-    check_op(lambda ld, p, b: torch.linalg.ldl_solve(ld, p, b, hermitian=hermitian), *factors,
-             torch.randn(6, 3, dtype=dtype))
+    check_op(
+        lambda ld, p, b: torch.linalg.ldl_solve(ld, p, b, hermitian=hermitian), *factors, torch.randn(6, 3, dtype=dtype)
+    )
 
 
 def test_matrix_exp_bf16():

@@ -21,17 +21,35 @@ CONVS = [
     ("conv1d_stride_pad", F.conv1d, (2, 4, 9), (3, 4, 3), True, dict(stride=2, padding=2)),
     ("conv2d", F.conv2d, (2, 4, 7, 8), (6, 4, 3, 3), True, {}),
     ("conv2d_no_bias", F.conv2d, (2, 4, 7, 8), (6, 4, 3, 3), False, dict(padding=1)),
-    ("conv2d_groups_dilation", F.conv2d, (2, 4, 7, 8), (6, 2, 3, 2), True,
-     dict(stride=2, padding=1, dilation=2, groups=2)),
+    (
+        "conv2d_groups_dilation",
+        F.conv2d,
+        (2, 4, 7, 8),
+        (6, 2, 3, 2),
+        True,
+        dict(stride=2, padding=1, dilation=2, groups=2),
+    ),
     ("conv2d_depthwise", F.conv2d, (2, 4, 6, 6), (8, 1, 3, 3), False, dict(padding=(1, 0), groups=4)),
     ("conv2d_same_even_kernel", F.conv2d, (2, 4, 7, 8), (6, 4, 2, 2), True, dict(padding="same")),
     ("conv2d_valid", F.conv2d, (1, 3, 5, 5), (2, 3, 5, 5), True, dict(padding="valid")),
     ("conv3d", F.conv3d, (2, 4, 5, 5, 4), (4, 2, 3, 3, 2), True, dict(stride=(1, 2, 1), padding=1, groups=2)),
     ("conv_transpose1d", F.conv_transpose1d, (2, 4, 6), (4, 2, 3), False, dict(stride=3, padding=3)),
-    ("conv_transpose2d", F.conv_transpose2d, (2, 4, 5, 6), (4, 3, 3, 3), True,
-     dict(stride=2, padding=1, output_padding=1, groups=2)),
-    ("conv_transpose2d_dilation", F.conv_transpose2d, (2, 4, 5, 6), (4, 3, 2, 3), False,
-     dict(stride=(2, 3), padding=(2, 1), output_padding=(1, 2), dilation=(1, 2))),
+    (
+        "conv_transpose2d",
+        F.conv_transpose2d,
+        (2, 4, 5, 6),
+        (4, 3, 3, 3),
+        True,
+        dict(stride=2, padding=1, output_padding=1, groups=2),
+    ),
+    (
+        "conv_transpose2d_dilation",
+        F.conv_transpose2d,
+        (2, 4, 5, 6),
+        (4, 3, 2, 3),
+        False,
+        dict(stride=(2, 3), padding=(2, 1), output_padding=(1, 2), dilation=(1, 2)),
+    ),
     ("conv_transpose3d", F.conv_transpose3d, (1, 2, 3, 3, 3), (2, 2, 2, 2, 2), True, dict(stride=2)),
 ]
 
@@ -91,19 +109,28 @@ def test_max_pool_ties_and_infinities():
 
 
 def test_max_pool_bf16():
-    check_op(lambda x: F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True), make(2, 3, 7, 8, dtype=BF16),
-             grad=True)
+    check_op(
+        lambda x: F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True), make(2, 3, 7, 8, dtype=BF16), grad=True
+    )
 
 
 AVG_POOLS = [
     ("avg_pool1d", F.avg_pool1d, (2, 3, 9), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
     ("avg_pool2d", F.avg_pool2d, (2, 3, 7, 8), dict(kernel_size=2)),
     ("avg_pool2d_pad", F.avg_pool2d, (2, 3, 7, 8), dict(kernel_size=3, stride=2, padding=1)),
-    ("avg_pool2d_exclude_pad", F.avg_pool2d, (2, 3, 7, 8),
-     dict(kernel_size=3, stride=2, padding=1, count_include_pad=False)),
+    (
+        "avg_pool2d_exclude_pad",
+        F.avg_pool2d,
+        (2, 3, 7, 8),
+        dict(kernel_size=3, stride=2, padding=1, count_include_pad=False),
+    ),
     ("avg_pool2d_ceil", F.avg_pool2d, (2, 3, 7, 8), dict(kernel_size=3, stride=2, ceil_mode=True)),
-    ("avg_pool2d_ceil_exclude_pad", F.avg_pool2d, (2, 3, 7, 8),
-     dict(kernel_size=(3, 2), stride=2, padding=1, ceil_mode=True, count_include_pad=False)),
+    (
+        "avg_pool2d_ceil_exclude_pad",
+        F.avg_pool2d,
+        (2, 3, 7, 8),
+        dict(kernel_size=(3, 2), stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+    ),
     ("avg_pool2d_divisor", F.avg_pool2d, (2, 3, 7, 8), dict(kernel_size=3, stride=2, padding=1, divisor_override=4)),
     ("avg_pool3d", F.avg_pool3d, (2, 2, 4, 5, 3), dict(kernel_size=2, stride=1, padding=1, count_include_pad=False)),
     ("avg_pool3d_ceil", F.avg_pool3d, (2, 2, 4, 5, 3), dict(kernel_size=2, ceil_mode=True)),
@@ -141,8 +168,10 @@ def test_max_pool_nan_index(fn):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(kernel_size=3, stride=2, padding=1, ceil_mode=True), dict(kernel_size=(3, 2, 2), stride=(2, 1, 2),
-                                                                     padding=1, dilation=(1, 2, 1))],
+    [
+        dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+        dict(kernel_size=(3, 2, 2), stride=(2, 1, 2), padding=1, dilation=(1, 2, 1)),
+    ],
     ids=["ceil", "dilation"],
 )
 def test_max_pool3d_windows(kwargs):
@@ -187,5 +216,9 @@ def test_fractional_max_pool_random_windows(fn):
 def test_fractional_max_pool3d_zero_batch():
     """fractional_max_pool3d_backward has no meta kernel, so the lowering itself must handle an empty batch."""
     samples = torch.rand(0, 2, 3)
-    check_op(lambda x, s: torch.ops.aten.fractional_max_pool3d(x, (2, 2, 1), (2, 3, 2), s), make(0, 2, 4, 5, 4),
-             samples, grad=True)
+    check_op(
+        lambda x, s: torch.ops.aten.fractional_max_pool3d(x, (2, 2, 1), (2, 3, 2), s),
+        make(0, 2, 4, 5, 4),
+        samples,
+        grad=True,
+    )

@@ -55,38 +55,73 @@ def classes(*shape, high=4):
 LOSSES = [
     ("cross_entropy", lambda x, y: F.cross_entropy(x, y), (make(3, 4), classes(3))),
     ("cross_entropy_ignore", lambda x, y: F.cross_entropy(x, y), (make(3, 4), torch.tensor([1, -100, 3]))),
-    ("cross_entropy_weight_ignore", lambda x, y, w: F.cross_entropy(x, y, weight=w, ignore_index=0),
-     (make(4, 4), torch.tensor([1, 3, 0, 2]), torch.rand(4))),
-    ("cross_entropy_2d", lambda x, y: F.cross_entropy(x, y, reduction="sum"),
-     (make(2, 3, 4, 5), classes(2, 4, 5, high=3))),
-    ("cross_entropy_2d_weight_ignore", lambda x, y, w: F.cross_entropy(x, y, w, ignore_index=1),
-     (make(2, 3, 4, 5), classes(2, 4, 5, high=3), torch.rand(3))),
+    (
+        "cross_entropy_weight_ignore",
+        lambda x, y, w: F.cross_entropy(x, y, weight=w, ignore_index=0),
+        (make(4, 4), torch.tensor([1, 3, 0, 2]), torch.rand(4)),
+    ),
+    (
+        "cross_entropy_2d",
+        lambda x, y: F.cross_entropy(x, y, reduction="sum"),
+        (make(2, 3, 4, 5), classes(2, 4, 5, high=3)),
+    ),
+    (
+        "cross_entropy_2d_weight_ignore",
+        lambda x, y, w: F.cross_entropy(x, y, w, ignore_index=1),
+        (make(2, 3, 4, 5), classes(2, 4, 5, high=3), torch.rand(3)),
+    ),
     ("cross_entropy_3d", lambda x, y: F.cross_entropy(x, y), (make(2, 3, 2, 2, 3), classes(2, 2, 2, 3, high=3))),
-    ("cross_entropy_label_smoothing", lambda x, y: F.cross_entropy(x, y, label_smoothing=0.2),
-     (make(3, 4), torch.tensor([1, -100, 3]))),
-    ("nll_loss_none_ignore", lambda x, y: F.nll_loss(x, y, reduction="none", ignore_index=2),
-     (make(3, 4), torch.tensor([1, 2, 0]))),
-    ("nll_loss_sum_weight", lambda x, y, w: F.nll_loss(x, y, w, reduction="sum"),
-     (make(3, 4), classes(3), torch.rand(4))),
+    (
+        "cross_entropy_label_smoothing",
+        lambda x, y: F.cross_entropy(x, y, label_smoothing=0.2),
+        (make(3, 4), torch.tensor([1, -100, 3])),
+    ),
+    (
+        "nll_loss_none_ignore",
+        lambda x, y: F.nll_loss(x, y, reduction="none", ignore_index=2),
+        (make(3, 4), torch.tensor([1, 2, 0])),
+    ),
+    (
+        "nll_loss_sum_weight",
+        lambda x, y, w: F.nll_loss(x, y, w, reduction="sum"),
+        (make(3, 4), classes(3), torch.rand(4)),
+    ),
     ("nll_loss_all_ignored", lambda x, y: F.nll_loss(x, y), (make(2, 4), torch.tensor([-100, -100]))),
     ("nll_loss_unbatched", lambda x, y: F.nll_loss(x, y), (make(4), torch.tensor(2))),
-    ("nll_loss_forward_total_weight", lambda x, y, w: aten.nll_loss_forward(x, y, w, 1, 1),
-     (make(3, 4), torch.tensor([1, 2, 0]), torch.rand(4))),
+    (
+        "nll_loss_forward_total_weight",
+        lambda x, y, w: aten.nll_loss_forward(x, y, w, 1, 1),
+        (make(3, 4), torch.tensor([1, 2, 0]), torch.rand(4)),
+    ),
     ("mse_loss", lambda x, y: F.mse_loss(x, y), (make(2, 3, 4), make(2, 3, 4))),
     ("mse_loss_none", lambda x, y: F.mse_loss(x, y, reduction="none"), (make(2, 3, 4), make(2, 3, 4))),
     ("mse_loss_sum", lambda x, y: F.mse_loss(x, y, reduction="sum"), (make(2, 3, 4), make(2, 3, 4, grad=False))),
-    ("binary_cross_entropy", lambda x, y, w: F.binary_cross_entropy(x, y, weight=w),
-     (torch.rand(2, 3, 4).requires_grad_(), torch.rand(2, 3, 4), torch.rand(4))),
-    ("binary_cross_entropy_clamped_log", lambda x, y: F.binary_cross_entropy(x, y, reduction="none"),
-     (torch.tensor([0.0, 1.0, 0.5, 1e-30]).requires_grad_(), torch.tensor([1.0, 0.0, 0.3, 0.5]))),
-    ("binary_cross_entropy_with_logits", lambda x, y: F.binary_cross_entropy_with_logits(x, y),
-     (make(2, 3, 4), torch.rand(2, 3, 4))),
-    ("binary_cross_entropy_with_logits_weights", lambda x, y, w, p: F.binary_cross_entropy_with_logits(
-        x, y, weight=w, pos_weight=p, reduction="sum"), (make(2, 3, 4), torch.rand(2, 3, 4), torch.rand(4),
-                                                          torch.rand(4))),
+    (
+        "binary_cross_entropy",
+        lambda x, y, w: F.binary_cross_entropy(x, y, weight=w),
+        (torch.rand(2, 3, 4).requires_grad_(), torch.rand(2, 3, 4), torch.rand(4)),
+    ),
+    (
+        "binary_cross_entropy_clamped_log",
+        lambda x, y: F.binary_cross_entropy(x, y, reduction="none"),
+        (torch.tensor([0.0, 1.0, 0.5, 1e-30]).requires_grad_(), torch.tensor([1.0, 0.0, 0.3, 0.5])),
+    ),
+    (
+        "binary_cross_entropy_with_logits",
+        lambda x, y: F.binary_cross_entropy_with_logits(x, y),
+        (make(2, 3, 4), torch.rand(2, 3, 4)),
+    ),
+    (
+        "binary_cross_entropy_with_logits_weights",
+        lambda x, y, w, p: F.binary_cross_entropy_with_logits(x, y, weight=w, pos_weight=p, reduction="sum"),
+        (make(2, 3, 4), torch.rand(2, 3, 4), torch.rand(4), torch.rand(4)),
+    ),
     ("smooth_l1_loss", lambda x, y: F.smooth_l1_loss(x, y), (make(2, 3, 4), make(2, 3, 4))),
-    ("smooth_l1_loss_beta", lambda x, y: F.smooth_l1_loss(x, y, beta=0.5, reduction="none"),
-     (make(2, 3, 4), make(2, 3, 4))),
+    (
+        "smooth_l1_loss_beta",
+        lambda x, y: F.smooth_l1_loss(x, y, beta=0.5, reduction="none"),
+        (make(2, 3, 4), make(2, 3, 4)),
+    ),
     ("huber_loss", lambda x, y: F.huber_loss(x, y, delta=0.7), (make(2, 3, 4), make(2, 3, 4))),
     ("huber_loss_sum", lambda x, y: F.huber_loss(x, y, reduction="sum", delta=2.0), (make(2, 3, 4), make(2, 3, 4))),
 ]
@@ -118,17 +153,32 @@ def test_loss_bf16(fn, args):
 
 MARGIN_LOSSES = [
     ("multi_margin", lambda x, y: F.multi_margin_loss(x, y), (make(4, 5), classes(4, high=5))),
-    ("multi_margin_p2_margin_sum", lambda x, y: F.multi_margin_loss(x, y, p=2, margin=0.7, reduction="sum"),
-     (make(4, 5), classes(4, high=5))),
-    ("multi_margin_weight_none", lambda x, y, w: F.multi_margin_loss(x, y, weight=w, reduction="none"),
-     (make(4, 5), classes(4, high=5), torch.rand(5))),
+    (
+        "multi_margin_p2_margin_sum",
+        lambda x, y: F.multi_margin_loss(x, y, p=2, margin=0.7, reduction="sum"),
+        (make(4, 5), classes(4, high=5)),
+    ),
+    (
+        "multi_margin_weight_none",
+        lambda x, y, w: F.multi_margin_loss(x, y, weight=w, reduction="none"),
+        (make(4, 5), classes(4, high=5), torch.rand(5)),
+    ),
     ("multi_margin_unbatched", lambda x, y: F.multi_margin_loss(x, y, margin=-0.5), (make(5), torch.tensor(3))),
-    ("multilabel_margin", lambda x, y: F.multilabel_margin_loss(x, y),
-     (make(4, 5), torch.tensor([[4, -1, 0, -1, 2], [0, 0, 4, 1, 4], [-1, 3, -1, 1, 0], [4, 3, 2, 1, 0]]))),
-    ("multilabel_margin_none", lambda x, y: F.multilabel_margin_loss(x, y, reduction="none"),
-     (make(3, 4), torch.tensor([[1, 2, -1, 0], [3, -1, 0, 0], [0, 1, 2, 3]]))),
-    ("multilabel_margin_sum_unbatched", lambda x, y: F.multilabel_margin_loss(x, y, reduction="sum"),
-     (make(7), torch.tensor([2, 0, 6, -1, 4, -1, 6]))),
+    (
+        "multilabel_margin",
+        lambda x, y: F.multilabel_margin_loss(x, y),
+        (make(4, 5), torch.tensor([[4, -1, 0, -1, 2], [0, 0, 4, 1, 4], [-1, 3, -1, 1, 0], [4, 3, 2, 1, 0]])),
+    ),
+    (
+        "multilabel_margin_none",
+        lambda x, y: F.multilabel_margin_loss(x, y, reduction="none"),
+        (make(3, 4), torch.tensor([[1, 2, -1, 0], [3, -1, 0, 0], [0, 1, 2, 3]])),
+    ),
+    (
+        "multilabel_margin_sum_unbatched",
+        lambda x, y: F.multilabel_margin_loss(x, y, reduction="sum"),
+        (make(7), torch.tensor([2, 0, 6, -1, 4, -1, 6])),
+    ),
 ]
 
 
@@ -152,8 +202,12 @@ CTC_LENGTHS = dict(input_lengths=[12, 10, 3, 0], target_lengths=[5, 3, 4, 0])  #
 def test_ctc_loss(reduction, zero_infinity):
     log_probs = torch.randn(12, 4, 6).log_softmax(2).requires_grad_()
     targets = torch.randint(1, 6, (4, 5))
-    check_op(lambda lp, t: F.ctc_loss(lp, t, **CTC_LENGTHS, reduction=reduction, zero_infinity=zero_infinity),
-             log_probs, targets, grad=True)
+    check_op(
+        lambda lp, t: F.ctc_loss(lp, t, **CTC_LENGTHS, reduction=reduction, zero_infinity=zero_infinity),
+        log_probs,
+        targets,
+        grad=True,
+    )
 
 
 @pytest.mark.parametrize("concatenated", [False, True])

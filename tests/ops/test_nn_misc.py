@@ -18,8 +18,13 @@ INDICES = torch.tensor([[0, 1, 2], [2, 2, 4]])
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{}, dict(padding_idx=2), dict(padding_idx=-1), dict(scale_grad_by_freq=True), dict(padding_idx=0,
-                                                                                       scale_grad_by_freq=True)],
+    [
+        {},
+        dict(padding_idx=2),
+        dict(padding_idx=-1),
+        dict(scale_grad_by_freq=True),
+        dict(padding_idx=0, scale_grad_by_freq=True),
+    ],
     ids=["plain", "padding_idx", "negative_padding_idx", "scale_grad_by_freq", "both"],
 )
 def test_embedding(kwargs):
@@ -198,13 +203,17 @@ BAG_INDICES, BAG_OFFSETS = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor(
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])
 @pytest.mark.parametrize(
     "offsets, kwargs",
-    [(BAG_OFFSETS, {}), (BAG_OFFSETS, dict(padding_idx=4)), (torch.tensor([0, 3, 3, 6, 8]),
-                                                             dict(include_last_offset=True))],
+    [
+        (BAG_OFFSETS, {}),
+        (BAG_OFFSETS, dict(padding_idx=4)),
+        (torch.tensor([0, 3, 3, 6, 8]), dict(include_last_offset=True)),
+    ],
     ids=["plain", "padding_idx", "include_last_offset"],
 )
 def test_embedding_bag(mode, offsets, kwargs):
-    check_op(lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, **kwargs), make(10, 3), BAG_INDICES, offsets,
-             grad=True)
+    check_op(
+        lambda w, i, o: F.embedding_bag(i, w, o, mode=mode, **kwargs), make(10, 3), BAG_INDICES, offsets, grad=True
+    )
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean"])
@@ -226,8 +235,14 @@ def test_embedding_bag_scale_grad_by_freq(mode):
 
 
 def test_embedding_bag_per_sample_weights():
-    check_op(lambda w, i, o, p: F.embedding_bag(i, w, o, mode="sum", per_sample_weights=p, padding_idx=2), make(10, 3),
-             BAG_INDICES, BAG_OFFSETS, make(8), grad=True)
+    check_op(
+        lambda w, i, o, p: F.embedding_bag(i, w, o, mode="sum", per_sample_weights=p, padding_idx=2),
+        make(10, 3),
+        BAG_INDICES,
+        BAG_OFFSETS,
+        make(8),
+        grad=True,
+    )
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])
@@ -235,28 +250,45 @@ def test_embedding_bag_2d_input_bf16(mode):
     check_op(lambda w, i: F.embedding_bag(i, w, mode=mode), make(10, 4, dtype=BF16), INDICES, grad=True)
 
 
-GRID_SAMPLES = [(2, mode, padding, align) for mode in ("bilinear", "nearest", "bicubic")
-                for padding in ("zeros", "border", "reflection") for align in (False, True)]
-GRID_SAMPLES += [(3, mode, padding, align) for mode in ("bilinear", "nearest")
-                 for padding in ("zeros", "border", "reflection") for align in (False, True)]
+GRID_SAMPLES = [
+    (2, mode, padding, align)
+    for mode in ("bilinear", "nearest", "bicubic")
+    for padding in ("zeros", "border", "reflection")
+    for align in (False, True)
+]
+GRID_SAMPLES += [
+    (3, mode, padding, align)
+    for mode in ("bilinear", "nearest")
+    for padding in ("zeros", "border", "reflection")
+    for align in (False, True)
+]
 
 
-@pytest.mark.parametrize("dims, mode, padding_mode, align_corners", GRID_SAMPLES,
-                         ids=["-".join(map(str, g)) for g in GRID_SAMPLES])
+@pytest.mark.parametrize(
+    "dims, mode, padding_mode, align_corners", GRID_SAMPLES, ids=["-".join(map(str, g)) for g in GRID_SAMPLES]
+)
 def test_grid_sample(dims, mode, padding_mode, align_corners):
     """Grid points in [-2, 2] reach past the input on every side; gradients w.r.t. the input and the grid."""
     x = make(2, 3, *[5, 4, 6][-dims:])
     grid = (torch.rand(2, *[4, 3, 2][-dims:], dims) * 4 - 2).requires_grad_()
-    check_op(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode, align_corners=align_corners),
-             x, grid, grad=True)
+    check_op(
+        lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode, align_corners=align_corners),
+        x,
+        grid,
+        grad=True,
+    )
 
 
 @pytest.mark.parametrize("padding_mode", ["border", "reflection"])
 def test_grid_sample_exact_edges(padding_mode):
     """Grid points exactly on the border (the clip's gradient is 0 there, as on CPU) and on pixel centers."""
     grid = torch.tensor([[[[-1.0, -1.0], [1.0, 1.0], [0.0, 0.5], [1.0, -0.5]]]], requires_grad=True)
-    check_op(lambda x, g: F.grid_sample(x, g, padding_mode=padding_mode, align_corners=True), make(1, 2, 3, 5), grid,
-             grad=True)
+    check_op(
+        lambda x, g: F.grid_sample(x, g, padding_mode=padding_mode, align_corners=True),
+        make(1, 2, 3, 5),
+        grid,
+        grad=True,
+    )
 
 
 ANTIALIASED = [
@@ -276,8 +308,11 @@ def test_upsample_antialias(mode, name, kwargs):
 @pytest.mark.parametrize("align_corners", [False, True])
 def test_upsample_antialias_explicit_scales(align_corners):
     """Scales passed to the op (not recomputed from sizes) set the filter width; align_corners ignores them."""
-    check_op(lambda x: torch.ops.aten._upsample_bilinear2d_aa(x, (3, 3), align_corners, 1.7, 0.9),
-             make(2, 3, 10, 20), grad=True)
+    check_op(
+        lambda x: torch.ops.aten._upsample_bilinear2d_aa(x, (3, 3), align_corners, 1.7, 0.9),
+        make(2, 3, 10, 20),
+        grad=True,
+    )
 
 
 def test_rrelu_eval_is_leaky_relu():

@@ -113,8 +113,12 @@ def test_saved_statistics_dtypes_follow_cpu(params, training):
     w, b = make(3, dtype=params, grad=False), make(3, dtype=params, grad=False)
     mean, var = (s.to(params) for s in stats(3))
     check_op(lambda x: aten.native_layer_norm(x, (5,), None, None, 1e-5), x)
-    check_op(lambda *a: aten.native_layer_norm(a[0], (5,), *a[1:], 1e-5), x, make(5, dtype=params, grad=False),
-             make(5, dtype=params, grad=False))
+    check_op(
+        lambda *a: aten.native_layer_norm(a[0], (5,), *a[1:], 1e-5),
+        x,
+        make(5, dtype=params, grad=False),
+        make(5, dtype=params, grad=False),
+    )
     check_op(lambda *a: aten._native_batch_norm_legit(*a, True, 0.1, 1e-5), x, w, b)
     check_op(lambda *a: aten._native_batch_norm_legit_no_training(*a, 0.1, 1e-5), x, w, b, mean, var)
     check_op(lambda *a: aten.native_batch_norm(*a, training, 0.1, 1e-5), x, w, b, mean.clone(), var.clone())
@@ -132,8 +136,7 @@ def test_batch_norm_with_update(dtype):
     actual = aten._batch_norm_with_update(*to_tpu([x, w, b]), tpu_mean, tpu_var, 0.3, 1e-5)
     assert_close(list(actual[:3]) + [tpu_mean, tpu_var], list(expected[:3]) + [cpu_mean, cpu_var])
     assert actual[3].dtype == torch.uint8 and actual[3].numel() == 0
-    check_op(lambda *a: aten._batch_norm_with_update(*a, 0.3, 1e-5)[0], x, w, b, mean.clone(), var.clone(),
-             grad=True)
+    check_op(lambda *a: aten._batch_norm_with_update(*a, 0.3, 1e-5)[0], x, w, b, mean.clone(), var.clone(), grad=True)
 
 
 def test_group_norm_zero_batch_gradients():

@@ -77,8 +77,16 @@ def test_randint(dtype):
 
 @pytest.mark.parametrize(
     "dtype,high",
-    [(torch.float32, 2**24), (torch.bfloat16, 2**8), (torch.float64, 2**53), (torch.int64, 2**63 - 1),
-     (torch.int32, 2**31 - 1), (torch.int8, 127), (torch.uint8, 255), (torch.bool, 1)],
+    [
+        (torch.float32, 2**24),
+        (torch.bfloat16, 2**8),
+        (torch.float64, 2**53),
+        (torch.int64, 2**63 - 1),
+        (torch.int32, 2**31 - 1),
+        (torch.int8, 127),
+        (torch.uint8, 255),
+        (torch.bool, 1),
+    ],
 )
 def test_random_default_range(dtype, high):
     x = _host(torch.empty(N, dtype=dtype, device="tpu").random_())
@@ -156,8 +164,12 @@ def test_multinomial():
 
 
 def _draws():
-    return [torch.rand(4, device="tpu").cpu(), torch.randn(4, device="tpu").cpu(),
-            torch.randint(0, 100, (4,), device="tpu").cpu(), torch.randperm(8, device="tpu").cpu()]
+    return [
+        torch.rand(4, device="tpu").cpu(),
+        torch.randn(4, device="tpu").cpu(),
+        torch.randint(0, 100, (4,), device="tpu").cpu(),
+        torch.randperm(8, device="tpu").cpu(),
+    ]
 
 
 def test_manual_seed_reproducible():

@@ -94,9 +94,20 @@ def test_reduction(fn, dtype):
 def test_scalar_input():
     x = torch.tensor(1.5, requires_grad=True)
     check_op(
-        lambda t: (torch.sum(t, 0), torch.amax(t, -1), torch.max(t, 0), torch.argmax(t, 0, keepdim=True),
-                   torch.cumsum(t, 0), torch.cummax(t, 0), torch.logcumsumexp(t, 0), torch.var(t, 0, correction=0),
-                   torch.logsumexp(t, 0), torch.linalg.vector_norm(t, dim=0), torch.prod(t, 0), torch.mean(t, 0)),
+        lambda t: (
+            torch.sum(t, 0),
+            torch.amax(t, -1),
+            torch.max(t, 0),
+            torch.argmax(t, 0, keepdim=True),
+            torch.cumsum(t, 0),
+            torch.cummax(t, 0),
+            torch.logcumsumexp(t, 0),
+            torch.var(t, 0, correction=0),
+            torch.logsumexp(t, 0),
+            torch.linalg.vector_norm(t, dim=0),
+            torch.prod(t, 0),
+            torch.mean(t, 0),
+        ),
         x,
         grad=True,
     )
@@ -115,8 +126,18 @@ def test_cummax_ties_pick_last():
 def test_nan_handling():
     x = torch.tensor([[1.0, math.nan, 3.0, math.nan], [2.0, 5.0, -1.0, 0.0]])
     check_op(
-        lambda t: (torch.max(t, 1), torch.min(t, 1), torch.argmax(t, 1), torch.argmin(t, 1), torch.amax(t, 1),
-                   torch.amin(t, 1), torch.max(t), torch.cummax(t, 1), torch.cummin(t, 1), torch.aminmax(t, dim=1)),
+        lambda t: (
+            torch.max(t, 1),
+            torch.min(t, 1),
+            torch.argmax(t, 1),
+            torch.argmin(t, 1),
+            torch.amax(t, 1),
+            torch.amin(t, 1),
+            torch.max(t),
+            torch.cummax(t, 1),
+            torch.cummin(t, 1),
+            torch.aminmax(t, dim=1),
+        ),
         x,
     )
 
@@ -134,9 +155,21 @@ def test_infinities():
 def test_zero_size():
     x = torch.randn(0, 3)
     check_op(
-        lambda t: (torch.sum(t), torch.sum(t, 0), torch.prod(t, 0), torch.mean(t, 0), torch.amax(t, 1),
-                   torch.max(t, 1), torch.any(t, 0), torch.all(t), torch.cumsum(t, 0), torch.logsumexp(t, 0),
-                   torch.linalg.vector_norm(t, dim=0), torch.var(t, 1), torch.count_nonzero(t, 0)),
+        lambda t: (
+            torch.sum(t),
+            torch.sum(t, 0),
+            torch.prod(t, 0),
+            torch.mean(t, 0),
+            torch.amax(t, 1),
+            torch.max(t, 1),
+            torch.any(t, 0),
+            torch.all(t),
+            torch.cumsum(t, 0),
+            torch.logsumexp(t, 0),
+            torch.linalg.vector_norm(t, dim=0),
+            torch.var(t, 1),
+            torch.count_nonzero(t, 0),
+        ),
         x,
     )
 
@@ -177,8 +210,9 @@ def test_out_and_inplace_variants():
 @pytest.mark.parametrize("dtype", [FLOAT, BF16, INT, BOOL])
 def test_hash_tensor(dtype):
     x = make((3, 4, 2), dtype)
-    check_op(lambda t: (torch.hash_tensor(t), torch.hash_tensor(t, dim=1), torch.hash_tensor(t, (0, 2), keepdim=True)),
-             x)
+    check_op(
+        lambda t: (torch.hash_tensor(t), torch.hash_tensor(t, dim=1), torch.hash_tensor(t, (0, 2), keepdim=True)), x
+    )
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
@@ -189,5 +223,9 @@ def test_segment_reduce(reduce):
     check_op(lambda d, n: aten.segment_reduce(d, reduce, lengths=n), data, lengths, grad=True)
     check_op(lambda d, o: aten.segment_reduce(d, reduce, offsets=o, initial=1.5), data, offsets, grad=True)
     batched = make((2, 6), FLOAT, grad=True)
-    check_op(lambda d, n: aten.segment_reduce(d, reduce, lengths=n, axis=1), batched, torch.tensor([[2, 4], [6, 0]]),
-             grad=True)
+    check_op(
+        lambda d, n: aten.segment_reduce(d, reduce, lengths=n, axis=1),
+        batched,
+        torch.tensor([[2, 4], [6, 0]]),
+        grad=True,
+    )

@@ -30,8 +30,11 @@ TRANSFORMS = [
     ("hfft", lambda x: torch.fft.hfft(x), lambda: cplx(6)),
     ("ihfft", lambda x: torch.fft.ihfft(x), lambda: real(3, 7)),
     ("fftshift", lambda x: torch.fft.ifftshift(torch.fft.fftshift(x, dim=1) * 2), lambda: real(3, 5)),
-    ("stft", lambda x: torch.stft(x, 8, hop_length=2, window=torch.hann_window(8, device=x.device),
-                                  return_complex=True), lambda: real(2, 32)),
+    (
+        "stft",
+        lambda x: torch.stft(x, 8, hop_length=2, window=torch.hann_window(8, device=x.device), return_complex=True),
+        lambda: real(2, 32),
+    ),
 ]
 
 

@@ -46,8 +46,13 @@ class CompiledGraph:
     padded sizes, at most `num_buckets` of them.
     """
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str, debug_callback: Callable | None,
-                 bucket_options: buckets.Options | None = None) -> None:
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        name: str,
+        debug_callback: Callable | None,
+        bucket_options: buckets.Options | None = None,
+    ) -> None:
         self.name = name
         graph.check_supported(gm)
         self.plan = buckets.plan(gm, name) if bucket_options is not None else None
@@ -81,18 +86,23 @@ class CompiledGraph:
                 self.debug_callback(self.gm.code, lowered.as_text())
             return lowered
 
-        executable, from_disk = warm.executable(self.gm, self.fn.sizes, [key, *inputs], lower,
-                                                usable=self.debug_callback is None)
+        executable, from_disk = warm.executable(
+            self.gm, self.fn.sizes, [key, *inputs], lower, usable=self.debug_callback is None
+        )
         outputs = jax.block_until_ready(executable(key, *[value for value in inputs if not isinstance(value, int)]))
-        entry = Entry(self.name, cache.fast_call(executable), None, time.perf_counter() - start,
-                      source="disk" if from_disk else "compiled")
+        entry = Entry(
+            self.name,
+            cache.fast_call(executable),
+            None,
+            time.perf_counter() - start,
+            source="disk" if from_disk else "compiled",
+        )
         return outputs, entry
 
     def _inputs(self, args: Sequence[Any]) -> list[Any]:
         fused.flush()  # a compiled graph runs on computed values
         return [
-            (storage.value(a) if a.device.type == "tpu" else storage.to_device(a)) if isinstance(a, torch.Tensor)
-            else a
+            (storage.value(a) if a.device.type == "tpu" else storage.to_device(a)) if isinstance(a, torch.Tensor) else a
             for a in args
         ]
 
@@ -150,8 +160,9 @@ class CompiledGraph:
         return bucket
 
 
-def _compiler(kind: str, name: str, debug_callback: Callable | None,
-              bucket_options: buckets.Options | None) -> Callable:
+def _compiler(
+    kind: str, name: str, debug_callback: Callable | None, bucket_options: buckets.Options | None
+) -> Callable:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         compiled = CompiledGraph(gm, f"{name}:{kind}", debug_callback, bucket_options)
         return make_boxed_func(torch._dynamo.disable(compiled))
@@ -159,8 +170,7 @@ def _compiler(kind: str, name: str, debug_callback: Callable | None,
     return compile_graph
 
 
-def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None,
-            **_: Any) -> Callable:
+def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None, **_: Any) -> Callable:
     """The Dynamo backend registered as "tpu"."""
     options = dict(options or {})
     if not torch._dynamo.config.assume_static_by_default:
@@ -175,13 +185,19 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: di
     name = options.get("name", "graph")
     debug_callback = options.get("debug_callback")
     bucket_options = buckets.Options.parse(options)
-    aot_options = {"partition_fn": min_cut_rematerialization_partition, "decompositions": decompositions(),
-                   "keep_inference_input_mutations": True}
+    aot_options = {
+        "partition_fn": min_cut_rematerialization_partition,
+        "decompositions": decompositions(),
+        "keep_inference_input_mutations": True,
+    }
     if debug_callback is None and warm.aot_enabled():  # AOTAutograd's cache, so that a warm process skips it
         return warm.cached_aot_autograd(
-            gm, example_inputs, options,
-            lambda kind: functools.partial(CompiledGraph, name=f"{name}:{kind}", debug_callback=None,
-                                           bucket_options=bucket_options),
+            gm,
+            example_inputs,
+            options,
+            lambda kind: functools.partial(
+                CompiledGraph, name=f"{name}:{kind}", debug_callback=None, bucket_options=bucket_options
+            ),
             **aot_options,
         )
     return aot_autograd(

@@ -61,8 +61,10 @@ class Options:
         if all(value is None for value in given.values()):
             return None
         parsed = cls(**{field: value for field, value in given.items() if value is not None})
-        for name, value, high in (("num_dynamic_buckets", parsed.num_buckets, MAX_BUCKETS),
-                                  ("bucket_size", parsed.bucket_size, None)):
+        for name, value, high in (
+            ("num_dynamic_buckets", parsed.num_buckets, MAX_BUCKETS),
+            ("bucket_size", parsed.bucket_size, None),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value > (high or value):
                 limit = f" up to {high}" if high else ""
                 raise ValueError(f"torch_tpu: option {name} must be a positive int{limit}, got {value!r}")
@@ -75,33 +77,77 @@ class NotBucketable(Exception):
 
 # Ops that move or copy positions without combining them (pointwise-tagged ops count too).
 _LOCAL = {
-    aten._to_copy.default, aten.copy.default, aten.copy_.default, aten.detach.default, aten.alias.default,
-    aten.lift_fresh_copy.default, aten.permute.default, aten.expand.default, aten.t.default, aten.transpose.int,
-    aten.full_like.default, aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default,
-    aten.rand_like.default, aten.randn_like.default, aten.bernoulli.p, aten.native_dropout.default,
+    aten._to_copy.default,
+    aten.copy.default,
+    aten.copy_.default,
+    aten.detach.default,
+    aten.alias.default,
+    aten.lift_fresh_copy.default,
+    aten.permute.default,
+    aten.expand.default,
+    aten.t.default,
+    aten.transpose.int,
+    aten.full_like.default,
+    aten.zeros_like.default,
+    aten.ones_like.default,
+    aten.empty_like.default,
+    aten.rand_like.default,
+    aten.randn_like.default,
+    aten.bernoulli.p,
+    aten.native_dropout.default,
     aten.embedding.default,
     # size queries: shapes use padded sizes; where a size is used as a value, its consumer reads the real one
-    aten.sym_size.int, aten.sym_numel.default, aten.sym_storage_offset.default,
+    aten.sym_size.int,
+    aten.sym_numel.default,
+    aten.sym_storage_offset.default,
 }
 # Reshapes: local when every group of axes they merge or split keeps its dynamic size outermost.
 _RESHAPES = {
-    aten.view.default, aten._unsafe_view.default, aten._reshape_alias.default, aten.reshape.default,
-    aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.unsqueeze.default,
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten._reshape_alias.default,
+    aten.reshape.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.squeeze.default,
+    aten.unsqueeze.default,
 }
 # The contracted axis of each tensor argument (by position) of the matrix products.
 _CONTRACTED = {
-    aten.mm.default: (1, 0), aten.bmm.default: (2, 1), aten.dot.default: (0, 0),
-    aten.addmm.default: (None, 1, 0), aten.baddbmm.default: (None, 2, 1),
+    aten.mm.default: (1, 0),
+    aten.bmm.default: (2, 1),
+    aten.dot.default: (0, 0),
+    aten.addmm.default: (None, 1, 0),
+    aten.baddbmm.default: (None, 2, 1),
 }
 _INF = float("inf")
 # The value padding is masked to before an op that combines values along a padded axis: its identity.
 _IDENTITY = {
     **dict.fromkeys(_CONTRACTED, 0),
-    **dict.fromkeys([aten.sum.dim_IntList, aten.sum.default, aten._softmax_backward_data.default,
-                     aten._log_softmax_backward_data.default, aten.native_layer_norm_backward.default,
-                     aten.embedding_dense_backward.default, aten.convolution_backward.default], 0),
-    **dict.fromkeys([aten.amax.default, aten.max.dim, aten.max.default, aten.argmax.default, aten._softmax.default,
-                     aten._log_softmax.default, aten.logsumexp.default], -_INF),
+    **dict.fromkeys(
+        [
+            aten.sum.dim_IntList,
+            aten.sum.default,
+            aten._softmax_backward_data.default,
+            aten._log_softmax_backward_data.default,
+            aten.native_layer_norm_backward.default,
+            aten.embedding_dense_backward.default,
+            aten.convolution_backward.default,
+        ],
+        0,
+    ),
+    **dict.fromkeys(
+        [
+            aten.amax.default,
+            aten.max.dim,
+            aten.max.default,
+            aten.argmax.default,
+            aten._softmax.default,
+            aten._log_softmax.default,
+            aten.logsumexp.default,
+        ],
+        -_INF,
+    ),
     **dict.fromkeys([aten.amin.default, aten.min.dim, aten.min.default, aten.argmin.default], _INF),
 }
 # Means: computed as the sum over the real values, then divided by their real count.
@@ -172,7 +218,8 @@ class Plan:
                 outputs[position] = _evaluate(spec, real)
             elif spec is not None and any(spec):
                 outputs[position] = outputs[position][
-                    tuple(slice(None) if a is None else slice(0, a[1] * real[a[0]]) for a in spec)]
+                    tuple(slice(None) if a is None else slice(0, a[1] * real[a[0]]) for a in spec)
+                ]
         return outputs
 
 
@@ -182,8 +229,11 @@ def plan(gm: torch.fx.GraphModule, name: str) -> Plan | None:
     try:
         return _plan(gm)
     except NotBucketable as error:
-        warnings.warn(f"torch_tpu: graph '{name}' cannot use dynamic-shape buckets: {error}; it compiles one "
-                      "program per exact size instead", stacklevel=3)
+        warnings.warn(
+            f"torch_tpu: graph '{name}' cannot use dynamic-shape buckets: {error}; it compiles one "
+            "program per exact size instead",
+            stacklevel=3,
+        )
         return None
 
 
@@ -214,7 +264,8 @@ def _plan(gm: torch.fx.GraphModule) -> Plan | None:
                 continue
             if not isinstance(node.target, OpOverload):
                 if node.target is not operator.getitem and any(
-                        isinstance(a.meta.get("val"), torch.Tensor) for a in node.all_input_nodes):
+                    isinstance(a.meta.get("val"), torch.Tensor) for a in node.all_input_nodes
+                ):
                     raise NotBucketable("a call on tensors that is not an ATen op")
                 continue
             rewrite = _rewrite(node)
@@ -258,8 +309,10 @@ def _rewrite(node: torch.fx.Node) -> _Rewrite:
         return rewrite
     if target in _CONTRACTED:
         tensors = [a for a in node.args if isinstance(a, torch.fx.Node)]
-        if not any(axis is not None and _layout(a.meta["val"])[axis]
-                   for a, axis in zip(tensors, _CONTRACTED[target], strict=False)):
+        if not any(
+            axis is not None and _layout(a.meta["val"])[axis]
+            for a, axis in zip(tensors, _CONTRACTED[target], strict=False)
+        ):
             return rewrite
     elif target in (aten.native_layer_norm.default, aten.native_layer_norm_backward.default):
         normalized = len(_argument(node, "normalized_shape"))
@@ -291,15 +344,18 @@ def _rewrite(node: torch.fx.Node) -> _Rewrite:
     else:
         dims = _dims(node)
         if dims is not None and not any(
-            _layout(a.meta["val"])[d] for a in padded if a.meta["val"].ndim == inputs[0].meta["val"].ndim
-            for d in dims
+            _layout(a.meta["val"])[d] for a in padded if a.meta["val"].ndim == inputs[0].meta["val"].ndim for d in dims
         ):
             return rewrite  # reduces, sorts, concatenates... along static axes only
         if target in _MEANS:
             shape = inputs[0].meta["val"].shape
             reduced = range(len(shape)) if dims is None else dims
-            return dataclasses.replace(rewrite, fills=dict.fromkeys(padded, 0), target=_MEANS[target],
-                                       divisor=_numel([shape[d] for d in reduced]))
+            return dataclasses.replace(
+                rewrite,
+                fills=dict.fromkeys(padded, 0),
+                target=_MEANS[target],
+                divisor=_numel([shape[d] for d in reduced]),
+            )
         if target not in _IDENTITY:
             raise NotBucketable("it combines values along a padded axis and has no masked form")
     if target is aten.embedding_dense_backward.default and _argument(node, "scale_grad_by_freq"):
@@ -317,8 +373,12 @@ def _value_arguments(node: torch.fx.Node) -> set[str]:
         if not _value_sizes(node, {argument.name}):
             continue
         start, step = _argument(node, "start"), _argument(node, "step", 1)
-        if argument.name == "end" and node.target in (aten.slice.Tensor, aten.arange.start_step) and \
-                start in (None, 0) and step == 1:
+        if (
+            argument.name == "end"
+            and node.target in (aten.slice.Tensor, aten.arange.start_step)
+            and start in (None, 0)
+            and step == 1
+        ):
             continue  # a prefix: padded end, real values first
         if str(argument.type) in _VALUE_TYPES and argument.name not in static:
             values.add(argument.name)
@@ -327,8 +387,9 @@ def _value_arguments(node: torch.fx.Node) -> set[str]:
     return values
 
 
-def _build(gm: torch.fx.GraphModule, rewrites: dict[torch.fx.Node, _Rewrite],
-           reals: tuple[sympy.Expr, ...]) -> torch.fx.GraphModule:
+def _build(
+    gm: torch.fx.GraphModule, rewrites: dict[torch.fx.Node, _Rewrite], reals: tuple[sympy.Expr, ...]
+) -> torch.fx.GraphModule:
     """`gm` with the real values as trailing inputs, masks before the nodes that need them, means as sums."""
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -341,13 +402,19 @@ def _build(gm: torch.fx.GraphModule, rewrites: dict[torch.fx.Node, _Rewrite],
         if node.op == "placeholder":
             continue
         rewrite = rewrites.get(node)
-        env[node] = graph.node_copy(node, env.__getitem__) if rewrite is None else \
-            _apply(graph, node, rewrite, env, real)
+        env[node] = (
+            graph.node_copy(node, env.__getitem__) if rewrite is None else _apply(graph, node, rewrite, env, real)
+        )
     return torch.fx.GraphModule(gm, graph)
 
 
-def _apply(graph: torch.fx.Graph, node: torch.fx.Node, rewrite: _Rewrite, env: dict[torch.fx.Node, torch.fx.Node],
-           real: dict[sympy.Expr, torch.fx.Node]) -> torch.fx.Node:
+def _apply(
+    graph: torch.fx.Graph,
+    node: torch.fx.Node,
+    rewrite: _Rewrite,
+    env: dict[torch.fx.Node, torch.fx.Node],
+    real: dict[sympy.Expr, torch.fx.Node],
+) -> torch.fx.Node:
     masked = {}
     for a, fill in rewrite.fills.items():
         limits = tuple((axis, p[1], real[p[0]]) for axis, p in enumerate(_layout(a.meta["val"])) if p is not None)
@@ -367,7 +434,7 @@ def _apply(graph: torch.fx.Graph, node: torch.fx.Node, rewrite: _Rewrite, env: d
     names = [a.name for a in node.target._schema.arguments if not a.kwarg_only]
     args = tuple(argument(n, v) for n, v in zip(names, node.args, strict=False))
     kwargs = {k: argument(k, v) for k, v in node.kwargs.items()}
-    kwargs.update({k: v for k, v in rewrite.replace.items() if k not in names[:len(args)] and k not in kwargs})
+    kwargs.update({k: v for k, v in rewrite.replace.items() if k not in names[: len(args)] and k not in kwargs})
     result = graph.call_function(rewrite.target or node.target, args, kwargs)
     result.meta = dict(node.meta)
     if rewrite.divisor is not None:
@@ -379,11 +446,15 @@ def _apply(graph: torch.fx.Graph, node: torch.fx.Node, rewrite: _Rewrite, env: d
 def _masked(value: jax.Array, limits: tuple[tuple[int, int, jax.Array], ...], fill: float) -> jax.Array:
     """`value` with every entry past the real size of a padded axis set to `fill` (a where, not a product:
     padding may hold inf or nan). `limits` holds (axis, c, real size) per padded axis."""
-    keep = functools.reduce(jnp.logical_and, [
-        jax.lax.broadcasted_iota(jnp.int32, value.shape, axis) < c * n for axis, c, n in limits])
+    keep = functools.reduce(
+        jnp.logical_and, [jax.lax.broadcasted_iota(jnp.int32, value.shape, axis) < c * n for axis, c, n in limits]
+    )
     if math.isinf(fill) and not jnp.issubdtype(value.dtype, jnp.inexact):
-        fill = (jnp.iinfo(value.dtype).min if fill < 0 else jnp.iinfo(value.dtype).max) \
-            if jnp.issubdtype(value.dtype, jnp.integer) else fill > 0
+        fill = (
+            (jnp.iinfo(value.dtype).min if fill < 0 else jnp.iinfo(value.dtype).max)
+            if jnp.issubdtype(value.dtype, jnp.integer)
+            else fill > 0
+        )
     return jnp.where(keep, value, jnp.asarray(fill, value.dtype))
 
 
@@ -474,8 +545,10 @@ def _value_sizes(node: torch.fx.Node, names: set[str]) -> list[torch.fx.Node]:
     """The dynamic-size nodes within the named arguments of `node`."""
     found: list[torch.fx.Node] = []
     for name in names:
-        map_aggregate(_argument(node, name),
-                      lambda a: found.append(a) if isinstance(a, torch.fx.Node) and _sym_expr(a) is not None else a)
+        map_aggregate(
+            _argument(node, name),
+            lambda a: found.append(a) if isinstance(a, torch.fx.Node) and _sym_expr(a) is not None else a,
+        )
     return found
 
 
@@ -491,8 +564,9 @@ def _dims(node: torch.fx.Node) -> list[int] | None:
 
 
 @functools.lru_cache(maxsize=1024)
-def _real_values(exprs: tuple[sympy.Expr, ...], symbols: tuple[sympy.Symbol, ...],
-                 sizes: tuple[int, ...]) -> tuple[jax.Array, ...]:
+def _real_values(
+    exprs: tuple[sympy.Expr, ...], symbols: tuple[sympy.Symbol, ...], sizes: tuple[int, ...]
+) -> tuple[jax.Array, ...]:
     """The traced scalar inputs at these real sizes (weakly typed, as the Python numbers they stand for)."""
     real = dict(zip(symbols, sizes, strict=True))
     return tuple(jnp.asarray(_evaluate(e, real)) for e in exprs)
@@ -503,4 +577,3 @@ def _evaluate(expr: sympy.Expr, sizes: dict[sympy.Symbol, int]) -> int | float |
     if value.is_Boolean:
         return bool(value)
     return int(value) if value.is_Integer else float(value)
-

@@ -71,13 +71,21 @@ class DiskStats:
 
     def as_dict(self) -> dict[str, Any]:
         aot = _aot_autograd_counters()
-        return {"root": str(root()), "enabled": enabled(), "hits": self.hits, "misses": self.misses,
-                "writes": self.writes, "discarded": self.discarded, "graph_hits": self.graph_hits,
-                "graph_misses": self.graph_misses, "graph_writes": self.graph_writes,
-                "aot_autograd_hits": aot.get("autograd_cache_hit", 0),
-                "aot_autograd_misses": aot.get("autograd_cache_miss", 0),
-                "aot_autograd_saved": aot.get("autograd_cache_saved", 0),
-                "aot_autograd_bypasses": aot.get("autograd_cache_bypass", 0)}
+        return {
+            "root": str(root()),
+            "enabled": enabled(),
+            "hits": self.hits,
+            "misses": self.misses,
+            "writes": self.writes,
+            "discarded": self.discarded,
+            "graph_hits": self.graph_hits,
+            "graph_misses": self.graph_misses,
+            "graph_writes": self.graph_writes,
+            "aot_autograd_hits": aot.get("autograd_cache_hit", 0),
+            "aot_autograd_misses": aot.get("autograd_cache_miss", 0),
+            "aot_autograd_saved": aot.get("autograd_cache_saved", 0),
+            "aot_autograd_bypasses": aot.get("autograd_cache_bypass", 0),
+        }
 
 
 def _aot_autograd_counters() -> dict[str, int]:

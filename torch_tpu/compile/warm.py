@@ -74,8 +74,14 @@ def sources() -> str:
 # --- layer 1: AOTAutograd's cache -------------------------------------------------------------------------------
 
 
-def _fake_tensor(state: Any, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...],
-                 device: torch.device, requires_grad: bool) -> torch.Tensor:
+def _fake_tensor(
+    state: Any,
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    device: torch.device,
+    requires_grad: bool,
+) -> torch.Tensor:
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.utils._mode_utils import no_dispatch
 
@@ -96,8 +102,14 @@ def _pickler() -> type:
             if isinstance(obj, FakeTensor) and not any(
                 isinstance(size, torch.SymInt) for size in (*obj.shape, *obj.stride(), obj.storage_offset())
             ):
-                return _fake_tensor, (self._unpickle_state, obj.dtype, tuple(obj.shape), obj.stride(), obj.device,
-                                      obj.requires_grad)
+                return _fake_tensor, (
+                    self._unpickle_state,
+                    obj.dtype,
+                    tuple(obj.shape),
+                    obj.stride(),
+                    obj.device,
+                    obj.requires_grad,
+                )
             return super().reducer_override(obj)
 
     return Pickler
@@ -162,14 +174,21 @@ class GraphCode(OutputCode):
         """No Triton here."""
 
 
-def _graph_code(factory: Callable[[torch.fx.GraphModule], Callable[..., Any]], gm: torch.fx.GraphModule,
-                example_inputs: Sequence[Any]) -> GraphCode:
+def _graph_code(
+    factory: Callable[[torch.fx.GraphModule], Callable[..., Any]],
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+) -> GraphCode:
     return GraphCode(factory=factory, gm=gm)
 
 
-def cached_aot_autograd(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
-                        factory: Callable[[str], Callable[[torch.fx.GraphModule], Callable[..., Any]]],
-                        **aot_kwargs: Any) -> Callable[..., Any]:
+def cached_aot_autograd(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: dict[str, Any],
+    factory: Callable[[str], Callable[[torch.fx.GraphModule], Callable[..., Any]]],
+    **aot_kwargs: Any,
+) -> Callable[..., Any]:
     """`aot_autograd(...)(gm, example_inputs)` with AOTAutograd's cache: a warm process gets the partitioned
     graphs back from disk instead of tracing them. `factory(kind)` builds a graph's callable and must pickle."""
     # PyTorch hashes the Dynamo graph module's attributes into the key: this one makes the key ours too.
@@ -219,8 +238,9 @@ def graph_fingerprint(gm: torch.fx.GraphModule) -> str:
         if isinstance(module, torch.fx.GraphModule):
             digest.update(f"{name}\n{module.code}\n".encode())
             for node in module.graph.nodes:
-                digest.update(f"{node.name}:{_value_token(node.meta.get('val'))}:{_lowering_token(node.target)}\n"
-                              .encode())
+                digest.update(
+                    f"{node.name}:{_value_token(node.meta.get('val'))}:{_lowering_token(node.target)}\n".encode()
+                )
                 if node.op == "get_attr":
                     digest.update(_constant_token(getattr(module, node.target)).encode())
     return digest.hexdigest()
@@ -235,11 +255,18 @@ def _input_token(value: Any) -> str:
 def graph_key(fingerprint: str, inputs: Sequence[Any]) -> str:
     """The index key of a graph called with `inputs` (jax values, the RNG key first, and compiled-in sizes)
     under the precision, XLA options and JAX flags in force now."""
-    text = "\n".join([
-        "graph", cache.environment(), sources(), fingerprint, repr(precision.cache_token()),
-        repr(sorted(precision.compiler_options().items())), repr(sorted(jax.config.values.items())),
-        ";".join(_input_token(value) for value in inputs),
-    ])
+    text = "\n".join(
+        [
+            "graph",
+            cache.environment(),
+            sources(),
+            fingerprint,
+            repr(precision.cache_token()),
+            repr(sorted(precision.compiler_options().items())),
+            repr(sorted(jax.config.values.items())),
+            ";".join(_input_token(value) for value in inputs),
+        ]
+    )
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -271,8 +298,13 @@ def store(key: str, program: str | None, sizes: dict[int, int]) -> None:
 _fingerprints: weakref.WeakKeyDictionary[torch.fx.GraphModule, str] = weakref.WeakKeyDictionary()
 
 
-def executable(gm: torch.fx.GraphModule, traced_sizes: dict[tuple, dict[int, int]], values: Sequence[Any],
-               lower: Callable[[], jax.stages.Lowered], usable: bool = True) -> tuple[Any, bool]:
+def executable(
+    gm: torch.fx.GraphModule,
+    traced_sizes: dict[tuple, dict[int, int]],
+    values: Sequence[Any],
+    lower: Callable[[], jax.stages.Lowered],
+    usable: bool = True,
+) -> tuple[Any, bool]:
     """The executable of `gm` called with `values` (the RNG key, then the inputs; ints are compiled-in sizes),
     and whether it came from disk: through the index when an earlier process recorded it, else `lower()` then
     the StableHLO-keyed tier, recording the result. `traced_sizes` is the lowering's record of the sizes it

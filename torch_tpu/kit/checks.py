@@ -24,17 +24,23 @@ HELD_OUT_SEED = 10_000
 # differences compound (loss curve). bf16 starts from its unit roundoff 2**-8 ~ 3.9e-3.
 PRECISION_POLICY: dict[str, dict[str, Any]] = {
     "float32": {
-        "outputs": (1e-4, 1e-5), "gradients": (1e-3, 1e-5), "loss": (1e-3, 1e-5),
+        "outputs": (1e-4, 1e-5),
+        "gradients": (1e-3, 1e-5),
+        "loss": (1e-3, 1e-5),
         "why": "fp32 per-op rtol 1.3e-5 x ~10 composed ops; backward doubles the depth and sums over the batch; "
-               "AdamW's normalised update amplifies tiny gradient differences across steps",
+        "AdamW's normalised update amplifies tiny gradient differences across steps",
     },
     "bfloat16": {
-        "outputs": (5e-2, 5e-2), "gradients": (1e-1, 1e-1), "loss": (5e-2, 5e-2),
+        "outputs": (5e-2, 5e-2),
+        "gradients": (1e-1, 1e-1),
+        "loss": (5e-2, 5e-2),
         "why": "bf16 unit roundoff 3.9e-3; XLA may keep fused intermediates in fp32 (allow_excess_precision) while "
-               "the CPU reference rounds after every op, so a few ulps per layer are expected",
+        "the CPU reference rounds after every op, so a few ulps per layer are expected",
     },
     "float16": {
-        "outputs": (1e-2, 1e-2), "gradients": (5e-2, 5e-2), "loss": (1e-2, 1e-2),
+        "outputs": (1e-2, 1e-2),
+        "gradients": (5e-2, 5e-2),
+        "loss": (1e-2, 1e-2),
         "why": "fp16 unit roundoff 4.9e-4, same composition argument as bf16",
     },
 }
@@ -47,15 +53,17 @@ def policy(dtype: str) -> dict[str, Any]:
 
 
 def _error(exc: BaseException) -> dict[str, str]:
-    return {"type": type(exc).__name__, "message": str(exc).strip().splitlines()[0] if str(exc).strip() else "",
-            "traceback": "".join(traceback.format_exception(exc))[-2000:]}
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+        "traceback": "".join(traceback.format_exception(exc))[-2000:],
+    }
 
 
 def compare(actual: Any, expected: Any, tol: tuple[float, float]) -> dict[str, Any]:
     """Max abs/rel error of tensors (or lists of tensors) and whether every one is within (rtol, atol)."""
     worst_abs, worst_rel, ok = 0.0, 0.0, True
-    pairs = list(zip(torch.utils._pytree.tree_leaves(actual), torch.utils._pytree.tree_leaves(expected),
-                     strict=True))
+    pairs = list(zip(torch.utils._pytree.tree_leaves(actual), torch.utils._pytree.tree_leaves(expected), strict=True))
     for a, e in pairs:
         a, e = a.detach().cpu().double(), e.detach().cpu().double()
         if not torch.isfinite(a).all():
@@ -66,8 +74,14 @@ def compare(actual: Any, expected: Any, tol: tuple[float, float]) -> dict[str, A
         worst_abs = max(worst_abs, float(diff.max()) if diff.numel() else 0.0)
         worst_rel = max(worst_rel, float((diff / e.abs().clamp_min(1e-12)).max()) if diff.numel() else 0.0)
         ok = ok and bool((diff <= tol[1] + tol[0] * e.abs()).all())
-    return {"max_abs_error": worst_abs, "max_rel_error": worst_rel, "rtol": tol[0], "atol": tol[1],
-            "tensors": len(pairs), "passed": ok}
+    return {
+        "max_abs_error": worst_abs,
+        "max_rel_error": worst_rel,
+        "rtol": tol[0],
+        "atol": tol[1],
+        "tensors": len(pairs),
+        "passed": ok,
+    }
 
 
 def forward_backward(workload: Workload, shape: Shape, device: str, compiled: bool, seed: int = 0) -> dict[str, Any]:
@@ -79,9 +93,14 @@ def forward_backward(workload: Workload, shape: Shape, device: str, compiled: bo
     output = runner(inputs)
     loss = workload.loss(output, target)
     loss.backward()
-    return {"output": output.detach().cpu(), "loss": loss.detach().cpu(),
-            "grads": [p.grad.detach().cpu() if p.grad is not None else torch.zeros(p.shape, dtype=p.dtype)
-                      for p in model.parameters()]}
+    return {
+        "output": output.detach().cpu(),
+        "loss": loss.detach().cpu(),
+        "grads": [
+            p.grad.detach().cpu() if p.grad is not None else torch.zeros(p.shape, dtype=p.dtype)
+            for p in model.parameters()
+        ],
+    }
 
 
 def correctness(workload: Workload, reference: str, modes: list[str]) -> list[dict[str, Any]]:
@@ -108,8 +127,13 @@ def correctness(workload: Workload, reference: str, modes: list[str]) -> list[di
     return results
 
 
-def _step(model: torch.nn.Module, runner: Any, optimizer: torch.optim.Optimizer, workload: Workload,
-          batch: tuple[Any, torch.Tensor]) -> float:
+def _step(
+    model: torch.nn.Module,
+    runner: Any,
+    optimizer: torch.optim.Optimizer,
+    workload: Workload,
+    batch: tuple[Any, torch.Tensor],
+) -> float:
     optimizer.zero_grad()
     loss = workload.loss(runner(batch[0]), batch[1])
     loss.backward()
@@ -117,8 +141,14 @@ def _step(model: torch.nn.Module, runner: Any, optimizer: torch.optim.Optimizer,
     return float(loss.detach().cpu())
 
 
-def train(workload: Workload, device: str, mode: str, steps: int, checkpoint_dir: pathlib.Path | None = None,
-          checkpoint_at: int | None = None) -> dict[str, Any]:
+def train(
+    workload: Workload,
+    device: str,
+    mode: str,
+    steps: int,
+    checkpoint_dir: pathlib.Path | None = None,
+    checkpoint_at: int | None = None,
+) -> dict[str, Any]:
     """`steps` training steps; per-step loss, the first failed step (exception or non-finite loss), quality.
 
     With `checkpoint_dir`, model and optimizer state are saved after step `checkpoint_at`, then restored into a
@@ -141,16 +171,27 @@ def train(workload: Workload, device: str, mode: str, steps: int, checkpoint_dir
             break
         losses.append(loss)
         if not math.isfinite(loss):
-            failed = {"step": index, "type": "NonFiniteLoss", "message": f"loss is {loss} at step {index}",
-                      "traceback": ""}
+            failed = {
+                "step": index,
+                "type": "NonFiniteLoss",
+                "message": f"loss is {loss} at step {index}",
+                "traceback": "",
+            }
             break
         if checkpoint_dir is not None and index + 1 == checkpoint_at:
             checkpoint = checkpoint_dir / "checkpoint.pt"
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": index + 1},
-                       checkpoint)
+            torch.save(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": index + 1}, checkpoint
+            )
     seconds = time.perf_counter() - start
-    result: dict[str, Any] = {"device": device, "mode": mode, "shape": shape.as_dict(), "losses": losses,
-                              "failed_step": failed, "seconds": seconds}
+    result: dict[str, Any] = {
+        "device": device,
+        "mode": mode,
+        "shape": shape.as_dict(),
+        "losses": losses,
+        "failed_step": failed,
+        "seconds": seconds,
+    }
     if failed is None:
         with torch.no_grad():
             inputs, target = to_device(workload.make_batch(shape, HELD_OUT_SEED), device, shape.torch_dtype)
@@ -163,8 +204,14 @@ def train(workload: Workload, device: str, mode: str, steps: int, checkpoint_dir
     return result
 
 
-def resume(workload: Workload, device: str, mode: str, checkpoint: pathlib.Path, batch: tuple[Any, torch.Tensor],
-           expected_loss: float) -> dict[str, Any]:
+def resume(
+    workload: Workload,
+    device: str,
+    mode: str,
+    checkpoint: pathlib.Path,
+    batch: tuple[Any, torch.Tensor],
+    expected_loss: float,
+) -> dict[str, Any]:
     """Restore from `checkpoint` into fresh objects, run one step, compare with the uninterrupted loss (exactly:
     same device, program and inputs must give the same bits, so any difference is state that was not restored)."""
     shape = workload.shapes[0]
@@ -178,9 +225,14 @@ def resume(workload: Workload, device: str, mode: str, checkpoint: pathlib.Path,
         loss = _step(model, runner, optimizer, workload, batch)
     except Exception as exc:
         return {"passed": False, "error": _error(exc), "checkpoint_bytes": _size(checkpoint)}
-    return {"resumed_after_step": state["step"], "expected_loss": expected_loss, "resumed_loss": loss,
-            "abs_difference": abs(loss - expected_loss), "passed": loss == expected_loss,
-            "checkpoint_bytes": _size(checkpoint)}
+    return {
+        "resumed_after_step": state["step"],
+        "expected_loss": expected_loss,
+        "resumed_loss": loss,
+        "abs_difference": abs(loss - expected_loss),
+        "passed": loss == expected_loss,
+        "checkpoint_bytes": _size(checkpoint),
+    }
 
 
 def _size(path: pathlib.Path) -> int:
@@ -218,9 +270,15 @@ def shape_catalogue(workload: Workload) -> list[dict[str, Any]]:
                 torch.accelerator.synchronize()
                 repeat = time.perf_counter() - start
                 graphs_repeat = counters["stats"]["unique_graphs"] - graphs - graphs_first
-            entry.update(compiles=graphs_first, new_executables=executables_first - executables,
-                         compile_seconds=max(first - repeat, 0.0), first_call_seconds=first,
-                         repeat_call_seconds=repeat, recompiled_on_repeat=graphs_repeat > 0, passed=graphs_repeat == 0)
+            entry.update(
+                compiles=graphs_first,
+                new_executables=executables_first - executables,
+                compile_seconds=max(first - repeat, 0.0),
+                first_call_seconds=first,
+                repeat_call_seconds=repeat,
+                recompiled_on_repeat=graphs_repeat > 0,
+                passed=graphs_repeat == 0,
+            )
         except Exception as exc:
             entry.update(passed=False, error=_error(exc))
         results.append(entry)

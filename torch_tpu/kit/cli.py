@@ -26,9 +26,16 @@ def _evaluate(args: argparse.Namespace) -> int:
     from torch_tpu.kit import evaluate
 
     modes = tuple(args.modes.split(","))
-    options = evaluate.Options(workload=args.workload, out=pathlib.Path(args.out), reference=args.reference,
-                               prices=args.prices, modes=modes, iterations=args.iterations,
-                               train_steps=args.steps, performance=not args.no_performance)
+    options = evaluate.Options(
+        workload=args.workload,
+        out=pathlib.Path(args.out),
+        reference=args.reference,
+        prices=args.prices,
+        modes=modes,
+        iterations=args.iterations,
+        train_steps=args.steps,
+        performance=not args.no_performance,
+    )
     report = evaluate.run(options)
     print(f"\nverdict: {report['verdict'].upper()}  (run {report['run_id']})")
     for name, g in report["gates"].items():
@@ -40,9 +47,17 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _k8s(args: argparse.Namespace) -> int:
     from torch_tpu.kit import k8s
 
-    spec = k8s.JobSpec(image=args.image, accelerator=args.accelerator, topology=args.topology, mode=args.mode,
-                       chips=args.chips, name=args.name, namespace=args.namespace,
-                       deadline_seconds=args.deadline, ttl_seconds=args.ttl)
+    spec = k8s.JobSpec(
+        image=args.image,
+        accelerator=args.accelerator,
+        topology=args.topology,
+        mode=args.mode,
+        chips=args.chips,
+        name=args.name,
+        namespace=args.namespace,
+        deadline_seconds=args.deadline,
+        ttl_seconds=args.ttl,
+    )
     try:
         text = k8s.render(spec)
     except k8s.ManifestError as exc:

@@ -27,8 +27,10 @@ class PriceError(ValueError):
 
 def load_prices(path: str | pathlib.Path | None) -> dict[str, Any]:
     if path is None:
-        raise PriceError("no price file given (--prices FILE); the cost gate needs accelerator, host and storage "
-                         "prices and the kit will not invent them")
+        raise PriceError(
+            "no price file given (--prices FILE); the cost gate needs accelerator, host and storage "
+            "prices and the kit will not invent them"
+        )
     file = pathlib.Path(path)
     if not file.is_file():
         raise PriceError(f"price file {file} does not exist")
@@ -45,8 +47,13 @@ def load_prices(path: str | pathlib.Path | None) -> dict[str, Any]:
     return prices
 
 
-def attribute(prices: dict[str, Any], machine_seconds: float, stored_bytes: int, useful_results: int,
-              samples_per_second: float | None = None) -> dict[str, Any]:
+def attribute(
+    prices: dict[str, Any],
+    machine_seconds: float,
+    stored_bytes: int,
+    useful_results: int,
+    samples_per_second: float | None = None,
+) -> dict[str, Any]:
     """The cost breakdown, cost per useful result (None when nothing useful came out) and amortised engineering."""
     hours = machine_seconds / 3600.0
     accelerator = prices["accelerator_per_hour"] * hours

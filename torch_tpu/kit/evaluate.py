@@ -50,9 +50,17 @@ def run(options: Options) -> dict[str, Any]:
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
     run_id = runinfo.new_run_id()
-    report: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "run_id": run_id, "workload_spec": options.workload,
-                              "reference_device": options.reference, "modes": list(options.modes),
-                              "started_at": started, "versions": runinfo.versions(), "gates": {}, "errors": []}
+    report: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id,
+        "workload_spec": options.workload,
+        "reference_device": options.reference,
+        "modes": list(options.modes),
+        "started_at": started,
+        "versions": runinfo.versions(),
+        "gates": {},
+        "errors": [],
+    }
     log = runinfo.Log(run_id, out / "logs.jsonl", stream=sys.stderr, versions=report["versions"])
     try:
         _run(options, report, log)
@@ -67,8 +75,9 @@ def run(options: Options) -> dict[str, Any]:
     from torch_tpu.kit import report as report_mod
 
     report_mod.write(report, out)
-    log.event("verdict", verdict=report["verdict"],
-              failed=[n for n, g in report["gates"].items() if g["status"] != "pass"])
+    log.event(
+        "verdict", verdict=report["verdict"], failed=[n for n, g in report["gates"].items() if g["status"] != "pass"]
+    )
     log.close()
     return report
 
@@ -86,8 +95,12 @@ def _run(options: Options, report: dict[str, Any], log: runinfo.Log) -> None:
         return
     report["workload"] = work.summary()
     report["platform"] = runinfo.platform_info()
-    log.context.update(platform=report["platform"]["platform"], topology=report["platform"]["topology"],
-                       dtype=work.shapes[0].dtype, workload=work.name)
+    log.context.update(
+        platform=report["platform"]["platform"],
+        topology=report["platform"]["topology"],
+        dtype=work.shapes[0].dtype,
+        workload=work.name,
+    )
     log.event("start", spec=options.workload)
 
     from torch_tpu import metrics
@@ -102,11 +115,16 @@ def _run(options: Options, report: dict[str, Any], log: runinfo.Log) -> None:
     crashed = [c for c in correctness if "error" in c]
     report["gates"]["compatibility"] = gate(
         not crashed and not metrics.cpu_fallbacks,
-        "every mode ran forward and backward on tpu without CPU fallback" if not crashed and not metrics.cpu_fallbacks
-        else (f"{crashed[0]['mode']} failed on tpu: {crashed[0]['error']['type']}: {crashed[0]['error']['message']}"
-              if crashed else f"ops fell back to CPU: {sorted(metrics.cpu_fallbacks)}"),
+        "every mode ran forward and backward on tpu without CPU fallback"
+        if not crashed and not metrics.cpu_fallbacks
+        else (
+            f"{crashed[0]['mode']} failed on tpu: {crashed[0]['error']['type']}: {crashed[0]['error']['message']}"
+            if crashed
+            else f"ops fell back to CPU: {sorted(metrics.cpu_fallbacks)}"
+        ),
         errors=[{"mode": c["mode"], "shape": c["shape"], **c["error"]} for c in crashed],
-        metrics=metrics.summary())
+        metrics=metrics.summary(),
+    )
     if crashed:
         return
 
@@ -116,12 +134,19 @@ def _run(options: Options, report: dict[str, Any], log: runinfo.Log) -> None:
     tpu_run = checks.train(work, "tpu", train_mode, steps, checkpoint_dir, checkpoint_at=max(1, steps // 2))
     ref_run = checks.train(work, options.reference, "eager", steps)
     report["correctness"]["training"] = {"tpu": tpu_run, "reference": ref_run}
-    log.event("training", mode=train_mode, steps=steps, losses=tpu_run["losses"], quality=tpu_run["quality"],
-              failed_step=tpu_run["failed_step"])
+    log.event(
+        "training",
+        mode=train_mode,
+        steps=steps,
+        losses=tpu_run["losses"],
+        quality=tpu_run["quality"],
+        failed_step=tpu_run["failed_step"],
+    )
     _correctness_gate(report, work, tpu_run, ref_run, correctness)
     report["shapes"] = checks.shape_catalogue(work)
-    log.event("shapes", shapes=[{k: s.get(k) for k in ("label", "compiles", "compile_seconds")}
-                                for s in report["shapes"]])
+    log.event(
+        "shapes", shapes=[{k: s.get(k) for k in ("label", "compiles", "compile_seconds")} for s in report["shapes"]]
+    )
     checks_seconds = time.perf_counter() - stage_start
 
     perf_seconds = 0.0
@@ -146,25 +171,36 @@ def _run(options: Options, report: dict[str, Any], log: runinfo.Log) -> None:
         return
     useful = 1 if tpu_run["meets_contract"] else 0
     warm = (report.get("performance") or {}).get("compiled", {}).get("warm", {})
-    report["cost"] = cost_mod.attribute(prices, checks_seconds + perf_seconds, checkpoint_bytes, useful,
-                                        warm.get("samples_per_second"))
+    report["cost"] = cost_mod.attribute(
+        prices, checks_seconds + perf_seconds, checkpoint_bytes, useful, warm.get("samples_per_second")
+    )
     per_result = report["cost"]["cost_per_useful_result"]
     report["gates"]["cost"] = gate(
         per_result is not None,
         f"cost per useful result {per_result:.6f} {report['cost']['currency']} (1 trained model meeting the contract)"
-        if per_result is not None else "no result met the quality contract, so cost per useful result is unbounded",
-        **{k: report["cost"][k] for k in ("total", "useful_results", "cost_per_useful_result")})
+        if per_result is not None
+        else "no result met the quality contract, so cost per useful result is unbounded",
+        **{k: report["cost"][k] for k in ("total", "useful_results", "cost_per_useful_result")},
+    )
 
 
-def _correctness_gate(report: dict[str, Any], work: Any, tpu_run: dict[str, Any], ref_run: dict[str, Any],
-                      forward_backward: list[dict[str, Any]]) -> None:
+def _correctness_gate(
+    report: dict[str, Any],
+    work: Any,
+    tpu_run: dict[str, Any],
+    ref_run: dict[str, Any],
+    forward_backward: list[dict[str, Any]],
+) -> None:
     import torch
 
     from torch_tpu.kit import checks
 
     dtype = work.shapes[0].dtype
-    problems = [f"{c['mode']} {c['shape']['dtype']}: outputs/gradients outside tolerance"
-                for c in forward_backward if not c["passed"]]
+    problems = [
+        f"{c['mode']} {c['shape']['dtype']}: outputs/gradients outside tolerance"
+        for c in forward_backward
+        if not c["passed"]
+    ]
     curve: dict[str, Any] = {"passed": False}
     if tpu_run["failed_step"] is not None:
         failed = tpu_run["failed_step"]
@@ -172,19 +208,29 @@ def _correctness_gate(report: dict[str, Any], work: Any, tpu_run: dict[str, Any]
     elif ref_run["failed_step"] is not None:
         problems.append(f"reference training failed at step {ref_run['failed_step']['step']}")
     else:
-        curve = checks.compare(torch.tensor(tpu_run["losses"]), torch.tensor(ref_run["losses"]),
-                               checks.policy(dtype)["loss"])
+        curve = checks.compare(
+            torch.tensor(tpu_run["losses"]), torch.tensor(ref_run["losses"]), checks.policy(dtype)["loss"]
+        )
         if not curve["passed"]:
-            problems.append(f"loss curve differs from reference beyond rtol {curve['rtol']} "
-                            f"(max rel error {curve['max_rel_error']:.3g})")
+            problems.append(
+                f"loss curve differs from reference beyond rtol {curve['rtol']} "
+                f"(max rel error {curve['max_rel_error']:.3g})"
+            )
         if not tpu_run["meets_contract"]:
-            problems.append(f"{work.metric_name} {tpu_run['quality']:.4f} on tpu misses the contract "
-                            f"({'>=' if work.higher_is_better else '<='} {work.quality_target})")
+            problems.append(
+                f"{work.metric_name} {tpu_run['quality']:.4f} on tpu misses the contract "
+                f"({'>=' if work.higher_is_better else '<='} {work.quality_target})"
+            )
     report["correctness"]["loss_curve"] = curve
     report["gates"]["correctness"] = gate(
-        not problems, "; ".join(problems) or f"outputs, gradients and {len(tpu_run['losses'])}-step loss curve within "
+        not problems,
+        "; ".join(problems)
+        or f"outputs, gradients and {len(tpu_run['losses'])}-step loss curve within "
         f"the declared policy; {work.metric_name} {tpu_run['quality']:.4f} meets the contract",
-        loss_curve=curve, quality_tpu=tpu_run["quality"], quality_reference=ref_run["quality"])
+        loss_curve=curve,
+        quality_tpu=tpu_run["quality"],
+        quality_reference=ref_run["quality"],
+    )
 
 
 def _performance(options: Options, run_id: str, log: runinfo.Log) -> dict[str, Any]:
@@ -197,9 +243,15 @@ def _performance(options: Options, run_id: str, log: runinfo.Log) -> dict[str, A
         for state in ("cold", "warm"):
             log.event("performance_run", mode=mode, cache=state)
             results[mode][state] = perf.run_in_process(options.workload, mode, cache_root, options.iterations, run_id)
-            log.event("performance_result", mode=mode, cache=state,
-                      **{k: results[mode][state].get(k) for k in ("p50_ms", "p99_ms", "samples_per_second",
-                                                                 "first_call_seconds", "error")})
+            log.event(
+                "performance_result",
+                mode=mode,
+                cache=state,
+                **{
+                    k: results[mode][state].get(k)
+                    for k in ("p50_ms", "p99_ms", "samples_per_second", "first_call_seconds", "error")
+                },
+            )
         shutil.rmtree(cache_root, ignore_errors=True)
     return results
 
@@ -216,10 +268,17 @@ def _performance_gate(perf: dict[str, Any], slo_ms: float | None) -> dict[str, A
                 problems.append(f"{mode}/{state} never reached a stable steady state")
             elif slo_ms is not None and result["p99_ms"] > slo_ms:
                 problems.append(f"{mode}/{state} p99 {result['p99_ms']:.2f} ms exceeds the SLO {slo_ms} ms")
-    reason = "; ".join(problems) or (f"every run reached steady state; p99 within the {slo_ms} ms SLO"
-                                     if slo_ms is not None else "every run reached steady state (no SLO declared)")
-    return gate(not problems, reason, latency_slo_ms=slo_ms,
-                p99_ms={f"{m}/{s}": r.get("p99_ms") for m, runs in perf.items() for s, r in runs.items()})
+    reason = "; ".join(problems) or (
+        f"every run reached steady state; p99 within the {slo_ms} ms SLO"
+        if slo_ms is not None
+        else "every run reached steady state (no SLO declared)"
+    )
+    return gate(
+        not problems,
+        reason,
+        latency_slo_ms=slo_ms,
+        p99_ms={f"{m}/{s}": r.get("p99_ms") for m, runs in perf.items() for s, r in runs.items()},
+    )
 
 
 def _operations_gate(report: dict[str, Any], tpu_run: dict[str, Any]) -> None:
@@ -230,9 +289,14 @@ def _operations_gate(report: dict[str, Any], tpu_run: dict[str, Any]) -> None:
     if resume is None:
         problems.append("checkpoint/resume was not exercised (training stopped before the checkpoint)")
     elif not resume["passed"]:
-        problems.append(f"resume did not reproduce the next-step loss: "
-                        f"{resume.get('error', {}).get('message') or resume}")
+        problems.append(
+            f"resume did not reproduce the next-step loss: {resume.get('error', {}).get('message') or resume}"
+        )
     report["gates"]["operations"] = gate(
-        not problems, "; ".join(problems) or f"resume after step {resume['resumed_after_step']} reproduced the "
+        not problems,
+        "; ".join(problems)
+        or f"resume after step {resume['resumed_after_step']} reproduced the "
         f"next-step loss exactly ({resume['resumed_loss']:.6f}); no failed steps",
-        resume=resume, failed_step=tpu_run["failed_step"])
+        resume=resume,
+        failed_step=tpu_run["failed_step"],
+    )

@@ -63,16 +63,21 @@ def chips_for(accelerator: str, topology: str) -> int:
     parts = topology.lower().split("x")
     if len(parts) != spec.dims or not all(p.isdigit() and int(p) > 0 for p in parts):
         example = "x".join(["2"] * spec.dims)
-        raise ManifestError(f"topology {topology!r} is not valid for {accelerator}: it takes {spec.dims} "
-                            f"dimensions like {example!r}")
+        raise ManifestError(
+            f"topology {topology!r} is not valid for {accelerator}: it takes {spec.dims} dimensions like {example!r}"
+        )
     if topology in spec.multi_host:
         chips = math.prod(int(p) for p in parts)
-        raise ManifestError(f"topology {topology} on {accelerator} is multi-host ({chips} chips across several "
-                            f"nodes) and needs one pod per host; this kit generates single-host Jobs: "
-                            f"{', '.join(spec.single_host)}")
+        raise ManifestError(
+            f"topology {topology} on {accelerator} is multi-host ({chips} chips across several "
+            f"nodes) and needs one pod per host; this kit generates single-host Jobs: "
+            f"{', '.join(spec.single_host)}"
+        )
     if topology not in spec.single_host:
-        raise ManifestError(f"topology {topology!r} is not offered for {accelerator}; single-host topologies: "
-                            f"{', '.join(spec.single_host)}")
+        raise ManifestError(
+            f"topology {topology!r} is not offered for {accelerator}; single-host topologies: "
+            f"{', '.join(spec.single_host)}"
+        )
     return spec.single_host[topology]
 
 
@@ -84,45 +89,74 @@ def build(spec: JobSpec) -> list[dict[str, Any]]:
         raise ManifestError(f"image {spec.image!r} is not a valid image reference")
     chips = chips_for(spec.accelerator, spec.topology)
     if spec.chips is not None and spec.chips != chips:
-        raise ManifestError(f"topology {spec.topology} on {spec.accelerator} has {chips} chip(s) per node, "
-                            f"but {spec.chips} were requested; google.com/tpu must equal the topology's chip count")
+        raise ManifestError(
+            f"topology {spec.topology} on {spec.accelerator} has {chips} chip(s) per node, "
+            f"but {spec.chips} were requested; google.com/tpu must equal the topology's chip count"
+        )
     if spec.deadline_seconds <= 0 or spec.ttl_seconds < 0:
         raise ManifestError("deadline must be positive and TTL non-negative")
     meta = {"name": spec.name, "namespace": spec.namespace}
     security = {
-        "runAsNonRoot": True, "runAsUser": spec.run_as_user, "allowPrivilegeEscalation": False,
-        "privileged": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "runAsUser": spec.run_as_user,
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     container = {
-        "name": "smoke", "image": spec.image, "imagePullPolicy": "IfNotPresent",
+        "name": "smoke",
+        "image": spec.image,
+        "imagePullPolicy": "IfNotPresent",
         "command": [*spec.command, spec.mode],
-        "env": [{"name": "EXECUTION_MODE", "value": spec.mode}, {"name": "PYTHONUNBUFFERED", "value": "1"},
-                {"name": "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", "value": "/tmp/torch_tpu_cache"},
-                {"name": "HOME", "value": "/tmp"}],
+        "env": [
+            {"name": "EXECUTION_MODE", "value": spec.mode},
+            {"name": "PYTHONUNBUFFERED", "value": "1"},
+            {"name": "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", "value": "/tmp/torch_tpu_cache"},
+            {"name": "HOME", "value": "/tmp"},
+        ],
         "resources": {
-            "requests": {"cpu": spec.cpu[0], "memory": spec.memory[0], "ephemeral-storage": spec.ephemeral_storage[0],
-                         "google.com/tpu": str(chips)},
-            "limits": {"cpu": spec.cpu[1], "memory": spec.memory[1], "ephemeral-storage": spec.ephemeral_storage[1],
-                       "google.com/tpu": str(chips)},
+            "requests": {
+                "cpu": spec.cpu[0],
+                "memory": spec.memory[0],
+                "ephemeral-storage": spec.ephemeral_storage[0],
+                "google.com/tpu": str(chips),
+            },
+            "limits": {
+                "cpu": spec.cpu[1],
+                "memory": spec.memory[1],
+                "ephemeral-storage": spec.ephemeral_storage[1],
+                "google.com/tpu": str(chips),
+            },
         },
         "securityContext": security,
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
     job = {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {**meta, "labels": {"app": spec.name}},
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {**meta, "labels": {"app": spec.name}},
         "spec": {
-            "backoffLimit": 0, "activeDeadlineSeconds": spec.deadline_seconds,
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": spec.deadline_seconds,
             "ttlSecondsAfterFinished": spec.ttl_seconds,
             "template": {
                 "metadata": {"labels": {"app": spec.name}},
                 "spec": {
-                    "serviceAccountName": spec.service_account, "automountServiceAccountToken": False,
+                    "serviceAccountName": spec.service_account,
+                    "automountServiceAccountToken": False,
                     "restartPolicy": "Never",
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": spec.run_as_user,
-                                        "fsGroup": spec.run_as_user, "seccompProfile": {"type": "RuntimeDefault"}},
-                    "nodeSelector": {"cloud.google.com/gke-tpu-accelerator": spec.accelerator,
-                                     "cloud.google.com/gke-tpu-topology": spec.topology},
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": spec.run_as_user,
+                        "fsGroup": spec.run_as_user,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "nodeSelector": {
+                        "cloud.google.com/gke-tpu-accelerator": spec.accelerator,
+                        "cloud.google.com/gke-tpu-topology": spec.topology,
+                    },
                     "tolerations": [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}],
                     "containers": [container],
                     "volumes": [{"name": "tmp", "emptyDir": {}}],
@@ -132,9 +166,12 @@ def build(spec: JobSpec) -> list[dict[str, Any]]:
     }
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": spec.namespace}},
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": spec.service_account, "namespace": spec.namespace},
-         "automountServiceAccountToken": False},
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": spec.service_account, "namespace": spec.namespace},
+            "automountServiceAccountToken": False,
+        },
         job,
     ]
 

@@ -69,8 +69,16 @@ def _timed(call: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def measure(call: Callable[[], Any], batch_size: int, iterations: int = 50, window: int = 5, windows: int = 3,
-            tolerance: float = 0.15, max_warmup: int = 200, progress: Progress | None = None) -> Timing:
+def measure(
+    call: Callable[[], Any],
+    batch_size: int,
+    iterations: int = 50,
+    window: int = 5,
+    windows: int = 3,
+    tolerance: float = 0.15,
+    max_warmup: int = 200,
+    progress: Progress | None = None,
+) -> Timing:
     """First call, warm-up until stable (bounded), then `iterations` timed calls."""
     torch.accelerator.synchronize()
     first = _timed(call)
@@ -103,8 +111,10 @@ class Progress:
         if self.enabled:
             filled = int(30 * self.done / self.total)
             elapsed = time.perf_counter() - self.start
-            sys.stderr.write(f"\r{self.label:<28} [{'#' * filled}{'.' * (30 - filled)}] "
-                             f"{self.done}/{self.total} {elapsed:6.1f}s {extra:<16}")
+            sys.stderr.write(
+                f"\r{self.label:<28} [{'#' * filled}{'.' * (30 - filled)}] "
+                f"{self.done}/{self.total} {elapsed:6.1f}s {extra:<16}"
+            )
             sys.stderr.flush()
 
     def close(self) -> None:

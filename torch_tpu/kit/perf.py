@@ -45,24 +45,50 @@ def run(spec: str, mode: str, iterations: int, progress: bool = False) -> dict[s
     bar.close()
     summary = timing.summary()
     summary["compile_seconds"] = max(summary["first_call_seconds"] - summary["p50_ms"] / 1e3, 0.0)
-    return {"mode": mode, "shape": shape.as_dict(), "import_seconds": imported,
-            "process_to_first_result_seconds": imported + summary["first_call_seconds"],
-            "finite": finite, "compile_cache": runinfo.cache_state(before), **summary}
+    return {
+        "mode": mode,
+        "shape": shape.as_dict(),
+        "import_seconds": imported,
+        "process_to_first_result_seconds": imported + summary["first_call_seconds"],
+        "finite": finite,
+        "compile_cache": runinfo.cache_state(before),
+        **summary,
+    }
 
 
-def run_in_process(spec: str, mode: str, cache_root: str, iterations: int, run_id: str,
-                   timeout: float = 600) -> dict[str, Any]:
+def run_in_process(
+    spec: str, mode: str, cache_root: str, iterations: int, run_id: str, timeout: float = 600
+) -> dict[str, Any]:
     """Run `run` in a child process with the given persistent cache; failures come back as `error`."""
-    env = {**os.environ, "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": cache_root, "TORCH_TPU_RUN_ID": run_id,
-           "TORCH_TPU_KIT_LAUNCHED_AT": repr(time.time()),
-           "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "torch_tpu.kit.perf", "--workload", spec, "--mode", mode,
-               "--iterations", str(iterations)]
+    env = {
+        **os.environ,
+        "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": cache_root,
+        "TORCH_TPU_RUN_ID": run_id,
+        "TORCH_TPU_KIT_LAUNCHED_AT": repr(time.time()),
+        "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "torch_tpu.kit.perf",
+        "--workload",
+        spec,
+        "--mode",
+        mode,
+        "--iterations",
+        str(iterations),
+    ]
     if sys.stderr.isatty():
         command.append("--progress")
     try:
-        child = subprocess.run(command, stdout=subprocess.PIPE, stderr=None if sys.stderr.isatty() else
-                               subprocess.PIPE, text=True, env=env, timeout=timeout)
+        child = subprocess.run(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=None if sys.stderr.isatty() else subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return {"mode": mode, "error": f"timed out after {timeout:.0f} s"}
     lines = [line for line in child.stdout.splitlines() if line.startswith("{")]

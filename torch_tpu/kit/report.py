@@ -12,16 +12,29 @@ import math
 import pathlib
 from typing import Any
 
-_GATE = {"type": "object", "required": ["status", "reason", "evidence"],
-         "properties": {"status": {"enum": ["pass", "fail"]}, "reason": {"type": "string"},
-                        "evidence": {"type": "object"}}}
+_GATE = {
+    "type": "object",
+    "required": ["status", "reason", "evidence"],
+    "properties": {"status": {"enum": ["pass", "fail"]}, "reason": {"type": "string"}, "evidence": {"type": "object"}},
+}
 
 REPORT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "torch-tpu evaluate report",
     "type": "object",
-    "required": ["schema_version", "run_id", "workload_spec", "reference_device", "versions", "gates", "verdict",
-                 "errors", "started_at", "finished_at", "wall_seconds"],
+    "required": [
+        "schema_version",
+        "run_id",
+        "workload_spec",
+        "reference_device",
+        "versions",
+        "gates",
+        "verdict",
+        "errors",
+        "started_at",
+        "finished_at",
+        "wall_seconds",
+    ],
     "properties": {
         "schema_version": {"const": 1},
         "run_id": {"type": "string"},
@@ -32,17 +45,33 @@ REPORT_SCHEMA: dict[str, Any] = {
         "platform": {"type": "object", "required": ["platform", "device_name", "device_count", "topology"]},
         "workload": {"type": "object", "required": ["name", "metric", "quality_target", "shapes"]},
         "precision_policy": {"type": "object"},
-        "correctness": {"type": "object", "properties": {
-            "forward_backward": {"type": "array"}, "training": {"type": "object"}, "loss_curve": {"type": "object"}}},
+        "correctness": {
+            "type": "object",
+            "properties": {
+                "forward_backward": {"type": "array"},
+                "training": {"type": "object"},
+                "loss_curve": {"type": "object"},
+            },
+        },
         "shapes": {"type": "array", "items": {"type": "object", "required": ["shape", "passed"]}},
-        "performance": {"type": "object", "additionalProperties": {
-            "type": "object", "properties": {"cold": {"type": "object"}, "warm": {"type": "object"}}}},
+        "performance": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "properties": {"cold": {"type": "object"}, "warm": {"type": "object"}},
+            },
+        },
         "cost": {"type": "object"},
-        "gates": {"type": "object", "required": ["compatibility", "correctness", "performance", "operations", "cost"],
-                  "additionalProperties": _GATE},
+        "gates": {
+            "type": "object",
+            "required": ["compatibility", "correctness", "performance", "operations", "cost"],
+            "additionalProperties": _GATE,
+        },
         "verdict": {"enum": ["pass", "fail"]},
         "errors": {"type": "array", "items": {"type": "object", "required": ["stage", "message"]}},
-        "started_at": {"type": "number"}, "finished_at": {"type": "number"}, "wall_seconds": {"type": "number"},
+        "started_at": {"type": "number"},
+        "finished_at": {"type": "number"},
+        "wall_seconds": {"type": "number"},
     },
 }
 
@@ -74,15 +103,17 @@ def _svg_lines(series: dict[str, list[float]], title: str, xlabel: str, ylabel: 
     high = high if high > low else low + 1
     longest = max(len(s) for s in series.values())
     colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">',
-             f'<text x="{width / 2}" y="16" text-anchor="middle" font-weight="bold">{html.escape(title)}</text>',
-             f'<line x1="{pad}" y1="{height - pad}" x2="{width - 10}" y2="{height - pad}" stroke="#333"/>',
-             f'<line x1="{pad}" y1="24" x2="{pad}" y2="{height - pad}" stroke="#333"/>',
-             f'<text x="{width / 2}" y="{height - 10}" text-anchor="middle">{html.escape(xlabel)}</text>',
-             f'<text x="4" y="30" font-size="11">{high:.4g}</text>',
-             f'<text x="4" y="{height - pad}" font-size="11">{low:.4g}</text>',
-             f'<text x="4" y="{height / 2}" font-size="11" transform="rotate(-90 10 {height / 2})">'
-             f'{html.escape(ylabel)}</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">',
+        f'<text x="{width / 2}" y="16" text-anchor="middle" font-weight="bold">{html.escape(title)}</text>',
+        f'<line x1="{pad}" y1="{height - pad}" x2="{width - 10}" y2="{height - pad}" stroke="#333"/>',
+        f'<line x1="{pad}" y1="24" x2="{pad}" y2="{height - pad}" stroke="#333"/>',
+        f'<text x="{width / 2}" y="{height - 10}" text-anchor="middle">{html.escape(xlabel)}</text>',
+        f'<text x="4" y="30" font-size="11">{high:.4g}</text>',
+        f'<text x="4" y="{height - pad}" font-size="11">{low:.4g}</text>',
+        f'<text x="4" y="{height / 2}" font-size="11" transform="rotate(-90 10 {height / 2})">'
+        f"{html.escape(ylabel)}</text>",
+    ]
     for index, (name, points) in enumerate(series.items()):
         color = colors[index % len(colors)]
         coords = []
@@ -118,55 +149,129 @@ def _table(rows: list[list[Any]], header: list[str]) -> str:
 def render_html(report: dict[str, Any]) -> str:
     gates = report.get("gates", {})
     verdict = report.get("verdict", "fail")
-    sections = [f"<h1>torch-tpu evaluation: {html.escape(str(report.get('workload', {}).get('name', '?')))}</h1>",
-                f'<p class="verdict {verdict}">Verdict: <b>{verdict.upper()}</b></p>',
-                f"<p>run {html.escape(report.get('run_id', ''))} &middot; workload "
-                f"<code>{html.escape(report.get('workload_spec', ''))}</code> &middot; reference "
-                f"{html.escape(report.get('reference_device', ''))} &middot; "
-                f"{html.escape(json.dumps(report.get('versions', {})))} &middot; "
-                f"{html.escape(json.dumps(report.get('platform', {})))}</p>", "<h2>Gates</h2>",
-                _table([[name, g.get("status", "fail").upper(), g.get("reason", "")] for name, g in gates.items()],
-                       ["gate", "status", "evidence"])]
+    sections = [
+        f"<h1>torch-tpu evaluation: {html.escape(str(report.get('workload', {}).get('name', '?')))}</h1>",
+        f'<p class="verdict {verdict}">Verdict: <b>{verdict.upper()}</b></p>',
+        f"<p>run {html.escape(report.get('run_id', ''))} &middot; workload "
+        f"<code>{html.escape(report.get('workload_spec', ''))}</code> &middot; reference "
+        f"{html.escape(report.get('reference_device', ''))} &middot; "
+        f"{html.escape(json.dumps(report.get('versions', {})))} &middot; "
+        f"{html.escape(json.dumps(report.get('platform', {})))}</p>",
+        "<h2>Gates</h2>",
+        _table(
+            [[name, g.get("status", "fail").upper(), g.get("reason", "")] for name, g in gates.items()],
+            ["gate", "status", "evidence"],
+        ),
+    ]
     for error in report.get("errors", []):
-        sections.append(f'<p class="fail">error in {html.escape(error.get("stage", ""))}: '
-                        f'{html.escape(error.get("message", ""))}</p>')
+        sections.append(
+            f'<p class="fail">error in {html.escape(error.get("stage", ""))}: '
+            f"{html.escape(error.get('message', ''))}</p>"
+        )
     training = report.get("correctness", {}).get("training")
     if training:
-        sections += ["<h2>Correctness</h2>", _svg_lines(
-            {"tpu": training["tpu"]["losses"], report.get("reference_device", "ref"): training["reference"]["losses"]},
-            "training loss, tpu vs reference", "step", "loss")]
+        sections += [
+            "<h2>Correctness</h2>",
+            _svg_lines(
+                {
+                    "tpu": training["tpu"]["losses"],
+                    report.get("reference_device", "ref"): training["reference"]["losses"],
+                },
+                "training loss, tpu vs reference",
+                "step",
+                "loss",
+            ),
+        ]
     fb = report.get("correctness", {}).get("forward_backward", [])
     if fb:
-        sections.append(_table([[c["mode"], c["shape"]["dtype"], c.get("outputs", {}).get("max_abs_error", "-"),
-                                 c.get("gradients", {}).get("max_abs_error", "-"), "pass" if c["passed"] else "FAIL"]
-                                for c in fb], ["mode", "dtype", "max |output err|", "max |grad err|", "result"]))
+        sections.append(
+            _table(
+                [
+                    [
+                        c["mode"],
+                        c["shape"]["dtype"],
+                        c.get("outputs", {}).get("max_abs_error", "-"),
+                        c.get("gradients", {}).get("max_abs_error", "-"),
+                        "pass" if c["passed"] else "FAIL",
+                    ]
+                    for c in fb
+                ],
+                ["mode", "dtype", "max |output err|", "max |grad err|", "result"],
+            )
+        )
     if report.get("precision_policy"):
-        sections += ["<h3>Precision policy (declared before the run)</h3>", _table(
-            [[d, p["outputs"], p["gradients"], p["loss"], p["why"]] for d, p in report["precision_policy"].items()],
-            ["dtype", "outputs (rtol, atol)", "gradients", "loss curve", "why"])]
+        sections += [
+            "<h3>Precision policy (declared before the run)</h3>",
+            _table(
+                [[d, p["outputs"], p["gradients"], p["loss"], p["why"]] for d, p in report["precision_policy"].items()],
+                ["dtype", "outputs (rtol, atol)", "gradients", "loss curve", "why"],
+            ),
+        ]
     if report.get("shapes"):
-        sections += ["<h2>Shape catalogue</h2>", _table(
-            [[s.get("label"), s.get("compiles", "-"), s.get("compile_seconds", "-"), s.get("repeat_call_seconds", "-"),
-              "pass" if s["passed"] else "FAIL"] for s in report["shapes"]],
-            ["shape", "compiles", "compile s", "repeat call s", "result"])]
+        sections += [
+            "<h2>Shape catalogue</h2>",
+            _table(
+                [
+                    [
+                        s.get("label"),
+                        s.get("compiles", "-"),
+                        s.get("compile_seconds", "-"),
+                        s.get("repeat_call_seconds", "-"),
+                        "pass" if s["passed"] else "FAIL",
+                    ]
+                    for s in report["shapes"]
+                ],
+                ["shape", "compiles", "compile s", "repeat call s", "result"],
+            ),
+        ]
     perf = report.get("performance")
     if perf:
         rows, series = [], {}
         for mode, runs in perf.items():
             for state, r in runs.items():
-                rows.append([f"{mode}/{state}", r.get("first_call_seconds", "-"), r.get("compile_seconds", "-"),
-                             r.get("warmup_calls", "-"), r.get("p50_ms", "-"), r.get("p90_ms", "-"),
-                             r.get("p99_ms", "-"), r.get("samples_per_second", "-"),
-                             r.get("compile_cache", {}).get("state", "-"), r.get("error", "")])
+                rows.append(
+                    [
+                        f"{mode}/{state}",
+                        r.get("first_call_seconds", "-"),
+                        r.get("compile_seconds", "-"),
+                        r.get("warmup_calls", "-"),
+                        r.get("p50_ms", "-"),
+                        r.get("p90_ms", "-"),
+                        r.get("p99_ms", "-"),
+                        r.get("samples_per_second", "-"),
+                        r.get("compile_cache", {}).get("state", "-"),
+                        r.get("error", ""),
+                    ]
+                )
                 if r.get("latencies_ms"):
                     series[f"{mode}/{state}"] = r["latencies_ms"]
-        sections += ["<h2>Performance</h2>", _table(rows, ["run", "first call s", "compile s", "warm-up calls",
-                                                          "p50 ms", "p90 ms", "p99 ms", "samples/s", "cache", "error"]),
-                     _svg_histograms(series, "steady-state latency distribution")]
+        sections += [
+            "<h2>Performance</h2>",
+            _table(
+                rows,
+                [
+                    "run",
+                    "first call s",
+                    "compile s",
+                    "warm-up calls",
+                    "p50 ms",
+                    "p90 ms",
+                    "p99 ms",
+                    "samples/s",
+                    "cache",
+                    "error",
+                ],
+            ),
+            _svg_histograms(series, "steady-state latency distribution"),
+        ]
     if report.get("cost"):
         sections += ["<h2>Cost</h2>", f"<pre>{html.escape(json.dumps(report['cost'], indent=2, default=str))}</pre>"]
-    style = ("body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;margin:1em 0}"
-             "td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px}.pass{color:#1a7f37}.fail{color:#c62828}"
-             ".verdict{font-size:1.4em}svg{border:1px solid #eee;margin:0.5em}")
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>torch-tpu report {report.get('run_id', '')}"
-            f"</title><style>{style}</style></head><body>{''.join(sections)}</body></html>\n")
+    style = (
+        "body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;margin:1em 0}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px}.pass{color:#1a7f37}.fail{color:#c62828}"
+        ".verdict{font-size:1.4em}svg{border:1px solid #eee;margin:0.5em}"
+    )
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>torch-tpu report {report.get('run_id', '')}"
+        f"</title><style>{style}</style></head><body>{''.join(sections)}</body></html>\n"
+    )

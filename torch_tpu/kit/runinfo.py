@@ -20,8 +20,10 @@ import torch
 
 def new_run_id() -> str:
     """`TORCH_TPU_RUN_ID` if a parent process set it (so children log under its id), else a fresh one."""
-    return os.environ.get("TORCH_TPU_RUN_ID") or datetime.datetime.now(datetime.UTC).strftime(
-        "%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:8]
+    return (
+        os.environ.get("TORCH_TPU_RUN_ID")
+        or datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:8]
+    )
 
 
 def versions() -> dict[str, str]:
@@ -61,15 +63,22 @@ def cache_state(before: dict[str, Any] | None = None) -> dict[str, Any]:
 class Log:
     """JSON lines: one object per event with the run's context, to a file and optionally to a stream."""
 
-    def __init__(self, run_id: str, path: pathlib.Path | None = None, stream: TextIO | None = None,
-                 **context: Any) -> None:
+    def __init__(
+        self, run_id: str, path: pathlib.Path | None = None, stream: TextIO | None = None, **context: Any
+    ) -> None:
         self.run_id, self.context = run_id, context
         self.stream = stream
         self.file = open(path, "a") if path is not None else None  # noqa: SIM115 - closed by close()
 
     def event(self, event: str, level: str = "info", **fields: Any) -> None:
-        record = {"ts": datetime.datetime.now(datetime.UTC).isoformat(), "level": level, "run_id": self.run_id,
-                  "event": event, **self.context, **fields}
+        record = {
+            "ts": datetime.datetime.now(datetime.UTC).isoformat(),
+            "level": level,
+            "run_id": self.run_id,
+            "event": event,
+            **self.context,
+            **fields,
+        }
         line = json.dumps(record, default=str)
         for out in (self.file, self.stream):
             if out is not None:

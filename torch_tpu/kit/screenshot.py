@@ -25,19 +25,35 @@ def find_browser() -> str | None:
     return None
 
 
-def screenshot(page: str | pathlib.Path, png: str | pathlib.Path, width: int = 1280, height: int = 2400,
-               timeout: float = 120) -> pathlib.Path:
+def screenshot(
+    page: str | pathlib.Path, png: str | pathlib.Path, width: int = 1280, height: int = 2400, timeout: float = 120
+) -> pathlib.Path:
     """Render `page` to `png`; raises RuntimeError when no browser is installed or it produced no image."""
     browser = find_browser()
     if browser is None:
         raise RuntimeError(f"no headless browser found (tried {', '.join(BROWSERS)}); apt-get install chromium")
     page, png = pathlib.Path(page).resolve(), pathlib.Path(png).resolve()
     with tempfile.TemporaryDirectory(prefix="torch_tpu_chromium_") as profile:
-        subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                        f"--user-data-dir={profile}", f"--window-size={width},{height}", "--hide-scrollbars",
-                        f"--screenshot={png}", page.as_uri()],
-                       capture_output=True, timeout=timeout, check=False)
+        subprocess.run(
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                f"--window-size={width},{height}",
+                "--hide-scrollbars",
+                f"--screenshot={png}",
+                page.as_uri(),
+            ],
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
     if not png.exists() or png.stat().st_size == 0:
         raise RuntimeError(f"{browser} produced no screenshot of {page}")
     return png

@@ -29,11 +29,15 @@ def run(mode: str, iterations: int = 50, run_id: str | None = None) -> dict[str,
     before = dict(torch.tpu._get_cache_stats()["persistent"])
     torch.manual_seed(42)
     device = torch.device("tpu")
-    model = torch.nn.Sequential(
-        torch.nn.Linear(128, 256),
-        torch.nn.ReLU(),
-        torch.nn.Linear(256, 32),
-    ).eval().to(device=device, dtype=torch.bfloat16)
+    model = (
+        torch.nn.Sequential(
+            torch.nn.Linear(128, 256),
+            torch.nn.ReLU(),
+            torch.nn.Linear(256, 32),
+        )
+        .eval()
+        .to(device=device, dtype=torch.bfloat16)
+    )
     x = torch.randn(64, 128).to(device=device, dtype=torch.bfloat16)
     if mode == "compiled":
         model = torch.compile(model, backend="tpu")
@@ -75,14 +79,25 @@ def run_in_processes(modes: list[str], iterations: int = 50, run_id: str | None 
     records = []
     for mode in modes:
         env = {**os.environ, "TORCH_TPU_RUN_ID": run_id}
-        child = subprocess.run([sys.executable, "-m", "torch_tpu.kit.smoke", "--mode", mode,
-                                "--iterations", str(iterations)], capture_output=True, text=True, env=env)
+        child = subprocess.run(
+            [sys.executable, "-m", "torch_tpu.kit.smoke", "--mode", mode, "--iterations", str(iterations)],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         lines = [line for line in child.stdout.splitlines() if line.startswith("{")]
         if child.returncode == 0 and lines:
             records.append(json.loads(lines[-1]))
         else:
-            records.append({"mode": mode, "run_id": run_id, "finite": False, "error":
-                            (child.stderr.strip().splitlines() or ["no output"])[-1], "returncode": child.returncode})
+            records.append(
+                {
+                    "mode": mode,
+                    "run_id": run_id,
+                    "finite": False,
+                    "error": (child.stderr.strip().splitlines() or ["no output"])[-1],
+                    "returncode": child.returncode,
+                }
+            )
     return records
 
 

@@ -77,10 +77,17 @@ class Workload:
         return torch.optim.AdamW(model.parameters(), lr=self.learning_rate, foreach=False)
 
     def summary(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description, "metric": self.metric_name,
-                "quality_target": self.quality_target, "higher_is_better": self.higher_is_better,
-                "train_steps": self.train_steps, "learning_rate": self.learning_rate,
-                "latency_slo_ms": self.latency_slo_ms, "shapes": [s.as_dict() for s in self.shapes]}
+        return {
+            "name": self.name,
+            "description": self.description,
+            "metric": self.metric_name,
+            "quality_target": self.quality_target,
+            "higher_is_better": self.higher_is_better,
+            "train_steps": self.train_steps,
+            "learning_rate": self.learning_rate,
+            "latency_slo_ms": self.latency_slo_ms,
+            "shapes": [s.as_dict() for s in self.shapes],
+        }
 
 
 def load(spec: str, **overrides: Any) -> Workload:
@@ -96,8 +103,10 @@ def load(spec: str, **overrides: Any) -> Workload:
                 sys.path.insert(0, "")
             module = importlib.import_module(module_name)
     except Exception as exc:  # any import-time failure is the user's to fix, with the cause shown
-        raise WorkloadError(f"cannot import workload module {module_name!r}: {type(exc).__name__}: {exc}\n"
-                            + "".join(traceback.format_exception_only(exc)).strip()) from exc
+        raise WorkloadError(
+            f"cannot import workload module {module_name!r}: {type(exc).__name__}: {exc}\n"
+            + "".join(traceback.format_exception_only(exc)).strip()
+        ) from exc
     factory = getattr(module, attr, None)
     if factory is None or not callable(factory):
         raise WorkloadError(f"module {module_name!r} has no callable {attr!r}")

@@ -60,9 +60,7 @@ def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_mem
 @kernel(aten.set_.default)
 def set_empty(self: torch.Tensor) -> torch.Tensor:
     fresh = storage.empty((0,), self.dtype)
-    return aten.set_.source_Storage_storage_offset.redispatch(
-        _CPU_KEYS, self, fresh.untyped_storage(), 0, (0,), (1,)
-    )
+    return aten.set_.source_Storage_storage_offset.redispatch(_CPU_KEYS, self, fresh.untyped_storage(), 0, (0,), (1,))
 
 
 def _value_of(tensor: torch.Tensor):

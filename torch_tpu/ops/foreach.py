@@ -20,8 +20,10 @@ def _foreach(op, element, fn):
 
     def lowering(*args, **kwargs):
         count = next(len(a) for a in args if isinstance(a, (list, tuple)))
-        args = [list(a) if indexed and not isinstance(a, (list, tuple)) else a
-                for a, indexed in zip(args, per_element, strict=False)]
+        args = [
+            list(a) if indexed and not isinstance(a, (list, tuple)) else a
+            for a, indexed in zip(args, per_element, strict=False)
+        ]
         kwargs = dict(kwargs, **dict(zip(keywords, args[n_positional:], strict=False)))
         args = args[:n_positional]
         pick = lambda a, i: a[i] if isinstance(a, list | tuple) else a  # noqa: E731
@@ -33,12 +35,26 @@ def _foreach(op, element, fn):
 def _register_foreach() -> None:
     """Register the functional overloads; `eager.register` derives the in-place ones."""
     for name, element in {
-        "add": aten.add.Tensor, "sub": aten.sub.Tensor, "mul": aten.mul.Tensor, "div": aten.div.Tensor,
-        "addcmul": aten.addcmul.default, "addcdiv": aten.addcdiv.default, "lerp": aten.lerp.Tensor,
-        "maximum": aten.maximum.default, "minimum": aten.minimum.default, "pow": aten.pow.Tensor_Tensor,
-        "sqrt": aten.sqrt.default, "neg": aten.neg.default, "abs": aten.abs.default, "exp": aten.exp.default,
-        "reciprocal": aten.reciprocal.default, "sign": aten.sign.default, "clamp_min": aten.clamp_min.default,
-        "clamp_max": aten.clamp_max.default, "zero": aten.zero.default, "copy": aten.copy.default,
+        "add": aten.add.Tensor,
+        "sub": aten.sub.Tensor,
+        "mul": aten.mul.Tensor,
+        "div": aten.div.Tensor,
+        "addcmul": aten.addcmul.default,
+        "addcdiv": aten.addcdiv.default,
+        "lerp": aten.lerp.Tensor,
+        "maximum": aten.maximum.default,
+        "minimum": aten.minimum.default,
+        "pow": aten.pow.Tensor_Tensor,
+        "sqrt": aten.sqrt.default,
+        "neg": aten.neg.default,
+        "abs": aten.abs.default,
+        "exp": aten.exp.default,
+        "reciprocal": aten.reciprocal.default,
+        "sign": aten.sign.default,
+        "clamp_min": aten.clamp_min.default,
+        "clamp_max": aten.clamp_max.default,
+        "zero": aten.zero.default,
+        "copy": aten.copy.default,
     }.items():
         packet = getattr(aten, f"_foreach_{name}")
         for overload in packet.overloads():

@@ -78,8 +78,9 @@ def unfold(self, dimension, size, step):
     if self.ndim == 0:
         return jnp.reshape(self, (1,))
     count = (self.shape[dimension] - size) // step + 1
-    windows = jnp.stack([jax.lax.slice_in_dim(self, i * step, i * step + size, axis=dimension) for i in range(count)],
-                        axis=dimension)
+    windows = jnp.stack(
+        [jax.lax.slice_in_dim(self, i * step, i * step + size, axis=dimension) for i in range(count)], axis=dimension
+    )
     return jnp.moveaxis(windows, dimension + 1, -1)
 
 
@@ -154,5 +155,9 @@ def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
 
 @lower_in_graphs(aten.arange.start_step)
 def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.arange(start, end, step, dtype=_dtype(dtype, torch.int64 if all(
-        isinstance(v, int) for v in (start, end, step)) else None))
+    return jnp.arange(
+        start,
+        end,
+        step,
+        dtype=_dtype(dtype, torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else None),
+    )

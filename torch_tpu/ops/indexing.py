@@ -96,7 +96,7 @@ def _put_through_mask(self, mask, values, leading, accumulate):
     trailing = self.ndim - leading - mask.ndim
     values = values.astype(self.dtype)
     values = values.reshape((1,) * (leading + 1 + trailing - values.ndim) + values.shape)
-    before, rows, after = values.shape[:leading], values.shape[leading], values.shape[leading + 1:]
+    before, rows, after = values.shape[:leading], values.shape[leading], values.shape[leading + 1 :]
     if rows > 1:
         order = jnp.clip(jnp.cumsum(mask.reshape(-1)) - 1, 0, rows - 1)
         values = jnp.take(values, order, axis=leading).reshape(before + mask.shape + after)
@@ -176,8 +176,16 @@ def _scatter_target(self, dim, index):
     return self.at[_along(_dim(dim, self.ndim), index)]
 
 
-_SCATTER_REDUCE = {None: "set", "add": "add", "multiply": "multiply", "sum": "add", "prod": "multiply",
-                   "amax": "max", "amin": "min", "mean": "add"}
+_SCATTER_REDUCE = {
+    None: "set",
+    "add": "add",
+    "multiply": "multiply",
+    "sum": "add",
+    "prod": "multiply",
+    "amax": "max",
+    "amin": "min",
+    "mean": "add",
+}
 _BOOL_REDUCE = {"add": "max", "multiply": "min"}  # or, and
 
 

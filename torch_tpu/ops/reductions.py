@@ -114,7 +114,7 @@ def _reduced_shape(x, dim, keepdim):
     if x.ndim == 0:
         return ()
     axis = dim % x.ndim
-    return x.shape[:axis] + ((1,) if keepdim else ()) + x.shape[axis + 1:]
+    return x.shape[:axis] + ((1,) if keepdim else ()) + x.shape[axis + 1 :]
 
 
 def _arg_extreme(x, dim, keepdim, largest):
@@ -391,6 +391,5 @@ def _segment_backward_1d(grad, output, data, reduce, lengths, offsets, initial):
 
 @lower(aten._segment_reduce_backward.default)
 def _segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
-    fn = lambda g, out, values, lens, offs: _segment_backward_1d(
-        g, out, values, reduce, lens, offs, initial)
+    fn = lambda g, out, values, lens, offs: _segment_backward_1d(g, out, values, reduce, lens, offs, initial)
     return _over_segments(fn, lengths, offsets, axis % data.ndim, _wide(grad), _wide(output), _wide(data))

@@ -75,12 +75,24 @@ def _pad_backward(grad_output, self, padding, mode):
 
 
 for _mode, _ops, _backward_ops in (
-    ("reflect", (aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default),
-     (aten.reflection_pad1d_backward.default, aten.reflection_pad2d_backward.default,
-      aten.reflection_pad3d_backward.default)),
-    ("edge", (aten.replication_pad1d.default, aten.replication_pad2d.default, aten.replication_pad3d.default),
-     (aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
-      aten.replication_pad3d_backward.default)),
+    (
+        "reflect",
+        (aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default),
+        (
+            aten.reflection_pad1d_backward.default,
+            aten.reflection_pad2d_backward.default,
+            aten.reflection_pad3d_backward.default,
+        ),
+    ),
+    (
+        "edge",
+        (aten.replication_pad1d.default, aten.replication_pad2d.default, aten.replication_pad3d.default),
+        (
+            aten.replication_pad1d_backward.default,
+            aten.replication_pad2d_backward.default,
+            aten.replication_pad3d_backward.default,
+        ),
+    ),
 ):
     lower(*_ops)(functools.partial(_pad, mode=_mode))
     lower(*_backward_ops)(functools.partial(_pad_backward, mode=_mode))

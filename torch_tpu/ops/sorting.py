@@ -43,7 +43,7 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
 
 def _pick(values, order, position, dim, keepdim):
     """Element `position` (an int, or one per row) along `dim` of sorted values and their indices."""
-    position = jnp.broadcast_to(position, values.shape[:dim] + values.shape[dim + 1:])
+    position = jnp.broadcast_to(position, values.shape[:dim] + values.shape[dim + 1 :])
     position = jnp.expand_dims(position, dim)
     value = jnp.take_along_axis(values, position, axis=dim)
     index = jnp.take_along_axis(order, position, axis=dim)
@@ -245,7 +245,7 @@ def _edges_from_counts(points, bins, bounds):
     """Per-dimension edges: `bins[d] + 1` evenly spaced over each dimension's range (`bounds`: flat pairs)."""
     edges = []
     for d, count in enumerate(bins):
-        pair = None if bounds is None else bounds[2 * d: 2 * d + 2]
+        pair = None if bounds is None else bounds[2 * d : 2 * d + 2]
         low, high = _outer_edges(points[:, d], pair)
         edges.append(_linspace(low, high, count + 1, dtype=points.dtype))
     return edges

@@ -184,8 +184,11 @@ def special_airy_ai(x):
     z = jnp.maximum(jnp.abs(x), _AIRY_SPLIT)
     zeta = 2 / 3 * z * jnp.sqrt(z)
     inverse = 1 / zeta
-    decaying = jnp.exp(-zeta) / (2 * math.sqrt(math.pi) * z**0.25) * _polynomial(
-        [(-1) ** k * u for k, u in enumerate(_AIRY_U)], inverse)
+    decaying = (
+        jnp.exp(-zeta)
+        / (2 * math.sqrt(math.pi) * z**0.25)
+        * _polynomial([(-1) ** k * u for k, u in enumerate(_AIRY_U)], inverse)
+    )
     even = _polynomial([(-1) ** k * u for k, u in enumerate(_AIRY_U[::2])], inverse * inverse)
     odd = _polynomial([(-1) ** k * u for k, u in enumerate(_AIRY_U[1::2])], inverse * inverse) * inverse
     phase = zeta + math.pi / 4
@@ -289,10 +292,16 @@ def _orthogonal(kind, shifted=False):
     return polynomial
 
 
-for _kind, _name in (("t", "chebyshev_polynomial_t"), ("u", "chebyshev_polynomial_u"),
-                     ("v", "chebyshev_polynomial_v"), ("w", "chebyshev_polynomial_w"),
-                     ("h", "hermite_polynomial_h"), ("he", "hermite_polynomial_he"),
-                     ("l", "laguerre_polynomial_l"), ("p", "legendre_polynomial_p")):
+for _kind, _name in (
+    ("t", "chebyshev_polynomial_t"),
+    ("u", "chebyshev_polynomial_u"),
+    ("v", "chebyshev_polynomial_v"),
+    ("w", "chebyshev_polynomial_w"),
+    ("h", "hermite_polynomial_h"),
+    ("he", "hermite_polynomial_he"),
+    ("l", "laguerre_polynomial_l"),
+    ("p", "legendre_polynomial_p"),
+):
     _packet = getattr(aten, "special_" + _name)
     lower(_packet.default, _packet.x_scalar, _packet.n_scalar)(_orthogonal(_kind))
     if _kind in "tuvw":

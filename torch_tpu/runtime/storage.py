@@ -260,8 +260,9 @@ def read(tensor: torch.Tensor) -> jax.Array:
     shape = tuple(tensor.shape)
     if _covers(tensor, buffer):
         return _call(_reshape, (array,), (shape,))
-    return _call(_gather, (array,), (dtypes.to_jax(tensor.dtype), shape, tuple(tensor.stride()),
-                                     tensor.storage_offset()))
+    return _call(
+        _gather, (array,), (dtypes.to_jax(tensor.dtype), shape, tuple(tensor.stride()), tensor.storage_offset())
+    )
 
 
 def value(tensor: torch.Tensor) -> jax.Array:

@@ -73,8 +73,15 @@ def _flatten(value: Any) -> list[Any]:
     return torch.utils._pytree.tree_leaves(value)
 
 
-def check_op(fn: Callable[..., Any], *args: Any, rtol: float | None = None, atol: float | None = None,
-             grad: bool = False, reference64: bool = False, **kwargs: Any) -> Any:
+def check_op(
+    fn: Callable[..., Any],
+    *args: Any,
+    rtol: float | None = None,
+    atol: float | None = None,
+    grad: bool = False,
+    reference64: bool = False,
+    **kwargs: Any,
+) -> Any:
     """Run `fn` on CPU args and on `tpu` copies; assert the outputs (and, with `grad`, input grads) match.
 
     With `reference64`, a float result that misses the fixed tolerance is judged by a float64 CPU run instead
@@ -92,8 +99,13 @@ def check_op(fn: Callable[..., Any], *args: Any, rtol: float | None = None, atol
         seeds = [torch.randn_like(o) if o.is_floating_point() else None for o in _differentiable(expected)]
         grads_cpu = _grads(expected, args, seeds)
         grads_tpu = _grads(actual, tpu_args, to_tpu(seeds))
-        _compare(grads_tpu, grads_cpu, rtol, atol,
-                 lambda: _grads(fn(*wide_args, **wide_kwargs), wide_args, seeds) if reference64 else None)
+        _compare(
+            grads_tpu,
+            grads_cpu,
+            rtol,
+            atol,
+            lambda: _grads(fn(*wide_args, **wide_kwargs), wide_args, seeds) if reference64 else None,
+        )
     return actual
 
 
@@ -108,8 +120,7 @@ def _grads(outputs: Any, inputs: Any, seeds: list[Any]) -> list[Any]:
     return list(torch.autograd.grad(outs, wrt, seeds, allow_unused=True))
 
 
-def _compare(actual: Any, expected: Any, rtol: float | None, atol: float | None,
-             reference: Callable[[], Any]) -> None:
+def _compare(actual: Any, expected: Any, rtol: float | None, atol: float | None, reference: Callable[[], Any]) -> None:
     try:
         assert_close(actual, expected, rtol, atol)
     except AssertionError:
@@ -142,7 +153,8 @@ def assert_as_accurate_as_cpu(actual: Any, expected: Any, reference: Any) -> Non
             assert_close(a, e)
             continue
         assert isinstance(a, torch.Tensor) and a.dtype == e.dtype and a.shape == e.shape == r.shape, (
-            f"expected {e.dtype} {tuple(e.shape)}, got {getattr(a, 'dtype', type(a))} {getattr(a, 'shape', '')}")
+            f"expected {e.dtype} {tuple(e.shape)}, got {getattr(a, 'dtype', type(a))} {getattr(a, 'shape', '')}"
+        )
         r = r.detach().to(torch.complex128 if r.is_complex() else torch.float64)
         cpu_error = (e.to(r.dtype) - r).abs().nan_to_num(0.0).max().item() if e.numel() else 0.0
         rtol, atol = tolerance(e.dtype)

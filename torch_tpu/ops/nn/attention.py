@@ -47,13 +47,13 @@ def _heads(x, num_head):
     return x.reshape(batch, length, num_head, dim // num_head).transpose(0, 2, 1, 3)
 
 
-def _attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask,
-               mask_type):
+def _attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type):
     """The attention output (B, T, D) and the per-head weights (B, num_head, T, S), in float32 for half types."""
     weights = jnp.split(upcast(qkv_weight), 3)
     biases = jnp.split(upcast(qkv_bias), 3)
-    q, k, v = (_heads(upcast(x) @ w.T + b, num_head) for x, w, b in zip((query, key, value), weights, biases,
-                                                                         strict=True))
+    q, k, v = (
+        _heads(upcast(x) @ w.T + b, num_head) for x, w, b in zip((query, key, value), weights, biases, strict=True)
+    )
     scores = (q / jnp.sqrt(jnp.float32(embed_dim // num_head))) @ k.transpose(0, 1, 3, 2)
     if mask is None:
         probabilities = jax.nn.softmax(scores, axis=-1)
@@ -64,11 +64,24 @@ def _attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, pro
 
 
 @lower(aten._native_multi_head_attention.default)
-def _native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight,
-                                 proj_bias, mask=None, need_weights=True, average_attn_weights=True,
-                                 mask_type=None):
-    out, weights = _attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight,
-                              proj_bias, mask, mask_type)
+def _native_multi_head_attention(
+    query,
+    key,
+    value,
+    embed_dim,
+    num_head,
+    qkv_weight,
+    qkv_bias,
+    proj_weight,
+    proj_bias,
+    mask=None,
+    need_weights=True,
+    average_attn_weights=True,
+    mask_type=None,
+):
+    out, weights = _attention(
+        query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type
+    )
     if not need_weights:
         return out.astype(query.dtype), None
     if average_attn_weights:
@@ -83,13 +96,43 @@ def _layer_norm(x, weight, bias, eps):
 
 
 @lower(aten._transformer_encoder_layer_fwd.default)
-def _transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu,
-                                   norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2,
-                                   ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None, mask_type=None):
+def _transformer_encoder_layer_fwd(
+    src,
+    embed_dim,
+    num_heads,
+    qkv_weight,
+    qkv_bias,
+    proj_weight,
+    proj_bias,
+    use_gelu,
+    norm_first,
+    eps,
+    norm_weight_1,
+    norm_bias_1,
+    norm_weight_2,
+    norm_bias_2,
+    ffn_weight_1,
+    ffn_bias_1,
+    ffn_weight_2,
+    ffn_bias_2,
+    mask=None,
+    mask_type=None,
+):
     x = upcast(src)
     attended = _layer_norm(x, norm_weight_1, norm_bias_1, eps) if norm_first else x
-    attended, _ = _attention(attended, attended, attended, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight,
-                             proj_bias, mask, mask_type)
+    attended, _ = _attention(
+        attended,
+        attended,
+        attended,
+        embed_dim,
+        num_heads,
+        qkv_weight,
+        qkv_bias,
+        proj_weight,
+        proj_bias,
+        mask,
+        mask_type,
+    )
     x = x + attended
     if not norm_first:
         x = _layer_norm(x, norm_weight_1, norm_bias_1, eps)

@@ -56,8 +56,9 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
 
 
 @lower(aten.convolution_backward.default)
-def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
-                         output_padding, groups, output_mask):
+def convolution_backward(
+    grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
+):
     def forward(x, w):
         return _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
 

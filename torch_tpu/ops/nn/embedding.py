@@ -26,8 +26,9 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 @lower(aten.embedding_dense_backward.default)
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
     index = indices.reshape(-1)
-    return _accumulate_rows(upcast(grad_output).reshape(index.size, -1), index, num_weights, padding_idx,
-                            scale_grad_by_freq)
+    return _accumulate_rows(
+        upcast(grad_output).reshape(index.size, -1), index, num_weights, padding_idx, scale_grad_by_freq
+    )
 
 
 def _accumulate_rows(grad, index, num_weights, padding_idx, scale_grad_by_freq):
@@ -64,15 +65,25 @@ def _bag_max(rows, indices, bag, real, count):
     rows = jnp.where(real[:, None], rows, -jnp.inf)
     best = jax.ops.segment_max(rows, bag, num_segments=count)
     position = jnp.arange(indices.shape[0])[:, None]
-    first = jax.ops.segment_min(jnp.where(real[:, None] & (rows == best[bag]), position, indices.shape[0]), bag,
-                                num_segments=count)
+    first = jax.ops.segment_min(
+        jnp.where(real[:, None] & (rows == best[bag]), position, indices.shape[0]), bag, num_segments=count
+    )
     found = first < indices.shape[0]
     return jnp.where(found, best, 0), jnp.where(found, indices[jnp.minimum(first, indices.shape[0] - 1)], -1)
 
 
 @lower(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
-def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=SUM_BAG, sparse=False,
-                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+def _embedding_bag(
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=SUM_BAG,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
     count, bag, real, sizes = _bags(indices, offsets, include_last_offset, padding_idx)
     rows = upcast(weight)[indices]
     bag_size = jnp.zeros(offsets.shape, sizes.dtype).at[:count].set(sizes)
@@ -88,8 +99,18 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=SUM_
 
 
 @lower(aten._embedding_bag_dense_backward.default)
-def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
-                                  scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
+def _embedding_bag_dense_backward(
+    grad,
+    indices,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    per_sample_weights,
+    padding_idx=-1,
+):
     grad = upcast(grad)
     if mode == MAX_BAG:
         features = jnp.arange(grad.shape[1])
@@ -105,12 +126,34 @@ def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_i
 
 
 @lower(aten._embedding_bag_backward.default)
-def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
-                            scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+def _embedding_bag_backward(
+    grad,
+    indices,
+    offsets,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    sparse,
+    per_sample_weights,
+    padding_idx=-1,
+):
     if sparse:
         raise NotImplementedError("torch_tpu: embedding_bag(sparse=True) needs sparse tensors, which tpu lacks")
-    return _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
-                                         scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+    return _embedding_bag_dense_backward(
+        grad,
+        indices,
+        offset2bag,
+        bag_size,
+        maximum_indices,
+        num_weights,
+        scale_grad_by_freq,
+        mode,
+        per_sample_weights,
+        padding_idx,
+    )
 
 
 @lower(aten._embedding_bag_per_sample_weights_backward.default)

@@ -237,8 +237,9 @@ def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_i
 
 
 @lower(aten._ctc_loss_backward.default)
-def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha,
-                       blank, zero_infinity=False):
+def _ctc_loss_backward(
+    grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank, zero_infinity=False
+):
     """ATen's gradient: `exp(lp) - exp(log(alpha * beta) + nll - lp)` per step before each input's end, times the
     loss's gradient; the `exp(lp)` term assumes log-softmax inputs, as ATen does. The second term is the gradient
     of the forward recursion (reverse-mode through it is the beta recursion). An impossible alignment (infinite

@@ -164,8 +164,9 @@ def _batch_norm_with_update(input, weight, bias, running_mean, running_var, mome
 
 
 @lower(aten.native_batch_norm_backward.default)
-def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train,
-                               eps, output_mask):
+def native_batch_norm_backward(
+    grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+):
     x, grad = upcast(input), upcast(grad_out)
     shape, axes = _channel_shape(x), _batch_axes(x)
     if train:
@@ -184,12 +185,14 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
 
 
 @lower(aten.batch_norm_backward.default)
-def batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps,
-                        output_mask, reserve):
+def batch_norm_backward(
+    grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask, reserve
+):
     """The backward of `_batch_norm_with_update` (`update`) and `_batch_norm_no_update`; `save_var` is the saved
     inverse standard deviation."""
-    return native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var,
-                                      update, eps, output_mask)
+    return native_batch_norm_backward(
+        grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask
+    )
 
 
 def _trailing_axes(x, count):

@@ -97,8 +97,24 @@ def _adam_step(beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled):
     return step
 
 
-def _adam(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2, weight_decay, eps,
-          amsgrad, maximize, grad_scale, found_inf, decoupled):
+def _adam(
+    self,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    max_exp_avg_sqs,
+    state_steps,
+    lr,
+    beta1,
+    beta2,
+    weight_decay,
+    eps,
+    amsgrad,
+    maximize,
+    grad_scale,
+    found_inf,
+    decoupled,
+):
     step = _adam_step(beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled)
     params, averages, squares, maxima, unscaled = step(
         _values(self), _values(grads), _values(exp_avgs), _values(exp_avg_sqs), _values(max_exp_avg_sqs),
@@ -114,17 +130,81 @@ def _adam(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, 
 
 
 @kernel(aten._fused_adam_.default, aten._fused_adam_.tensor_lr)
-def _fused_adam_(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
-                 weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
-    _adam(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2, weight_decay, eps,
-          amsgrad, maximize, grad_scale, found_inf, decoupled=False)
+def _fused_adam_(
+    self,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    max_exp_avg_sqs,
+    state_steps,
+    *,
+    lr,
+    beta1,
+    beta2,
+    weight_decay,
+    eps,
+    amsgrad,
+    maximize,
+    grad_scale=None,
+    found_inf=None,
+):
+    _adam(
+        self,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        max_exp_avg_sqs,
+        state_steps,
+        lr,
+        beta1,
+        beta2,
+        weight_decay,
+        eps,
+        amsgrad,
+        maximize,
+        grad_scale,
+        found_inf,
+        decoupled=False,
+    )
 
 
 @kernel(aten._fused_adamw_.default, aten._fused_adamw_.tensor_lr)
-def _fused_adamw_(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
-                  weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
-    _adam(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2, weight_decay, eps,
-          amsgrad, maximize, grad_scale, found_inf, decoupled=True)
+def _fused_adamw_(
+    self,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    max_exp_avg_sqs,
+    state_steps,
+    *,
+    lr,
+    beta1,
+    beta2,
+    weight_decay,
+    eps,
+    amsgrad,
+    maximize,
+    grad_scale=None,
+    found_inf=None,
+):
+    _adam(
+        self,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        max_exp_avg_sqs,
+        state_steps,
+        lr,
+        beta1,
+        beta2,
+        weight_decay,
+        eps,
+        amsgrad,
+        maximize,
+        grad_scale,
+        found_inf,
+        decoupled=True,
+    )
 
 
 @functools.cache
@@ -149,8 +229,21 @@ def _sgd_step(weight_decay, momentum, dampening, nesterov, maximize, is_first_st
 
 
 @kernel(aten._fused_sgd_.default, aten._fused_sgd_.tensor_lr)
-def _fused_sgd_(self, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov, maximize,
-                is_first_step, grad_scale=None, found_inf=None):
+def _fused_sgd_(
+    self,
+    grads,
+    momentum_buffer_list,
+    *,
+    weight_decay,
+    momentum,
+    lr,
+    dampening,
+    nesterov,
+    maximize,
+    is_first_step,
+    grad_scale=None,
+    found_inf=None,
+):
     step = _sgd_step(weight_decay, momentum, dampening, nesterov, maximize, is_first_step)
     params, buffers, unscaled = step(
         _values(self), _values(grads), _values(momentum_buffer_list), _scalar(lr), _optional(grad_scale),
@@ -183,8 +276,9 @@ def _adagrad_step(lr_decay, weight_decay, eps, maximize):
 
 
 @kernel(aten._fused_adagrad_.default, aten._fused_adagrad_.tensor_lr)
-def _fused_adagrad_(self, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps, maximize,
-                    grad_scale=None, found_inf=None):
+def _fused_adagrad_(
+    self, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps, maximize, grad_scale=None, found_inf=None
+):
     step = _adagrad_step(lr_decay, weight_decay, eps, maximize)
     params, sums, unscaled = step(
         _values(self), _values(grads), _values(state_sums), _values(state_steps), _scalar(lr),

@@ -74,8 +74,9 @@ def _max_pool(self, n, kernel_size, stride, padding, dilation, ceil_mode):
     value and an index past every real one, so it never wins."""
     geometry = _geometry(self, n, kernel_size, stride, padding, dilation, ceil_mode)
     batch = (1,) * (self.ndim - n)
-    pads = [(0, 0)] * (self.ndim - n) + [(p, max((o - 1) * st + d * (k - 1) + 1 - s - p, 0))
-                                         for s, k, st, p, d, o in geometry]
+    pads = [(0, 0)] * (self.ndim - n) + [
+        (p, max((o - 1) * st + d * (k - 1) + 1 - s - p, 0)) for s, k, st, p, d, o in geometry
+    ]
     plane = self.shape[-n:]
     index = jnp.broadcast_to(lax.iota(jnp.int32, int(np.prod(plane, dtype=np.int64))).reshape(plane), self.shape)
     init = (jnp.asarray(_lowest(self.dtype), self.dtype), jnp.asarray(jnp.iinfo(jnp.int32).max, jnp.int32))
@@ -141,20 +142,23 @@ def _avg_pool(self, n, kernel_size, stride, padding, ceil_mode, count_include_pa
 
 
 @lower(aten.avg_pool2d.default)
-def avg_pool2d(self, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
+def avg_pool2d(
+    self, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None
+):
     return _avg_pool(self, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
 @lower(aten.avg_pool3d.default)
-def avg_pool3d(self, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
+def avg_pool3d(
+    self, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None
+):
     return _avg_pool(self, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
 @lower(aten.avg_pool2d_backward.default)
-def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                        divisor_override):
+def avg_pool2d_backward(
+    grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
     return linear_adjoint(
         lambda x: avg_pool2d(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),
         grad_output,
@@ -163,8 +167,9 @@ def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mo
 
 
 @lower(aten.avg_pool3d_backward.default)
-def avg_pool3d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                        divisor_override):
+def avg_pool3d_backward(
+    grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
     return linear_adjoint(
         lambda x: avg_pool3d(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),
         grad_output,

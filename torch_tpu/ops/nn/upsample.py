@@ -241,8 +241,9 @@ def _upsample_nearest_exact2d_backward(grad_output, output_size, input_size, sca
 
 
 @lower(aten._upsample_nearest_exact3d_backward.default)
-def _upsample_nearest_exact3d_backward(grad_output, output_size, input_size, scales_d=None, scales_h=None,
-                                       scales_w=None):
+def _upsample_nearest_exact3d_backward(
+    grad_output, output_size, input_size, scales_d=None, scales_h=None, scales_w=None
+):
     scales = (scales_d, scales_h, scales_w)
     return linear_adjoint(lambda x: _nearest(x, output_size, scales, True), grad_output, input_size)
 
@@ -253,40 +254,39 @@ def upsample_linear1d_backward(grad_output, output_size, input_size, align_corne
 
 
 @lower(aten.upsample_bilinear2d_backward.default)
-def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None,
-                                 scales_w=None):
+def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
     scales = (scales_h, scales_w)
     return linear_adjoint(lambda x: _linear(x, output_size, align_corners, scales), grad_output, input_size)
 
 
 @lower(aten.upsample_trilinear3d_backward.default)
-def upsample_trilinear3d_backward(grad_output, output_size, input_size, align_corners, scales_d=None,
-                                  scales_h=None, scales_w=None):
+def upsample_trilinear3d_backward(
+    grad_output, output_size, input_size, align_corners, scales_d=None, scales_h=None, scales_w=None
+):
     scales = (scales_d, scales_h, scales_w)
     return linear_adjoint(lambda x: _linear(x, output_size, align_corners, scales), grad_output, input_size)
 
 
 @lower(aten.upsample_bicubic2d_backward.default)
-def upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None,
-                                scales_w=None):
+def upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
     scales = (scales_h, scales_w)
     return linear_adjoint(lambda x: _cubic(x, output_size, align_corners, scales), grad_output, input_size)
 
 
 @lower(aten._upsample_bilinear2d_aa_backward.default)
-def _upsample_bilinear2d_aa_backward(grad_output, output_size, input_size, align_corners, scales_h=None,
-                                     scales_w=None):
+def _upsample_bilinear2d_aa_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
     scales = (scales_h, scales_w)
-    return linear_adjoint(lambda x: _antialiased(x, output_size, align_corners, scales, 2, _triangle), grad_output,
-                          input_size)
+    return linear_adjoint(
+        lambda x: _antialiased(x, output_size, align_corners, scales, 2, _triangle), grad_output, input_size
+    )
 
 
 @lower(aten._upsample_bicubic2d_aa_backward.default)
-def _upsample_bicubic2d_aa_backward(grad_output, output_size, input_size, align_corners, scales_h=None,
-                                    scales_w=None):
+def _upsample_bicubic2d_aa_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
     scales = (scales_h, scales_w)
-    return linear_adjoint(lambda x: _antialiased(x, output_size, align_corners, scales, 4, _keys), grad_output,
-                          input_size)
+    return linear_adjoint(
+        lambda x: _antialiased(x, output_size, align_corners, scales, 4, _keys), grad_output, input_size
+    )
 
 
 @lower(aten.pixel_shuffle.default)
