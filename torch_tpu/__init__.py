@@ -40,6 +40,9 @@ def _register() -> None:
 
     register.install()
     _accelerator.install()
+    from torch_tpu.runtime import pinned
+
+    pinned.install()
     _serialization.install()
     from torch_tpu.runtime import modules
 
