@@ -101,7 +101,10 @@ def run(options: Options) -> dict[str, Any]:
 
     report_mod.write(report, out)
     log.event(
-        "verdict", verdict=report["verdict"], failed=[n for n, g in report["gates"].items() if g["status"] != "pass"]
+        "verdict",
+        verdict=report["verdict"],
+        failed=[n for n, g in report["gates"].items() if g["status"] == "fail"],
+        inconclusive=[n for n, g in report["gates"].items() if g["status"] == "inconclusive"],
     )
     log.close()
     return report
