@@ -27,6 +27,20 @@ def export_stablehlo(model, example_inputs):  # noqa: ANN001, ANN201  (documente
     return export(model, example_inputs)
 
 
+def to_jax(tensor: torch.Tensor):  # noqa: ANN201  (a jax.Array; jax is imported on first use)
+    """The jax.Array holding a `tpu` tensor's value, without a copy; see `torch_tpu.runtime.dlpack.to_jax`."""
+    from torch_tpu.runtime import dlpack
+
+    return dlpack.to_jax(tensor)
+
+
+def from_jax(array) -> torch.Tensor:  # noqa: ANN001
+    """A `tpu` tensor holding a jax.Array of the `tpu` device, without a copy; see `runtime.dlpack.from_jax`."""
+    from torch_tpu.runtime import dlpack
+
+    return dlpack.from_jax(array)
+
+
 def _register() -> None:
     """The steps of PyTorch's Python PrivateUse1 route, each once per process."""
     if hasattr(torch, "tpu"):
@@ -40,9 +54,10 @@ def _register() -> None:
 
     register.install()
     _accelerator.install()
-    from torch_tpu.runtime import pinned
+    from torch_tpu.runtime import dlpack, pinned
 
     pinned.install()
+    dlpack.install()
     _serialization.install()
     from torch_tpu.runtime import modules
 
