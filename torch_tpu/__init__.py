@@ -17,7 +17,8 @@ from torch_tpu.runtime import accelerator as _accelerator  # noqa: E402
 from torch_tpu.runtime import serialization as _serialization  # noqa: E402
 
 __version__ = "0.2.0"
-__all__ = ["cpu_fallback_enabled", "export_stablehlo", "metrics", "set_cpu_fallback", "tpu"]
+# The public names (tests/test_public_api.py holds them); `torch.tpu` (this package's `tpu`) has its own.
+__all__ = ["cpu_fallback_enabled", "export_stablehlo", "from_jax", "metrics", "set_cpu_fallback", "to_jax", "tpu"]
 
 
 def export_stablehlo(model, example_inputs):  # noqa: ANN001, ANN201  (documented in compile.export)
