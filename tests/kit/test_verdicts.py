@@ -33,7 +33,7 @@ def test_unsettled_run_within_the_slo_is_inconclusive_with_its_spread():
     result = evaluate.performance_gate(perf, slo_ms=500.0)
     assert result["status"] == "inconclusive"
     assert "compiled/warm never reached a stable steady state" in result["reason"]
-    assert "spread 40%" in result["reason"] and "p99 9.50 ms" in result["reason"]
+    assert "spread 40%" in result["reason"] and "p99 9.50 ms against the SLO 500.0 ms" in result["reason"]
     assert result["evidence"]["stable"]["compiled/warm"] is False
 
 

@@ -286,12 +286,13 @@ def _performance(options: Options, run_id: str, log: runinfo.Log) -> dict[str, A
     return results
 
 
-def _spread(result: dict[str, Any]) -> str:
+def _spread(result: dict[str, Any], slo_ms: float | None) -> str:
     spread = result.get("warmup_spread")
     settled = f"last warm-up window medians spread {spread:.0%}" if spread is not None else "warm-up did not settle"
+    against = f" against the SLO {slo_ms} ms" if slo_ms is not None else ""
     return (
         f"{settled} (tolerance {result.get('stability_tolerance', 0.15):.0%}); "
-        f"p50 {result['p50_ms']:.2f} ms, p90 {result['p90_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms"
+        f"p50 {result['p50_ms']:.2f} ms, p90 {result['p90_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms{against}"
     )
 
 
@@ -313,7 +314,7 @@ def performance_gate(
             elif not result["finite"]:
                 failures.append(f"{name} produced non-finite output")
             elif not result["stable"]:
-                unsettled.append(f"{name} never reached a stable steady state: {_spread(result)}")
+                unsettled.append(f"{name} never reached a stable steady state: {_spread(result, slo_ms)}")
             else:
                 if slo_ms is not None and result["p99_ms"] > slo_ms:
                     failures.append(f"{name} p99 {result['p99_ms']:.2f} ms exceeds the SLO {slo_ms} ms")
