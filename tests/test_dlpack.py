@@ -1,4 +1,4 @@
-"""Zero-copy exchange with JAX (runtime/dlpack.py): `torch_tpu.to_jax` / `from_jax` and the DLPack protocol."""
+"""Zero-copy exchange with JAX (torch_tpu/interop.py): `torch_tpu.to_jax` / `from_jax` and the DLPack protocol."""
 
 import jax
 import jax.numpy as jnp

@@ -13,6 +13,8 @@ from torch_tpu import metrics as metrics  # noqa: E402  (the device must be name
 from torch_tpu import tpu as tpu  # noqa: E402
 from torch_tpu.eager.fallback import cpu_fallback_enabled as cpu_fallback_enabled  # noqa: E402
 from torch_tpu.eager.fallback import set_cpu_fallback as set_cpu_fallback  # noqa: E402
+from torch_tpu.interop import from_jax as from_jax  # noqa: E402
+from torch_tpu.interop import to_jax as to_jax  # noqa: E402
 from torch_tpu.runtime import accelerator as _accelerator  # noqa: E402
 from torch_tpu.runtime import serialization as _serialization  # noqa: E402
 
@@ -28,20 +30,6 @@ def export_stablehlo(model, example_inputs):  # noqa: ANN001, ANN201  (documente
     return export(model, example_inputs)
 
 
-def to_jax(tensor: torch.Tensor):  # noqa: ANN201  (a jax.Array; jax is imported on first use)
-    """The jax.Array holding a `tpu` tensor's value, without a copy; see `torch_tpu.runtime.dlpack.to_jax`."""
-    from torch_tpu.runtime import dlpack
-
-    return dlpack.to_jax(tensor)
-
-
-def from_jax(array) -> torch.Tensor:  # noqa: ANN001
-    """A `tpu` tensor holding a jax.Array of the `tpu` device, without a copy; see `runtime.dlpack.from_jax`."""
-    from torch_tpu.runtime import dlpack
-
-    return dlpack.from_jax(array)
-
-
 def _register() -> None:
     """The steps of PyTorch's Python PrivateUse1 route, each once per process."""
     if hasattr(torch, "tpu"):
@@ -55,10 +43,11 @@ def _register() -> None:
 
     register.install()
     _accelerator.install()
-    from torch_tpu.runtime import dlpack, pinned
+    from torch_tpu import interop
+    from torch_tpu.runtime import pinned
 
     pinned.install()
-    dlpack.install()
+    interop.install()
     _serialization.install()
     from torch_tpu.runtime import modules
 

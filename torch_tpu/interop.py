@@ -14,15 +14,18 @@ instead (what `jax.dlpack.from_dlpack(tensor)` / `jnp.from_dlpack(tensor)` consu
 cannot import), or with `device="tpu"`, gives a `tpu` tensor. On the XLA CPU platform `torch.from_dlpack(jax_array)`
 stays PyTorch's: a CPU tensor sharing the array's memory. A pinned CPU tensor (runtime/pinned.py) is ordinary
 memory, so it reports kDLCPU rather than PyTorch's kDLCUDAHost.
+
+(A top-level module, beside `tpu.py`: materialising a Fused-mode value is the eager layer's, which the runtime
+layer below it does not import.)
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import torch
 import torch.utils.dlpack
 
@@ -30,7 +33,7 @@ from torch_tpu.eager import fused
 from torch_tpu.runtime import dtypes, pinned, platform, storage
 
 
-def to_jax(tensor: torch.Tensor) -> Any:
+def to_jax(tensor: torch.Tensor) -> jax.Array:
     """The jax.Array holding `tensor`'s value: the storage's own array (no copy) when `tensor` is its storage's
     whole buffer in order, else its value computed into a new array. Waits for no device work."""
     if not isinstance(tensor, torch.Tensor) or tensor.device.type != "tpu":
@@ -39,10 +42,8 @@ def to_jax(tensor: torch.Tensor) -> Any:
     return fused.concrete(storage.value(tensor.detach()))
 
 
-def from_jax(array: Any) -> torch.Tensor:
+def from_jax(array: jax.Array) -> torch.Tensor:
     """A `tpu` tensor whose storage holds `array` itself (no copy); `array` must live on the `tpu` device."""
-    import jax
-
     if not isinstance(array, jax.Array) or isinstance(array, jax.core.Tracer):
         raise TypeError(f"torch_tpu.from_jax: expected a concrete jax.Array, got {type(array).__name__}")
     if array.is_deleted():
@@ -61,8 +62,7 @@ def from_jax(array: Any) -> torch.Tensor:
 
 
 def _is_jax_array(value: Any) -> bool:
-    jax = sys.modules.get("jax")
-    return jax is not None and isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer)
+    return isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer)
 
 
 def _tpu_dlpack(tensor: torch.Tensor, kwargs: dict[str, Any]) -> Any:
