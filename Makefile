@@ -15,9 +15,17 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# The demo succeeds when the evaluation ran to a report, whatever its verdict (pass 0, fail 1, inconclusive 3: the
+# verdict is printed and written to the report); bad input (2) or a crash without a report is an error.
+DEMO_OUT ?= report
 demo: venv
+	@rm -f $(DEMO_OUT)/report.json; \
 	$(VENV)/bin/torch-tpu evaluate examples.workloads:tiny_lm --reference cpu \
-		--prices torch_tpu/kit/example_prices.json --out report/
+		--prices torch_tpu/kit/example_prices.json --out $(DEMO_OUT)/; status=$$?; \
+	if [ -f $(DEMO_OUT)/report.json ] && { [ $$status -le 1 ] || [ $$status -eq 3 ]; }; then \
+		echo "make demo: the evaluation ran to a report (torch-tpu evaluate exit status $$status): $(DEMO_OUT)/report.html"; \
+	else echo "make demo: the evaluation did not run to a report (exit status $$status)" >&2; \
+		[ $$status -ne 0 ] && exit $$status; exit 1; fi
 
 test: venv
 	$(PY) -m ruff check torch_tpu tests bench examples

@@ -13,11 +13,14 @@ from torch_tpu import metrics as metrics  # noqa: E402  (the device must be name
 from torch_tpu import tpu as tpu  # noqa: E402
 from torch_tpu.eager.fallback import cpu_fallback_enabled as cpu_fallback_enabled  # noqa: E402
 from torch_tpu.eager.fallback import set_cpu_fallback as set_cpu_fallback  # noqa: E402
+from torch_tpu.interop import from_jax as from_jax  # noqa: E402
+from torch_tpu.interop import to_jax as to_jax  # noqa: E402
 from torch_tpu.runtime import accelerator as _accelerator  # noqa: E402
 from torch_tpu.runtime import serialization as _serialization  # noqa: E402
 
 __version__ = "0.2.0"
-__all__ = ["cpu_fallback_enabled", "export_stablehlo", "metrics", "set_cpu_fallback", "tpu"]
+# The public names (tests/test_public_api.py holds them); `torch.tpu` (this package's `tpu`) has its own.
+__all__ = ["cpu_fallback_enabled", "export_stablehlo", "from_jax", "metrics", "set_cpu_fallback", "to_jax", "tpu"]
 
 
 def export_stablehlo(model, example_inputs):  # noqa: ANN001, ANN201  (documented in compile.export)
@@ -40,6 +43,11 @@ def _register() -> None:
 
     register.install()
     _accelerator.install()
+    from torch_tpu import interop
+    from torch_tpu.runtime import pinned
+
+    pinned.install()
+    interop.install()
     _serialization.install()
     from torch_tpu.runtime import modules
 

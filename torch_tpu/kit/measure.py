@@ -29,13 +29,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def is_stable(medians: list[float], windows: int, tolerance: float) -> bool:
-    """True when the last `windows` window medians spread by at most `tolerance` of their median."""
+def spread(medians: list[float], windows: int) -> float | None:
+    """The relative spread (max - min) / median of the last `windows` window medians; None before there are
+    that many or when their median is zero."""
     if len(medians) < windows:
-        return False
+        return None
     tail = medians[-windows:]
     centre = statistics.median(tail)
-    return centre > 0 and (max(tail) - min(tail)) / centre <= tolerance
+    return (max(tail) - min(tail)) / centre if centre > 0 else None
+
+
+def is_stable(medians: list[float], windows: int, tolerance: float) -> bool:
+    """True when the last `windows` window medians spread by at most `tolerance` of their median."""
+    found = spread(medians, windows)
+    return found is not None and found <= tolerance
 
 
 @dataclasses.dataclass
@@ -45,6 +52,8 @@ class Timing:
     stable: bool
     latencies: list[float]
     batch_size: int
+    warmup_spread: float | None = None
+    tolerance: float = 0.15
 
     def summary(self) -> dict[str, Any]:
         total = sum(self.latencies)
@@ -52,6 +61,8 @@ class Timing:
             "first_call_seconds": self.first_call_seconds,
             "warmup_calls": self.warmup_calls,
             "stable": self.stable,
+            "warmup_spread": self.warmup_spread,
+            "stability_tolerance": self.tolerance,
             "iterations": len(self.latencies),
             "mean_batch_seconds": total / len(self.latencies),
             "p50_ms": percentile(self.latencies, 50) * 1e3,
@@ -95,7 +106,7 @@ def measure(
         latencies.append(_timed(call))
         if progress:
             progress.advance(1)
-    return Timing(first, warmup, stable, latencies, batch_size)
+    return Timing(first, warmup, stable, latencies, batch_size, spread(medians, windows), tolerance)
 
 
 class Progress:

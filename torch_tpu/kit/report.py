@@ -15,7 +15,11 @@ from typing import Any
 _GATE = {
     "type": "object",
     "required": ["status", "reason", "evidence"],
-    "properties": {"status": {"enum": ["pass", "fail"]}, "reason": {"type": "string"}, "evidence": {"type": "object"}},
+    "properties": {
+        "status": {"enum": ["pass", "fail", "inconclusive"]},
+        "reason": {"type": "string"},
+        "evidence": {"type": "object"},
+    },
 }
 
 REPORT_SCHEMA: dict[str, Any] = {
@@ -67,7 +71,7 @@ REPORT_SCHEMA: dict[str, Any] = {
             "required": ["compatibility", "correctness", "performance", "operations", "cost"],
             "additionalProperties": _GATE,
         },
-        "verdict": {"enum": ["pass", "fail"]},
+        "verdict": {"enum": ["pass", "fail", "inconclusive"]},
         "errors": {"type": "array", "items": {"type": "object", "required": ["stage", "message"]}},
         "started_at": {"type": "number"},
         "finished_at": {"type": "number"},
@@ -235,6 +239,8 @@ def render_html(report: dict[str, Any]) -> str:
                         r.get("first_call_seconds", "-"),
                         r.get("compile_seconds", "-"),
                         r.get("warmup_calls", "-"),
+                        {True: "yes", False: "NO"}.get(r.get("stable"), "-"),
+                        "-" if r.get("warmup_spread") is None else f"{r['warmup_spread']:.0%}",
                         r.get("p50_ms", "-"),
                         r.get("p90_ms", "-"),
                         r.get("p99_ms", "-"),
@@ -254,6 +260,8 @@ def render_html(report: dict[str, Any]) -> str:
                     "first call s",
                     "compile s",
                     "warm-up calls",
+                    "steady",
+                    "warm-up spread",
                     "p50 ms",
                     "p90 ms",
                     "p99 ms",
@@ -269,6 +277,7 @@ def render_html(report: dict[str, Any]) -> str:
     style = (
         "body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;margin:1em 0}"
         "td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px}.pass{color:#1a7f37}.fail{color:#c62828}"
+        ".inconclusive{color:#b26a00}"
         ".verdict{font-size:1.4em}svg{border:1px solid #eee;margin:0.5em}"
     )
     return (

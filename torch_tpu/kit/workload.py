@@ -50,7 +50,8 @@ class Workload:
 
     make_model(seed) builds the model on CPU in float32; make_batch(shape, seed) returns (inputs, targets) on CPU;
     loss(output, target) is the training loss; metric(output, target) -> float is the quality metric, and a run
-    meets the contract when metric >= quality_target (or <= it when higher_is_better is False).
+    meets the contract when metric >= quality_target (or <= it when higher_is_better is False). The performance
+    contract is optional: a p99 latency SLO per inference batch and a minimum throughput in samples per second.
     """
 
     name: str
@@ -65,6 +66,7 @@ class Workload:
     learning_rate: float = 1e-2
     train_steps: int = 20
     latency_slo_ms: float | None = None
+    min_samples_per_second: float | None = None
     description: str = ""
 
     def meets_contract(self, value: float) -> bool:
@@ -86,6 +88,7 @@ class Workload:
             "train_steps": self.train_steps,
             "learning_rate": self.learning_rate,
             "latency_slo_ms": self.latency_slo_ms,
+            "min_samples_per_second": self.min_samples_per_second,
             "shapes": [s.as_dict() for s in self.shapes],
         }
 

@@ -1,0 +1,82 @@
+"""The public API: `torch_tpu.__all__` and `torch.tpu.__all__` name exactly the public names, each resolves, and
+nothing public is defined outside them."""
+
+import types
+
+import torch
+
+import torch_tpu
+import torch_tpu.tpu
+
+# TorchTPU 0.2.0's `torch.tpu` names that exist here (not yet: compiler, pallas, ops, distributed) ...
+TORCHTPU_TPU = {
+    "device_count",
+    "current_device",
+    "set_device",
+    "is_available",
+    "is_initialized",
+    "synchronize",
+    "get_device_name",
+    "get_device_properties",
+    "manual_seed",
+    "manual_seed_all",
+    "initial_seed",
+    "get_rng_state",
+    "set_rng_state",
+    "get_amp_supported_dtype",
+    "Stream",
+    "Event",
+    "stream",
+    "current_stream",
+    "default_stream",
+    "EagerMode",
+    "eager_mode",
+    "set_eager_mode",
+    "Precision",
+    "precision",
+    "allow_excess_precision",
+}
+# ... and ours, as torch.cuda names them.
+OURS_TPU = {
+    "DeviceProperties",
+    "device",
+    "is_bf16_supported",
+    "memory_allocated",
+    "max_memory_allocated",
+    "reset_peak_memory_stats",
+    "seed",
+    "seed_all",
+}
+TORCH_TPU = {"cpu_fallback_enabled", "export_stablehlo", "from_jax", "metrics", "set_cpu_fallback", "to_jax", "tpu"}
+
+
+def _defined_public(module):
+    """Public (non-underscore) functions and classes the module itself defines."""
+    return {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and isinstance(value, type | types.FunctionType)
+        and value.__module__ == module.__name__
+    }
+
+
+def test_torch_tpu_all():
+    assert sorted(torch_tpu.__all__) == sorted(TORCH_TPU)
+    assert all(hasattr(torch_tpu, name) for name in torch_tpu.__all__)
+    assert _defined_public(torch_tpu) <= set(torch_tpu.__all__)
+    assert torch_tpu.tpu is torch.tpu and torch_tpu.__version__ == "0.2.0"
+
+
+def test_torch_tpu_device_module_all():
+    assert sorted(torch.tpu.__all__) == sorted(TORCHTPU_TPU | OURS_TPU)
+    assert all(hasattr(torch.tpu, name) for name in torch.tpu.__all__)
+    assert _defined_public(torch_tpu.tpu) <= set(torch.tpu.__all__)
+
+
+def test_star_import_binds_every_name():
+    names = {}
+    exec("from torch.tpu import *", names)  # noqa: S102  (the statement under test)
+    assert set(torch.tpu.__all__) <= set(names)
+    exec("from torch_tpu import *", names)  # noqa: S102
+    assert set(torch_tpu.__all__) <= set(names)
