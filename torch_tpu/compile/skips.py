@@ -28,7 +28,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     """Finds nothing itself: when Dynamo's trace rules are first imported, it wraps their loader so that the
     skips are added once the module has executed, and takes itself off `sys.meta_path`."""
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec:
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname != _TRACE_RULES:
             return None
         sys.meta_path.remove(self)
