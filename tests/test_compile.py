@@ -242,3 +242,19 @@ def test_dynamo_skips_torch_tpu_frames_under_every_backend():
     for backend, result in results.items():
         # One fp32 linear, a GELU and sums of six values: a few ulps.
         torch.testing.assert_close(result, cpu, rtol=1.3e-6, atol=1e-5, msg=lambda m, b=backend: f"{b}: {m}")
+
+
+def test_integer_advanced_indexing_compiles_and_matches_cpu():
+    # Hugging Face's masks index `padding_mask[batch_idx, kv_idx]`: integer indices have a static output shape.
+    def gather(x, rows, cols):
+        return x[rows, cols] * 2
+
+    x, rows, cols = torch.randn(3, 5), torch.tensor([[0], [2]]), torch.tensor([1, 4, 0])
+    out = torch.compile(gather, backend="tpu")(x.to("tpu"), rows.to("tpu"), cols.to("tpu"))
+    assert torch.equal(out.cpu(), gather(x, rows, cols))  # a gather and a doubling: exact
+
+
+def test_boolean_mask_index_in_a_graph_is_refused_clearly(monkeypatch):
+    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)  # else a graph break
+    with pytest.raises(Exception, match=r"aten.index.Tensor' has a data-dependent output shape.*test_compile\.py"):
+        torch.compile(lambda x: x[x > 0] * 2, backend="tpu")(torch.randn(6, device="tpu"))

@@ -294,3 +294,14 @@ def test_lowering_content_covers_code_closures_and_helpers():
     opaque = object()
     with pytest.raises(warm.Unidentified):  # what it cannot read, it does not guess: that graph is not indexed
         content(lambda x: x * opaque)
+
+
+def test_constant_fingerprint_reads_expanded_constants():
+    import torch
+
+    from torch_tpu.compile import warm
+
+    # A size-1 expanded constant is "contiguous" with stride 0 (T5's graphs hold one); its bytes are its value.
+    expanded = torch.tensor(2.0).expand(1, 1)
+    assert warm._constant_token(expanded) == warm._constant_token(torch.tensor([[2.0]]))
+    assert warm._constant_token(expanded) != warm._constant_token(torch.tensor([[3.0]]))
