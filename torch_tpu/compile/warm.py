@@ -9,11 +9,13 @@ still runs AOTAutograd and re-traces our lowerings to find that key. Two layers 
    (`bundled_autograd_cache`), so a hit skips AOTAutograd's tracing, functionalization and partitioning.
    PyTorch keys the entry (Dynamo graph, input metadata, torch configs and sources) and stores it under its
    cache directory (`TORCHINDUCTOR_CACHE_DIR`, `aotautograd/`); we add a salt to the key: the torch_tpu
-   sources and the backend options, which decide the decompositions and what our compilers build.
-2. A graph-keyed index (`graph_key`): a fingerprint of the ATen graph (code, every node's dtype/shape/device,
-   constants' values), the inputs' shapes and dtypes, compiled-in sizes, precision, XLA options, JAX flags,
-   torch_tpu sources and versions names the executable the graph compiled to, so a warm process loads it
-   without lowering. Anything not in the key misses, it never guesses.
+   sources, which ops are lowered and the backend options, which decide the decompositions and what our
+   compilers build.
+2. A graph-keyed index (`graph_key`): a fingerprint of the ATen graph (code, every node's dtype/shape/device
+   and the content of its lowering, constants' values), the inputs' shapes and dtypes, compiled-in sizes,
+   precision, XLA options, JAX flags, torch_tpu sources and versions names the executable the graph compiled
+   to, so a warm process loads it without lowering. Anything not in the key misses, it never guesses: a graph
+   with a lowering whose content cannot be read (`Unidentified`) is not indexed.
 
 Both are off with `TORCH_TPU_PERSISTENT_CACHE=0` or `torch.compiler.config.force_disable_caches`, and when a
 `debug_callback` is given (it must see the lowering); the first also with `TORCHINDUCTOR_AUTOGRAD_CACHE=0`.
