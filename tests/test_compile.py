@@ -208,3 +208,53 @@ def test_seed_smoke_compiled():
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["finite"] is True and report["mode"] == "compiled"
+
+
+# A forward hook whose eager ops (`.tolist()` breaks the graph) run inside the compiled region: Dynamo must not
+# trace torch_tpu's kernels then, whichever backend compiles, in a process that never loaded ours (a fresh one).
+HOOKED = """
+import json, torch
+
+def run(device, backend):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3).to(device)
+    seen = []
+
+    def hook(module, args, out):
+        seen.append(torch.nn.functional.gelu(out).sum().tolist())
+        return out * 2 + out.sum()
+
+    model.register_forward_hook(hook)
+    x = torch.arange(8.0).reshape(2, 4).to(device)
+    out = torch.compile(model, backend=backend)(x) if backend else model(x)
+    return {"out": out.detach().cpu().tolist(), "seen": seen}
+
+results = {backend: run("tpu", backend) for backend in ("eager", "aot_eager", "tpu")}
+print(json.dumps(results | {"cpu": run("cpu", None)}))
+"""
+
+
+def test_dynamo_skips_torch_tpu_frames_under_every_backend():
+    done = subprocess.run([sys.executable, "-c", HOOKED], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    cpu = results.pop("cpu")
+    for backend, result in results.items():
+        # One fp32 linear, a GELU and sums of six values: a few ulps.
+        torch.testing.assert_close(result, cpu, rtol=1.3e-6, atol=1e-5, msg=lambda m, b=backend: f"{b}: {m}")
+
+
+def test_integer_advanced_indexing_compiles_and_matches_cpu():
+    # Hugging Face's masks index `padding_mask[batch_idx, kv_idx]`: integer indices have a static output shape.
+    def gather(x, rows, cols):
+        return x[rows, cols] * 2
+
+    x, rows, cols = torch.randn(3, 5), torch.tensor([[0], [2]]), torch.tensor([1, 4, 0])
+    out = torch.compile(gather, backend="tpu")(x.to("tpu"), rows.to("tpu"), cols.to("tpu"))
+    assert torch.equal(out.cpu(), gather(x, rows, cols))  # a gather and a doubling: exact
+
+
+def test_boolean_mask_index_in_a_graph_is_refused_clearly(monkeypatch):
+    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)  # else a graph break
+    with pytest.raises(Exception, match=r"aten.index.Tensor' has a data-dependent output shape.*test_compile\.py"):
+        torch.compile(lambda x: x[x > 0] * 2, backend="tpu")(torch.randn(6, device="tpu"))

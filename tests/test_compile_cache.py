@@ -237,3 +237,71 @@ def test_graph_key_covers_inputs_precision_and_constants():
     assert key != warm.graph_key(one, [jnp.ones(3), 5])
     with torch.tpu.precision(torch.tpu.Precision.DEFAULT):
         assert key != warm.graph_key(one, [jnp.ones(3)])
+
+
+# A user's lowering of a user's op, its body changed between processes (BODY) under the same name.
+USER_LOWERING = """
+import json, os, torch
+from torch_tpu.ops.registry import lower
+
+@torch.library.custom_op("warm_test::scale", mutates_args=())
+def scale(x: torch.Tensor) -> torch.Tensor:
+    return x * float(os.environ["FACTOR"])
+
+scale.register_fake(lambda x: torch.empty_like(x))
+exec(f"def scaled(x):\\n    return x * {os.environ['FACTOR']}")
+lower(torch.ops.warm_test.scale.default)(scaled)
+
+x = torch.arange(4.0)
+compiled = torch.compile(lambda x: torch.ops.warm_test.scale(x) + 1, backend="tpu")(x.to("tpu"))
+stats = torch.tpu._get_cache_stats()["persistent"]
+print(json.dumps({"compiled": compiled.cpu().tolist(), "cpu": (scale(x) + 1).tolist(), "stats": stats}))
+"""
+
+
+def test_changed_user_lowering_misses_the_warm_layers(tmp_path):
+    root = tmp_path / "cache"
+    first, stderr = run(root, USER_LOWERING, FACTOR="2")
+    assert first["compiled"] == first["cpu"] == [1.0, 3.0, 5.0, 7.0], stderr[-3000:]
+    again, _ = run(root, USER_LOWERING, FACTOR="2")
+    assert again["stats"]["graph_hits"] == 1 and again["compiled"] == first["compiled"]  # unchanged: it hits
+    changed, _ = run(root, USER_LOWERING, FACTOR="3")
+    assert changed["compiled"] == changed["cpu"] == [1.0, 4.0, 7.0, 10.0]
+    assert changed["stats"]["graph_hits"] == 0 and changed["stats"]["graph_misses"] == 1
+
+
+def test_lowering_content_covers_code_closures_and_helpers():
+    import jax.numpy as jnp
+
+    from torch_tpu.compile import warm
+
+    def content(fn):
+        return warm._content(fn, set())
+
+    def scaled(factor):
+        return lambda x: x * factor
+
+    def helper(x):
+        return jnp.tanh(x)
+
+    def calls_helper(x):
+        return helper(x) + 1
+
+    assert content(scaled(2)) == content(scaled(2)) and content(scaled(2)) != content(scaled(3))
+    before = content(calls_helper)
+    helper.__code__ = (lambda x: jnp.sin(x)).__code__  # the helper a lowering calls changes: so does its content
+    assert content(calls_helper) != before
+    opaque = object()
+    with pytest.raises(warm.Unidentified):  # what it cannot read, it does not guess: that graph is not indexed
+        content(lambda x: x * opaque)
+
+
+def test_constant_fingerprint_reads_expanded_constants():
+    import torch
+
+    from torch_tpu.compile import warm
+
+    # A size-1 expanded constant is "contiguous" with stride 0 (T5's graphs hold one); its bytes are its value.
+    expanded = torch.tensor(2.0).expand(1, 1)
+    assert warm._constant_token(expanded) == warm._constant_token(torch.tensor([[2.0]]))
+    assert warm._constant_token(expanded) != warm._constant_token(torch.tensor([[3.0]]))

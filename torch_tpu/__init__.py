@@ -38,6 +38,9 @@ def _register() -> None:
     torch._register_device_module("tpu", tpu)
     torch._C._acc.register_python_privateuseone_hook(_accelerator.Hooks())
     torch._C._acc.register_python_privateuseone_device_guard(_accelerator.Guard())
+    from torch_tpu.compile import skips
+
+    skips.install()  # before anything can compile: Dynamo must not trace our kernels, whatever the backend
     import torch_tpu.ops  # noqa: F401  (fills the lowering registry)
     from torch_tpu.eager import register
 

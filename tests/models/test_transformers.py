@@ -73,6 +73,17 @@ def vit(attn_implementation):
     )
 
 
+def t5(attn_implementation="eager"):
+    config = transformers.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
+        decoder_start_token_id=0, pad_token_id=0, attn_implementation=attn_implementation,
+    )  # fmt: skip
+    batch = token_batch(padded=True)
+    batch["labels"] = batch["labels"][:, : SEQ // 2].clamp(min=1)  # a shorter target; 0 is the decoder's start
+    return transformers.T5ForConditionalGeneration(config), batch
+
+
 MODELS = {"gpt2": gpt2, "bert": bert, "llama": llama, "vit": vit}
 
 

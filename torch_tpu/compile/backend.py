@@ -10,7 +10,6 @@ from typing import Any
 
 import jax
 import torch
-import torch._dynamo.trace_rules
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -20,23 +19,22 @@ from torch_tpu import random as tpu_random
 from torch_tpu.compile import buckets, cache, graph, warm
 from torch_tpu.eager import fused
 from torch_tpu.eager.cache import Entry, executables
-from torch_tpu.ops.registry import graph_lowering
 from torch_tpu.runtime import platform, storage
-
-# Our eager kernels run as Python under the dispatcher, calling into JAX; when a compiled function runs eager
-# code after a graph break, Dynamo must never try to compile those frames.
-for _module in ("torch_tpu", "jax", "jaxlib", "ml_dtypes", "opt_einsum"):
-    torch._dynamo.trace_rules.add(_module)
 
 _OPTIONS = {"async_compile", "num_dynamic_buckets", "bucket_size", "serializable", "debug_callback", "name"}
 
 
-@functools.cache
 def decompositions() -> dict:
-    """PyTorch's core-ATen decompositions, except for ops we lower directly (ours are kept whole)."""
+    """PyTorch's core-ATen decompositions, except for ops we lower directly (ours are kept whole; a lowering
+    registered later, e.g. by the user, takes its op out)."""
+    return _decompositions(warm.lowered_ops())
+
+
+@functools.cache
+def _decompositions(lowered: frozenset) -> dict:
     from torch._decomp import core_aten_decompositions
 
-    return {op: fn for op, fn in core_aten_decompositions().items() if graph_lowering(op) is None}
+    return {op: fn for op, fn in core_aten_decompositions().items() if op not in lowered}
 
 
 class CompiledGraph:

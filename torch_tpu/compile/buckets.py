@@ -26,7 +26,7 @@ import functools
 import math
 import operator
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -294,73 +294,130 @@ def _at(node: torch.fx.Node) -> Iterator[None]:
 
 
 def _rewrite(node: torch.fx.Node) -> _Rewrite:
-    """How `node` keeps the invariant, or NotBucketable. Sizes used as values are read as real values."""
-    target = node.target
+    """How `node` keeps the invariant, or NotBucketable. Sizes used as values are read as real values.
+
+    Ops with no padded input, moving ops and pointwise ones need nothing; any other op's family rule
+    (`_RULES`, `_combining` for the rest) decides."""
     rewrite = _Rewrite(values=_value_arguments(node))
     for value in _flat(node.meta.get("val")):
         _layout(value)  # every size must be static or c*s
     inputs = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
     padded = [a for a in inputs if any(_layout(a.meta["val"]))]
-    if not padded or target in _LOCAL or torch.Tag.pointwise in target.tags:
+    if not padded or node.target in _LOCAL or torch.Tag.pointwise in node.target.tags:
         return rewrite
-    if target in _RESHAPES:
-        if not _keeps_prefix(node.args[0].meta["val"].shape, node.meta["val"].shape):
-            raise NotBucketable("a reshape that interleaves padding with real values")
+    return _RULES.get(node.target, _combining)(node, rewrite, inputs, padded)
+
+
+# A rule: (node, its rewrite so far, its tensor inputs, the padded ones) -> its rewrite, or NotBucketable.
+_Rule = Callable[[torch.fx.Node, _Rewrite, list[torch.fx.Node], list[torch.fx.Node]], _Rewrite]
+_RULES: dict[OpOverload, _Rule] = {}
+
+
+def _rule(*ops: OpOverload) -> Callable[[_Rule], _Rule]:
+    """Register the rule of an op family (next to it, as JAX's lax registers rules next to each primitive)."""
+
+    def register(rule: _Rule) -> _Rule:
+        for op in ops:
+            _RULES[op] = rule
+        return rule
+
+    return register
+
+
+def _filled_with_identity(node: torch.fx.Node, rewrite: _Rewrite, padded: list[torch.fx.Node]) -> _Rewrite:
+    """The padded inputs masked to the op's identity first (`_IDENTITY`)."""
+    return dataclasses.replace(rewrite, fills=dict.fromkeys(padded, _IDENTITY[node.target]))
+
+
+@_rule(*_RESHAPES)
+def _reshape(node: torch.fx.Node, rewrite: _Rewrite, inputs: list, padded: list) -> _Rewrite:
+    if not _keeps_prefix(node.args[0].meta["val"].shape, node.meta["val"].shape):
+        raise NotBucketable("a reshape that interleaves padding with real values")
+    return rewrite
+
+
+@_rule(*_CONTRACTED)
+def _contraction(node: torch.fx.Node, rewrite: _Rewrite, inputs: list, padded: list) -> _Rewrite:
+    tensors = [a for a in node.args if isinstance(a, torch.fx.Node)]
+    if not any(
+        axis is not None and _layout(a.meta["val"])[axis]
+        for a, axis in zip(tensors, _CONTRACTED[node.target], strict=False)
+    ):
         return rewrite
-    if target in _CONTRACTED:
-        tensors = [a for a in node.args if isinstance(a, torch.fx.Node)]
-        if not any(
-            axis is not None and _layout(a.meta["val"])[axis]
-            for a, axis in zip(tensors, _CONTRACTED[target], strict=False)
-        ):
-            return rewrite
-    elif target in (aten.native_layer_norm.default, aten.native_layer_norm_backward.default):
-        normalized = len(_argument(node, "normalized_shape"))
-        if any(_layout(_argument(node, "input").meta["val"])[-normalized:]):
-            raise NotBucketable("a layer norm over a padded axis")
-        if target is aten.native_layer_norm.default:
-            return rewrite
-    elif target in (aten.convolution.default, aten.convolution_backward.default):
-        if _argument(node, "weight") in padded or any(any(_layout(a.meta["val"])[1:]) for a in padded):
-            raise NotBucketable("a convolution over a padded channel or spatial axis")
-        if target is aten.convolution.default:
-            return rewrite  # per sample; the backward's weight and bias gradients sum over the batch
-    elif target is aten.slice.Tensor:
-        if not _layout(node.args[0].meta["val"])[_argument(node, "dim") % node.args[0].meta["val"].ndim]:
-            return rewrite
-        if _argument(node, "start") in (None, 0) and _argument(node, "step") == 1:
-            return rewrite  # a prefix of a padded axis: the real part of the result is a prefix too
-        raise NotBucketable("a slice of a padded axis that does not start at 0")
-    elif target in _NLL:  # padded targets become ignored ones: no loss, no weight, no gradient
-        labels = _argument(node, "target")
-        return dataclasses.replace(rewrite, fills={labels: _argument(node, "ignore_index")} if labels in padded else {})
-    elif target in _MSE:
-        if _argument(node, "reduction", _MEAN_REDUCTION) == _MEAN_REDUCTION:
-            rewrite.replace["reduction"] = _SUM_REDUCTION
-            rewrite.divisor = _numel(_argument(node, "self").meta["val"].shape)
-        if target is aten.mse_loss.default:
-            rewrite.fills = dict.fromkeys(padded, 0)
+    return _filled_with_identity(node, rewrite, padded)
+
+
+@_rule(aten.native_layer_norm.default, aten.native_layer_norm_backward.default)
+def _layer_norm(node: torch.fx.Node, rewrite: _Rewrite, inputs: list, padded: list) -> _Rewrite:
+    normalized = len(_argument(node, "normalized_shape"))
+    if any(_layout(_argument(node, "input").meta["val"])[-normalized:]):
+        raise NotBucketable("a layer norm over a padded axis")
+    if node.target is aten.native_layer_norm.default:
         return rewrite
-    else:
-        dims = _dims(node)
-        if dims is not None and not any(
-            _layout(a.meta["val"])[d] for a in padded if a.meta["val"].ndim == inputs[0].meta["val"].ndim for d in dims
-        ):
-            return rewrite  # reduces, sorts, concatenates... along static axes only
-        if target in _MEANS:
-            shape = inputs[0].meta["val"].shape
-            reduced = range(len(shape)) if dims is None else dims
-            return dataclasses.replace(
-                rewrite,
-                fills=dict.fromkeys(padded, 0),
-                target=_MEANS[target],
-                divisor=_numel([shape[d] for d in reduced]),
-            )
-        if target not in _IDENTITY:
-            raise NotBucketable("it combines values along a padded axis and has no masked form")
-    if target is aten.embedding_dense_backward.default and _argument(node, "scale_grad_by_freq"):
+    return _filled_with_identity(node, rewrite, padded)  # the weight and bias gradients sum over the other axes
+
+
+@_rule(aten.convolution.default, aten.convolution_backward.default)
+def _convolution(node: torch.fx.Node, rewrite: _Rewrite, inputs: list, padded: list) -> _Rewrite:
+    if _argument(node, "weight") in padded or any(any(_layout(a.meta["val"])[1:]) for a in padded):
+        raise NotBucketable("a convolution over a padded channel or spatial axis")
+    if node.target is aten.convolution.default:
+        return rewrite  # per sample; the backward's weight and bias gradients sum over the batch
+    return _filled_with_identity(node, rewrite, padded)
+
+
+@_rule(aten.slice.Tensor)
+def _slice(node: torch.fx.Node, rewrite: _Rewrite, inputs: list, padded: list) -> _Rewrite:
+    if not _layout(node.args[0].meta["val"])[_argument(node, "dim") % node.args[0].meta["val"].ndim]:
+        return rewrite
+    if _argument(node, "start") in (None, 0) and _argument(node, "step") == 1:
+        return rewrite  # a prefix of a padded axis: the real part of the result is a prefix too
+    raise NotBucketable("a slice of a padded axis that does not start at 0")
+
+
+@_rule(*_NLL)
+def _nll(node: torch.fx.Node, rewrite: _Rewrite, inputs: list, padded: list) -> _Rewrite:
+    labels = _argument(node, "target")  # padded targets become ignored ones: no loss, no weight, no gradient
+    return dataclasses.replace(rewrite, fills={labels: _argument(node, "ignore_index")} if labels in padded else {})
+
+
+@_rule(*_MSE)
+def _mse(node: torch.fx.Node, rewrite: _Rewrite, inputs: list, padded: list) -> _Rewrite:
+    if _argument(node, "reduction", _MEAN_REDUCTION) == _MEAN_REDUCTION:
+        rewrite.replace["reduction"] = _SUM_REDUCTION
+        rewrite.divisor = _numel(_argument(node, "self").meta["val"].shape)
+    if node.target is aten.mse_loss.default:
+        rewrite.fills = dict.fromkeys(padded, 0)
+    return rewrite
+
+
+@_rule(aten.embedding_dense_backward.default)
+def _embedding_backward(node: torch.fx.Node, rewrite: _Rewrite, inputs: list, padded: list) -> _Rewrite:
+    if _argument(node, "scale_grad_by_freq"):
         raise NotBucketable("scale_grad_by_freq counts padded indices")
-    return dataclasses.replace(rewrite, fills=dict.fromkeys(padded, _IDENTITY[target]))
+    return _filled_with_identity(node, rewrite, padded)
+
+
+def _combining(node: torch.fx.Node, rewrite: _Rewrite, inputs: list, padded: list) -> _Rewrite:
+    """Every other op: free along static axes; a mean or an op with an identity (`_IDENTITY`) masks a padded
+    one; anything else is NotBucketable."""
+    dims = _dims(node)
+    if dims is not None and not any(
+        _layout(a.meta["val"])[d] for a in padded if a.meta["val"].ndim == inputs[0].meta["val"].ndim for d in dims
+    ):
+        return rewrite  # reduces, sorts, concatenates... along static axes only
+    if node.target in _MEANS:
+        shape = inputs[0].meta["val"].shape
+        reduced = range(len(shape)) if dims is None else dims
+        return dataclasses.replace(
+            rewrite,
+            fills=dict.fromkeys(padded, 0),
+            target=_MEANS[node.target],
+            divisor=_numel([shape[d] for d in reduced]),
+        )
+    if node.target not in _IDENTITY:
+        raise NotBucketable("it combines values along a padded axis and has no masked form")
+    return _filled_with_identity(node, rewrite, padded)
 
 
 def _value_arguments(node: torch.fx.Node) -> set[str]:

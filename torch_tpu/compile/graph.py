@@ -7,6 +7,7 @@ compiled graph draws from the device RNG stream like eager does.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +18,7 @@ from torch._ops import OpOverload
 from torch.fx.node import map_aggregate
 
 from torch_tpu.ops.registry import graph_lowering
-from torch_tpu.runtime import dtypes
+from torch_tpu.runtime import dtypes, platform
 
 aten = torch.ops.aten
 
@@ -74,11 +75,71 @@ def check_supported(gm: torch.fx.GraphModule) -> None:
                     f"torch_tpu: '{node.target}' has no tpu lowering (in a torch.compile graph), "
                     f"from: {_user_line(node)}"
                 )
-            if not lowering.jit:
+            if not lowering.jit and not _traceable(lowering, node):
                 raise UnsupportedOp(
                     f"torch_tpu: '{node.target}' has a data-dependent output shape and cannot be compiled, "
                     f"from: {_user_line(node)}"
                 )
+
+
+class _DataDependent(Exception):
+    """A size with no value while compiling (an unbacked size: it depends on data)."""
+
+
+def _hint(size: Any) -> Any:
+    if not isinstance(size, torch.SymInt):
+        return size
+    if size.node.hint is None:
+        raise _DataDependent
+    return size.node.hint
+
+
+def _abstract(value: Any) -> Any:
+    """A node's FakeTensor value as what the lowering sees while tracing (sizes at their current hints)."""
+    if isinstance(value, torch.Tensor):
+        return jax.ShapeDtypeStruct(tuple(_hint(s) for s in value.shape), dtypes.to_jax(value.dtype))
+    return _hint(value)
+
+
+def _traceable(lowering: Any, node: torch.fx.Node) -> bool:
+    """Whether a lowering that eager runs unjitted (`jit=False`: it may read values to find its output shape)
+    traces at this node's argument types, as `aten.index.Tensor` does for integer indices (only boolean masks
+    make its shape data-dependent). Tried on abstract values, so nothing runs."""
+    platform.devices()  # x64 first: int64 arguments stay int64
+    arrays: list[jax.ShapeDtypeStruct] = []
+    try:
+        map_aggregate(node.meta.get("val"), _abstract)  # its own sizes must be known
+    except _DataDependent:
+        return False
+
+    def abstract(arg: Any) -> Any:
+        value = _abstract(arg.meta.get("val")) if isinstance(arg, torch.fx.Node) else arg
+        if isinstance(value, jax.ShapeDtypeStruct):
+            arrays.append(value)
+            return _Slot(len(arrays) - 1)
+        return value
+
+    try:
+        args, kwargs = map_aggregate((node.args, node.kwargs), abstract)
+    except _DataDependent:
+        return False
+
+    def call(*traced: Any) -> Any:
+        fill = lambda a: traced[a.index] if isinstance(a, _Slot) else a  # noqa: E731
+        return lowering.fn(*map_aggregate(args, fill), **map_aggregate(kwargs, fill))
+
+    try:
+        jax.eval_shape(call, *arrays)
+    except (jax.errors.ConcretizationTypeError, jax.errors.NonConcreteBooleanIndexError):
+        return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    """Where an array argument goes back into a node's arguments."""
+
+    index: int
 
 
 def to_jax(gm: torch.fx.GraphModule) -> tuple[Callable[..., Any], list[tuple[int, int]]]:

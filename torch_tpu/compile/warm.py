@@ -9,11 +9,13 @@ still runs AOTAutograd and re-traces our lowerings to find that key. Two layers 
    (`bundled_autograd_cache`), so a hit skips AOTAutograd's tracing, functionalization and partitioning.
    PyTorch keys the entry (Dynamo graph, input metadata, torch configs and sources) and stores it under its
    cache directory (`TORCHINDUCTOR_CACHE_DIR`, `aotautograd/`); we add a salt to the key: the torch_tpu
-   sources and the backend options, which decide the decompositions and what our compilers build.
-2. A graph-keyed index (`graph_key`): a fingerprint of the ATen graph (code, every node's dtype/shape/device,
-   constants' values), the inputs' shapes and dtypes, compiled-in sizes, precision, XLA options, JAX flags,
-   torch_tpu sources and versions names the executable the graph compiled to, so a warm process loads it
-   without lowering. Anything not in the key misses, it never guesses.
+   sources, which ops are lowered and the backend options, which decide the decompositions and what our
+   compilers build.
+2. A graph-keyed index (`graph_key`): a fingerprint of the ATen graph (code, every node's dtype/shape/device
+   and the content of its lowering, constants' values), the inputs' shapes and dtypes, compiled-in sizes,
+   precision, XLA options, JAX flags, torch_tpu sources and versions names the executable the graph compiled
+   to, so a warm process loads it without lowering. Anything not in the key misses, it never guesses: a graph
+   with a lowering whose content cannot be read (`Unidentified`) is not indexed.
 
 Both are off with `TORCH_TPU_PERSISTENT_CACHE=0` or `torch.compiler.config.force_disable_caches`, and when a
 `debug_callback` is given (it must see the lowering); the first also with `TORCHINDUCTOR_AUTOGRAD_CACHE=0`.
@@ -28,11 +30,14 @@ import dataclasses
 import functools
 import hashlib
 import pathlib
+import sys
+import types
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 import torch
 import torch._functorch.config
 from torch._dynamo.backends.common import aot_autograd
@@ -42,7 +47,7 @@ from torch._ops import OpOverload
 
 from torch_tpu import precision
 from torch_tpu.compile import cache
-from torch_tpu.ops.registry import graph_lowering
+from torch_tpu.ops.registry import GRAPH_LOWERINGS, LOWERINGS, graph_lowering
 
 _COMPILERS = {"fw_compiler": "forward", "bw_compiler": "backward", "inference_compiler": "inference"}
 
@@ -69,6 +74,11 @@ def sources() -> str:
         digest.update(str(path.relative_to(package)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+def lowered_ops() -> frozenset[OpOverload]:
+    """The ops the compiler lowers whole (the registry may grow at run time)."""
+    return frozenset(LOWERINGS) | frozenset(GRAPH_LOWERINGS)
 
 
 # --- layer 1: AOTAutograd's cache -------------------------------------------------------------------------------
@@ -191,8 +201,10 @@ def cached_aot_autograd(
 ) -> Callable[..., Any]:
     """`aot_autograd(...)(gm, example_inputs)` with AOTAutograd's cache: a warm process gets the partitioned
     graphs back from disk instead of tracing them. `factory(kind)` builds a graph's callable and must pickle."""
-    # PyTorch hashes the Dynamo graph module's attributes into the key: this one makes the key ours too.
-    gm._torch_tpu_cache_salt = f"{sources()};{sorted(options.items())!r}"
+    # PyTorch hashes the Dynamo graph module's attributes into the key: this one makes the key ours too. Which
+    # ops are lowered decides what AOTAutograd decomposes; what the lowerings compute is in the graph index's key.
+    lowered = hashlib.sha256(repr(sorted(map(str, lowered_ops()))).encode()).hexdigest()
+    gm._torch_tpu_cache_salt = f"{sources()};{lowered};{sorted(options.items())!r}"
     compilers = {
         argument: SerializableAOTDispatchCompiler(GraphCode, functools.partial(_graph_code, factory(kind)))
         for argument, kind in _COMPILERS.items()
@@ -216,33 +228,100 @@ def _value_token(value: Any) -> str:
 
 def _constant_token(value: Any) -> str:
     if isinstance(value, torch.Tensor):
-        data = value.detach().cpu().contiguous().reshape(-1)
+        # A fresh dense copy: `contiguous()` keeps a size-1 dimension's stride, which may be 0 (an expanded
+        # constant), and a byte view needs unit stride.
+        data = torch.empty(value.shape, dtype=value.dtype).copy_(value.detach()).reshape(-1)
         digest = hashlib.sha256(data.view(torch.uint8).numpy().tobytes()).hexdigest()
         return f"{_value_token(value)}:{digest}"
     return repr(value)
+
+
+class Unidentified(Exception):
+    """A lowering whose content cannot be hashed (it reads an object we cannot fingerprint): its graph is not
+    indexed, so every process lowers it afresh."""
+
+
+# Code a version or hash in the key already identifies: torch_tpu's own (`sources()`) and these libraries.
+_VERSIONED = frozenset({"jax", "jaxlib", "numpy", "torch", "ml_dtypes", "builtins", "math", "operator", "functools"})
+_SIMPLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, np.dtype, type(Ellipsis))
+
+
+def _versioned(module: str | None) -> bool:
+    root = (module or "").partition(".")[0]
+    return root == "torch_tpu" or root in _VERSIONED or (root.startswith("_") and root in sys.builtin_module_names)
+
+
+def _code_content(code: types.CodeType, scope: dict[str, Any], seen: set[int]) -> str:
+    consts = [_code_content(c, scope, seen) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts]
+    names = [f"{name}={_content(scope[name], seen)}" for name in code.co_names if name in scope]
+    return f"code({code.co_code.hex()};{consts};{code.co_names};{names})"
+
+
+def _content(value: Any, seen: set[int]) -> str:
+    """What a lowering computes, as text: its code recursively (bytecode, constants, defaults, closure values and
+    the globals it names), down to code identified by a version (`_versioned`). Raises `Unidentified`."""
+    if isinstance(value, _SIMPLE):
+        return f"{type(value).__name__}:{value!r}"
+    if isinstance(value, (tuple, list, set, frozenset)):
+        items = [_content(v, seen) for v in value]
+        return f"{type(value).__name__}({','.join(sorted(items) if isinstance(value, (set, frozenset)) else items)})"
+    if isinstance(value, dict):
+        return "dict(" + ",".join(sorted(f"{_content(k, seen)}:{_content(v, seen)}" for k, v in value.items())) + ")"
+    if isinstance(value, types.ModuleType):
+        return f"module:{value.__name__}"
+    module = getattr(value, "__module__", None)
+    name = getattr(value, "__qualname__", getattr(value, "__name__", type(value).__name__))
+    if isinstance(value, types.FunctionType):
+        if _versioned(module):
+            return f"function:{module}.{name}"
+        if id(value) in seen:  # recursion
+            return f"recursive:{module}.{name}"
+        seen.add(id(value))
+        closure = [_content(cell.cell_contents, seen) for cell in value.__closure__ or ()]
+        defaults = _content((value.__defaults__, value.__kwdefaults__), seen)
+        return f"function({_code_content(value.__code__, value.__globals__, seen)};{closure};{defaults})"
+    if isinstance(value, functools.partial):
+        return f"partial({_content((value.func, value.args, value.keywords), seen)})"
+    if hasattr(value, "__wrapped__"):  # jax.jit, functools.wraps
+        return f"wrapped:{type(value).__qualname__}({_content(value.__wrapped__, seen)})"
+    if isinstance(value, (np.ndarray, jax.Array)):
+        data = np.asarray(value)
+        return f"array:{data.dtype}{data.shape}:{hashlib.sha256(data.tobytes()).hexdigest()}"
+    if isinstance(value, torch.Tensor):
+        return f"tensor:{_constant_token(value)}"
+    if callable(value) and _versioned(
+        module if isinstance(value, (type, types.BuiltinFunctionType)) else type(value).__module__
+    ):
+        return f"{type(value).__module__}.{type(value).__qualname__}:{module}.{name}"  # e.g. a jnp ufunc
+    raise Unidentified(f"{type(value).__qualname__} {name}")
 
 
 def _lowering_token(target: Any) -> str:
     lowering = graph_lowering(target) if isinstance(target, OpOverload) else None
     if lowering is None:
         return ""
-    return f"{lowering.fn.__module__}.{lowering.fn.__qualname__}:{sorted(lowering.static)}:{lowering.rng}"
+    return f"{_content(lowering.fn, set())}:{sorted(lowering.static)}:{lowering.rng}"
 
 
-def graph_fingerprint(gm: torch.fx.GraphModule) -> str:
+def graph_fingerprint(gm: torch.fx.GraphModule) -> str | None:
     """What of an ATen graph its lowering depends on: the code of it and of its subgraphs, every node's
-    FakeTensor value (dtype, shape, device) and lowering (which function: the registry may change at run time;
-    their code is in `sources()`), and the values of the constants it reads."""
+    FakeTensor value (dtype, shape, device) and lowering (its content, `_content`: a lowering may be registered
+    or changed by the user; torch_tpu's own code is in `sources()`), and the values of the constants it reads.
+    None when a lowering's content cannot be identified."""
     digest = hashlib.sha256()
-    for name, module in gm.named_modules():
-        if isinstance(module, torch.fx.GraphModule):
-            digest.update(f"{name}\n{module.code}\n".encode())
-            for node in module.graph.nodes:
-                digest.update(
-                    f"{node.name}:{_value_token(node.meta.get('val'))}:{_lowering_token(node.target)}\n".encode()
-                )
-                if node.op == "get_attr":
-                    digest.update(_constant_token(getattr(module, node.target)).encode())
+    tokens: dict[Any, str] = {}
+    try:
+        for name, module in gm.named_modules():
+            if isinstance(module, torch.fx.GraphModule):
+                digest.update(f"{name}\n{module.code}\n".encode())
+                for node in module.graph.nodes:
+                    if node.target not in tokens:
+                        tokens[node.target] = _lowering_token(node.target)
+                    digest.update(f"{node.name}:{_value_token(node.meta.get('val'))}:{tokens[node.target]}\n".encode())
+                    if node.op == "get_attr":
+                        digest.update(_constant_token(getattr(module, node.target)).encode())
+    except Unidentified:
+        return None
     return digest.hexdigest()
 
 
@@ -295,7 +374,7 @@ def store(key: str, program: str | None, sizes: dict[int, int]) -> None:
         cache.stats.graph_writes += 1
 
 
-_fingerprints: weakref.WeakKeyDictionary[torch.fx.GraphModule, str] = weakref.WeakKeyDictionary()
+_fingerprints: weakref.WeakKeyDictionary[torch.fx.GraphModule, str | None] = weakref.WeakKeyDictionary()
 
 
 def executable(
@@ -312,9 +391,11 @@ def executable(
     index, so that the lowering runs."""
     if not (usable and enabled()):
         return cache.compile_lowered(lower())
-    fingerprint = _fingerprints.get(gm)
-    if fingerprint is None:
-        fingerprint = _fingerprints[gm] = graph_fingerprint(gm)
+    if gm not in _fingerprints:
+        _fingerprints[gm] = graph_fingerprint(gm)
+    fingerprint = _fingerprints[gm]
+    if fingerprint is None:  # a lowering we cannot identify: lowered in every process
+        return cache.compile_lowered(lower())
     key = graph_key(fingerprint, values)
     static = tuple(value for value in values if isinstance(value, int))
     loaded = load(key)

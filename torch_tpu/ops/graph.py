@@ -161,3 +161,8 @@ def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memo
         step,
         dtype=_dtype(dtype, torch.int64 if all(isinstance(v, int) for v in (start, end, step)) else None),
     )
+
+
+@lower_in_graphs(aten.empty_permuted.default)
+def empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(size, _dtype(dtype))
