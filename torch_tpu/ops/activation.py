@@ -113,8 +113,17 @@ def leaky_relu(self, negative_slope=0.01):
     return jnp.where(x > 0, x, x * negative_slope)
 
 
-@lower(aten.leaky_relu_backward.default)
+@lower(aten.leaky_relu_backward.default, static=("negative_slope",))
 def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
+    """`negative_slope` is compiled in, so that an in-place forward's negative slope (whose output cannot tell the
+    input's sign) is refused as on CPU."""
+    if self_is_result and negative_slope < 0:
+        raise RuntimeError(
+            "In-place leakyReLu backward calculation is triggered with a negative slope which is not supported. "
+            "This is caused by calling in-place forward function with a negative slope, please call out-of-place "
+            "version instead. File an issue at https://github.com/pytorch/pytorch if you do require supporting "
+            "in-place leakRelu backward calculation with negative slope"
+        )
     grad, x = _floating(grad_output, self)
     return jnp.where(x > 0, grad, grad * negative_slope)
 
