@@ -16,7 +16,6 @@ from torch_tpu.ops.registry import aten, lower
 from torch_tpu.runtime import dtypes
 
 _BOOL, _INTEGER, _FLOATING, _COMPLEX = range(4)
-_LOW_PRECISION = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
 
 
 def _category(dtype) -> int:
@@ -72,17 +71,13 @@ def _result_type(*operands):
     return _combine(groups[0], _combine(groups[1], groups[2]))
 
 
-def _compute_dtype(dtype):
-    return np.dtype(jnp.float32) if dtype in _LOW_PRECISION else dtype
-
-
 def _cast(dtype, *operands, exact_numbers=False):
     """Operands in `dtype`, widened to float32 for bfloat16/float16 (PyTorch CPU's compute type).
 
     With `exact_numbers`, Python numbers go straight to the compute type, not through `dtype` (as PyTorch's
     mul/div/addcmul kernels use the scalar's full value).
     """
-    compute = _compute_dtype(dtype)
+    compute = dtypes.compute_dtype(dtype)
 
     def cast(x):
         if x is None:
@@ -169,7 +164,7 @@ def _quotient_rounding(self, other):
     """The rounding of each step of a floor or trunc division: CPU's 16-bit float kernels compute in float32 for
     a single-element divisor, but round every intermediate (the quotient too) to the 16-bit type for a tensor."""
     dtype = _result_type(self, other)
-    if dtype not in _LOW_PRECISION or _is_number(other) or jnp.size(other) == 1:
+    if dtypes.compute_dtype(dtype) == dtype or _is_number(other) or jnp.size(other) == 1:
         return lambda v: v
     return lambda v: v.astype(dtype).astype(jnp.float32)
 

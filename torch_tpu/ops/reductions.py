@@ -25,11 +25,7 @@ def _axes(x, dim):
     return tuple(d % x.ndim for d in dims)
 
 
-def _wide(x):
-    """`x` in the dtype its reductions accumulate in: float32 for bf16/fp16."""
-    if dtypes.is_floating(x.dtype) and jnp.finfo(x.dtype).bits < 32:
-        return x.astype(jnp.float32)
-    return x
+_wide = dtypes.upcast  # bf16/fp16 reduce in float32
 
 
 def _as(x, dtype):
@@ -38,13 +34,13 @@ def _as(x, dtype):
 
 
 def _integral(x):
-    return jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_
+    return dtypes.is_integral(x.dtype)
 
 
 def _summable(x, dtype):
     """`x` ready to sum or multiply: integers and bool promote to int64 as in PyTorch."""
     x = _as(x, dtype)
-    return x.astype(jnp.int64) if _integral(x) else x
+    return x.astype(dtypes.accumulation_dtype(x.dtype))
 
 
 def _floating(x):
