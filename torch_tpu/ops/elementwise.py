@@ -461,9 +461,9 @@ def round(self, *, decimals=0):
         return self
     (x,) = _common(self)
     if decimals >= 0:
-        scale = 10.0**decimals
+        scale = jnp.asarray(10.0**decimals, x.dtype)  # as CPU, in the input's dtype
         return true_divide(jnp.round(x * scale), scale)
-    scale = 10.0**-decimals
+    scale = jnp.asarray(10.0**-decimals, x.dtype)
     return jnp.round(true_divide(x, scale)) * scale
 
 
