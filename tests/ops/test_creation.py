@@ -1,5 +1,6 @@
 """Creation ops against CPU PyTorch: ranges, identity, triangles, factories with out=, complex from parts."""
 
+import jax
 import pytest
 import torch
 
@@ -107,3 +108,47 @@ def test_logspace_single_step_uses_unrounded_start(dtype):
 
 def test_efficientzerotensor():
     _both(lambda d: torch.ops.aten._efficientzerotensor([2, 3], dtype=torch.float32, device=d))
+
+
+@pytest.fixture
+def xla_compiles():
+    """The number of XLA compilations while the fixture is active (a one-element list)."""
+    count = [0]
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            count[0] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    yield count
+    jax.monitoring.unregister_event_duration_listener(listener)
+
+
+SIZED_FACTORIES = {
+    "linspace": lambda n, d: torch.linspace(-1.5, 2.25, n, device=d),
+    "linspace_float64": lambda n, d: torch.linspace(0, 1, n, dtype=torch.float64, device=d),
+    "linspace_bfloat16": lambda n, d: torch.linspace(-3, 3, n, dtype=torch.bfloat16, device=d),
+    "linspace_int64": lambda n, d: torch.linspace(-7, 100, n, dtype=torch.int64, device=d),
+    "logspace": lambda n, d: torch.logspace(-2, 2, n, device=d),
+    "arange": lambda n, d: torch.arange(0, n * 0.3, 0.3, device=d),
+    "arange_int": lambda n, d: torch.arange(3, 3 + 2 * n, 2, device=d),
+    "eye": lambda n, d: torch.eye(n, n + 1, device=d),
+}
+
+
+@pytest.mark.parametrize("name", SIZED_FACTORIES)
+def test_sized_factories_compile_nothing_per_size(name, xla_compiles):
+    """A factory with a size argument is not a program per size (40 linspace sizes took 2 s); values are CPU's."""
+    build = SIZED_FACTORIES[name]
+    for n in range(20, 40):
+        actual = build(n, "tpu")
+        assert actual.device.type == "tpu"
+        torch.testing.assert_close(actual.cpu(), build(n, "cpu"), rtol=0, atol=0)
+    assert xla_compiles[0] == 0
+
+
+def test_large_factories_match_cpu():
+    """Beyond the host limit the device program computes CPU's values."""
+    n = 70000
+    for build in (SIZED_FACTORIES["linspace"], SIZED_FACTORIES["linspace_float64"], SIZED_FACTORIES["arange_int"]):
+        torch.testing.assert_close(build(n, "tpu").cpu(), build(n, "cpu"), rtol=0, atol=0)

@@ -469,3 +469,21 @@ def test_print():
     except NotImplementedError as error:  # printing floats also needs masked_select and min/max
         pytest.skip(str(error))
     assert text == str(x)[:-1] + ", device='tpu:0')"
+
+
+def _leaky_relu_inplace_grad(device, slope):
+    x = torch.linspace(-2, 2, 8, requires_grad=True)
+    y = x.to(device) * 1
+    F.leaky_relu_(y, slope)
+    y.sum().backward()
+    return x.grad
+
+
+def test_inplace_leaky_relu_negative_slope_backward_refused_as_on_cpu():
+    with pytest.raises(RuntimeError, match="In-place leakyReLu backward") as expected:
+        _leaky_relu_inplace_grad("cpu", -2.0)
+    with pytest.raises(RuntimeError) as actual:
+        _leaky_relu_inplace_grad("tpu", -2.0)
+    assert str(actual.value) == str(expected.value)
+    torch.testing.assert_close(_leaky_relu_inplace_grad("tpu", 0.3), _leaky_relu_inplace_grad("cpu", 0.3))
+    check_op(lambda x: F.leaky_relu(x, -2.0), make(grad=True), grad=True)

@@ -340,3 +340,24 @@ def test_rrelu_with_noise_writes_noise():
     x, noise = x.cpu(), noise.cpu()
     torch.testing.assert_close(out.cpu(), x * noise)
     assert (noise[x > 0] == 1).all() and ((noise[x <= 0] >= 0.2) & (noise[x <= 0] <= 0.4)).all()
+
+
+UINT8_RESIZES = [
+    dict(size=(7, 9)),
+    dict(size=(31, 40)),
+    dict(size=(400, 410)),
+    dict(size=(5, 6), align_corners=True),
+    dict(size=(30, 11), align_corners=True),
+    dict(scale_factor=(1.7, 0.45)),
+]
+
+
+@pytest.mark.parametrize("antialias", [False, True])
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("resize", UINT8_RESIZES, ids=str)
+def test_uint8_image_resampling_is_cpu_bit_exact(mode, antialias, resize):
+    """uint8 images resample in ATen's fixed point (int16 weights, rounded, saturated per dim): bit-exact."""
+    image = torch.randint(0, 256, (2, 3, 13, 17), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    kwargs = {"mode": mode, "antialias": antialias, "align_corners": False, **resize}
+    expected = F.interpolate(image, **kwargs)
+    torch.testing.assert_close(F.interpolate(image.to("tpu"), **kwargs).cpu(), expected, rtol=0, atol=0)

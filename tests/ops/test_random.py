@@ -4,6 +4,9 @@ Values cannot equal CPU's bit streams; the statistical bounds are ~6 standard er
 """
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -213,3 +216,68 @@ def test_dropout():
     assert torch.allclose(y[kept], torch.tensor(1 / 0.75))
     assert abs((~kept).double().mean() - 0.25) < 0.03
     assert torch.equal(_host(torch.nn.functional.dropout(x, 0.25, training=False)), torch.ones(N))
+
+
+# Bad arguments raise as on CPU: the same exception class and message.
+BAD_ARGUMENTS = {
+    "random_from_below_int8": lambda d: torch.empty(4, dtype=torch.int8, device=d).random_(-200, 0),
+    "random_to_above_uint8": lambda d: torch.empty(4, dtype=torch.uint8, device=d).random_(0, 300),
+    "random_to_above_half": lambda d: torch.empty(4, dtype=torch.float16, device=d).random_(0, 100000),
+    "random_empty_range": lambda d: torch.empty(4, device=d).random_(5, 5),
+    "random_to_zero": lambda d: torch.empty(4, device=d).random_(0),
+    "randint_empty_range": lambda d: torch.randint(5, 5, (3,), device=d),
+    "randint_above_uint8": lambda d: torch.randint(0, 300, (3,), dtype=torch.uint8, device=d),
+    "rand_int64": lambda d: torch.rand(4, dtype=torch.int64, device=d),
+    "uniform_int32": lambda d: torch.empty(4, dtype=torch.int32, device=d).uniform_(),
+    "uniform_reversed": lambda d: torch.empty(4, device=d).uniform_(1, 0),
+    "uniform_infinite": lambda d: torch.empty(4, device=d).uniform_(0, math.inf),
+    "bernoulli_p_above_one": lambda d: torch.empty(3, device=d).bernoulli_(1.5),
+    "bernoulli_p_negative": lambda d: torch.bernoulli(torch.empty(3, device=d), -0.5),
+    "multinomial_integer": lambda d: torch.multinomial(torch.ones(2, dtype=torch.int64, device=d), 1),
+    "multinomial_too_many": lambda d: torch.multinomial(torch.tensor([0.5, 0.5], device=d), 3),
+}
+
+
+@pytest.mark.parametrize("name", BAD_ARGUMENTS)
+def test_bad_arguments_raise_as_on_cpu(name):
+    fn = BAD_ARGUMENTS[name]
+    with pytest.raises(Exception) as expected:
+        fn("cpu")
+    with pytest.raises(type(expected.value)) as actual:
+        fn("tpu")
+    assert str(actual.value).split("  (Could")[0] == str(expected.value).split("  (Could")[0]
+
+
+_VALUE_CHECKS_SCRIPT = """
+import torch
+cases = [
+    lambda d: torch.normal(torch.zeros(3, device=d), -torch.ones(3, device=d)),
+    lambda d: torch.normal(0.0, -torch.ones(3, device=d)),
+    lambda d: torch.bernoulli(torch.full((3,), 1.5, device=d)),
+    lambda d: torch.empty(3, device=d).bernoulli_(torch.full((3,), -1.0, device=d)),
+]
+for fn in cases:
+    try:
+        fn("cpu")
+    except RuntimeError as error:
+        expected = str(error).split("  (Could")[0]
+    try:
+        fn("tpu")
+    except RuntimeError as error:
+        assert str(error) == expected, (str(error), expected)
+    else:
+        raise AssertionError("no error for " + expected)
+assert torch.normal(torch.zeros(3, device="tpu"), torch.ones(3, device="tpu")).shape == (3,)
+assert torch.bernoulli(torch.full((3,), 0.5, device="tpu")).shape == (3,)
+print("ok")
+"""
+
+
+def test_tensor_argument_values_checked_with_debug_checks():
+    """TORCH_TPU_ENABLE_DEBUG_CHECKS=1 (read at import: a fresh process) checks normal's std and bernoulli's p."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, TORCH_TPU_ENABLE_DEBUG_CHECKS="1", PYTHONPATH=root)
+    done = subprocess.run(
+        [sys.executable, "-c", _VALUE_CHECKS_SCRIPT], env=env, cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

@@ -229,3 +229,55 @@ def test_segment_reduce(reduce):
         torch.tensor([[2, 4], [6, 0]]),
         grad=True,
     )
+
+
+# Reductions of empty tensors: CPU's value (nan, 0, 1, -inf, empty) or its error (class and message).
+EMPTY_REDUCTIONS = {
+    "median": torch.median,
+    "nanmedian": torch.nanmedian,
+    "median_dim0": lambda x: torch.median(x, 0),
+    "median_dim1": lambda x: torch.median(x, -1),
+    "nanmedian_dim0": lambda x: torch.nanmedian(x, 0),
+    "mode": lambda x: torch.mode(x, 0),
+    "mode_nonempty_dim": lambda x: torch.mode(x, -1),
+    "mean": torch.mean,
+    "mean_dim0": lambda x: x.mean(0),
+    "var": torch.var,
+    "var_dim0": lambda x: x.var(0),
+    "std": torch.std,
+    "var_mean_dim0": lambda x: torch.var_mean(x, 0),
+    "prod": torch.prod,
+    "prod_dim0": lambda x: x.prod(0),
+    "sum": torch.sum,
+    "nansum": torch.nansum,
+    "logsumexp_dim0": lambda x: torch.logsumexp(x, 0),
+    "norm": torch.norm,
+    "norm_dim0": lambda x: torch.norm(x, dim=0),
+    "max": torch.max,
+    "min": torch.min,
+    "max_dim0": lambda x: torch.max(x, 0),
+    "min_dim0": lambda x: torch.min(x, 0),
+    "max_nonempty_dim": lambda x: torch.max(x, -1),
+    "quantile": lambda x: torch.quantile(x, 0.5),
+}
+
+
+def _outcome(fn, x):
+    try:
+        result = fn(x)
+    except Exception as error:  # noqa: BLE001 - the error itself is the outcome compared
+        return type(error), str(error)
+    return tuple(t.cpu() for t in (result if isinstance(result, tuple) else (result,)))
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 3)], ids=str)
+@pytest.mark.parametrize("name", EMPTY_REDUCTIONS)
+def test_empty_reductions_follow_cpu(name, shape):
+    fn = EMPTY_REDUCTIONS[name]
+    expected, actual = _outcome(fn, torch.zeros(shape)), _outcome(fn, torch.zeros(shape, device="tpu"))
+    if isinstance(expected[0], type):
+        assert actual == expected
+    else:
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected, strict=True):
+            torch.testing.assert_close(a, e, rtol=0, atol=0, equal_nan=True)

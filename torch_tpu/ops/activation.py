@@ -1,14 +1,18 @@
 """Lowerings: activation functions and the backward ops autograd calls for them."""
 
+import math
+
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.scipy import special
 
 from torch_tpu.ops.elementwise import _common, _floating, clamp
 from torch_tpu.ops.registry import aten, lower
 
-_SQRT_2_OVER_PI = float(np.sqrt(2 / np.pi))
+# Python floats: weakly typed, so they take the input's precision (a numpy float64 would promote to float64).
+_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+_SQRT_HALF = math.sqrt(0.5)
+_SQRT_2PI = math.sqrt(2 * math.pi)
 
 
 @lower(aten.relu.default)
@@ -46,7 +50,7 @@ def gelu(self, *, approximate="none"):
     (x,) = _floating(self)
     if approximate == "tanh":
         return 0.5 * x * (1 + jnp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
-    return x * 0.5 * (1 + special.erf(x * np.sqrt(0.5)))
+    return x * 0.5 * (1 + special.erf(x * _SQRT_HALF))
 
 
 @lower(aten.gelu_backward.default)
@@ -56,8 +60,8 @@ def gelu_backward(grad_output, self, *, approximate="none"):
         inner = jnp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))
         slope = 0.5 * x * (1 - inner * inner) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
         return grad * (0.5 * (1 + inner) + slope)
-    cdf = 0.5 * (1 + special.erf(x * np.sqrt(0.5)))
-    return grad * (cdf + x * jnp.exp(-0.5 * x * x) / np.sqrt(2 * np.pi))
+    cdf = 0.5 * (1 + special.erf(x * _SQRT_HALF))
+    return grad * (cdf + x * jnp.exp(-0.5 * x * x) / _SQRT_2PI)
 
 
 @lower(aten.silu.default)
@@ -109,8 +113,17 @@ def leaky_relu(self, negative_slope=0.01):
     return jnp.where(x > 0, x, x * negative_slope)
 
 
-@lower(aten.leaky_relu_backward.default)
+@lower(aten.leaky_relu_backward.default, static=("negative_slope",))
 def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
+    """`negative_slope` is compiled in, so that an in-place forward's negative slope (whose output cannot tell the
+    input's sign) is refused as on CPU."""
+    if self_is_result and negative_slope < 0:
+        raise RuntimeError(
+            "In-place leakyReLu backward calculation is triggered with a negative slope which is not supported. "
+            "This is caused by calling in-place forward function with a negative slope, please call out-of-place "
+            "version instead. File an issue at https://github.com/pytorch/pytorch if you do require supporting "
+            "in-place leakRelu backward calculation with negative slope"
+        )
     grad, x = _floating(grad_output, self)
     return jnp.where(x > 0, grad, grad * negative_slope)
 

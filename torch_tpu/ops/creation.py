@@ -3,7 +3,9 @@
 PyTorch's factory functions (`arange`, `linspace`, `logspace`, `eye`; `randperm` in ops.random) are
 CompositeExplicit kernels that allocate `out` and call the factory's `out=` overload, so that overload is what
 reaches the device: it is registered as a direct kernel (`factory_out`) that computes the values at `out`'s dtype.
-Every argument of these factories is static, so each distinct call compiles once.
+Every argument of these factories is static, so a device program would compile for each distinct call: up to
+`HOST_FACTORY_LIMIT` elements the values are PyTorch's CPU kernel's (bit-identical by construction), transferred;
+larger ones compile their program.
 """
 
 import functools
@@ -21,18 +23,41 @@ from torch_tpu.runtime import dtypes, storage
 _INT64 = np.dtype(np.int64)
 
 
-def factory_out(fn):
-    """The kernel of a factory's `out=` overload: `fn(*args, dtype=...)`, jitted per argument set, into `out`."""
+HOST_FACTORY_LIMIT = 1 << 16
+
+
+def factory_out(fn, op, numel):
+    """The kernel of `op`, a factory's `out=` overload: `op` on CPU, transferred, when `numel(*args)` (the output's
+    size, or None if unknown) is at most HOST_FACTORY_LIMIT, else `fn(*args, dtype=...)` jitted per argument set."""
     compiled = jax.jit(fn, static_argnames=tuple(inspect.signature(fn).parameters))
 
     def out_kernel(*args, out, **kwargs):
+        size = numel(*args, **kwargs)
+        if size is not None and size <= HOST_FACTORY_LIMIT:
+            host = op(*args, **kwargs, out=torch.empty(0, dtype=out.dtype))
+            return write_out(out, storage.to_device(host))
         return write_out(out, compiled(*args, **kwargs, dtype=dtypes.to_jax(out.dtype)))
 
     return out_kernel
 
 
+def _arange_numel(start, end, step=1):
+    try:
+        return max(math.ceil((float(end) - float(start)) / float(step)), 0)
+    except (ZeroDivisionError, OverflowError, ValueError):
+        return 0  # CPU's kernel raises its error
+
+
+def _eye_numel(n, m=None):
+    return n * (n if m is None else m)
+
+
 def write_out(out, value):
-    """Resize `out` to `value`'s shape if needed and store `value` in it."""
+    """Resize `out` to `value`'s shape if needed and store `value` in it; an `out` without storage (a factory's
+    `empty(0)`) takes `value` as its buffer, since growing it and writing through it would compile per size."""
+    if tuple(out.shape) != value.shape and out.untyped_storage().nbytes() == 0:
+        fresh = storage.wrap(value, out.dtype)
+        return out.set_(fresh.untyped_storage(), 0, fresh.shape, fresh.stride())
     if tuple(out.shape) != value.shape:
         out.resize_(value.shape)
     storage.write(out, value)
@@ -94,10 +119,15 @@ def _eye(n, m=None, *, dtype):
     return jnp.eye(n, n if m is None else m, dtype=dtype)
 
 
-kernel(aten.arange.start_out)(factory_out(_arange))
-kernel(aten.linspace.out)(factory_out(_linspace))
-kernel(aten.logspace.out)(factory_out(_logspace))
-kernel(aten.eye.out, aten.eye.m_out)(factory_out(_eye))
+def _steps(start, end, steps, base=None):
+    return steps
+
+
+kernel(aten.arange.start_out)(factory_out(_arange, aten.arange.start_out, _arange_numel))
+kernel(aten.linspace.out)(factory_out(_linspace, aten.linspace.out, _steps))
+kernel(aten.logspace.out)(factory_out(_logspace, aten.logspace.out, _steps))
+kernel(aten.eye.out)(factory_out(_eye, aten.eye.out, _eye_numel))
+kernel(aten.eye.m_out)(factory_out(_eye, aten.eye.m_out, _eye_numel))
 
 
 @functools.cache

@@ -16,7 +16,6 @@ from torch_tpu.ops.registry import aten, lower
 from torch_tpu.runtime import dtypes
 
 _BOOL, _INTEGER, _FLOATING, _COMPLEX = range(4)
-_LOW_PRECISION = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
 
 
 def _category(dtype) -> int:
@@ -72,17 +71,13 @@ def _result_type(*operands):
     return _combine(groups[0], _combine(groups[1], groups[2]))
 
 
-def _compute_dtype(dtype):
-    return np.dtype(jnp.float32) if dtype in _LOW_PRECISION else dtype
-
-
 def _cast(dtype, *operands, exact_numbers=False):
     """Operands in `dtype`, widened to float32 for bfloat16/float16 (PyTorch CPU's compute type).
 
     With `exact_numbers`, Python numbers go straight to the compute type, not through `dtype` (as PyTorch's
     mul/div/addcmul kernels use the scalar's full value).
     """
-    compute = _compute_dtype(dtype)
+    compute = dtypes.compute_dtype(dtype)
 
     def cast(x):
         if x is None:
@@ -137,37 +132,59 @@ def mul(self, other):
     return a * b
 
 
-def _floor_divide(a, b):
-    """Python floor division, PyTorch's way (floats: fmod-based, IEEE result for a zero divisor)."""
+def true_divide(a, b):
+    """`a / b`, correctly rounded as on CPU. XLA's algebraic simplifier rewrites a division by a broadcast (a
+    scalar, a row, a constant) into a multiplication by the divisor's reciprocal, off by an ulp for a third of
+    the quotients; an optimization barrier hides the broadcast from it (and goes away before code generation,
+    so the broadcast still fuses into the division)."""
+    a, b = jnp.broadcast_arrays(a, b)
+    if _category(b.dtype) >= _FLOATING:
+        b = lax.optimization_barrier(b)
+    return a / b
+
+
+def _floor_divide(a, b, narrow=lambda v: v):
+    """Python floor division, PyTorch's way (floats: fmod-based, IEEE result for a zero divisor); `narrow` rounds
+    each step's result as CPU's 16-bit kernels do (`_quotient_rounding`)."""
     if _is_integral(a):
         a, b = jnp.broadcast_arrays(a, b)
         quotient = lax.div(a, b)
         return jnp.where((lax.rem(a, b) != 0) & ((a < 0) != (b < 0)), quotient - 1, quotient)
-    mod = jnp.fmod(a, b)
-    div = (a - mod) / b
-    div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    mod = narrow(jnp.fmod(a, b))
+    div = narrow(true_divide(narrow(a - mod), b))
+    div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), narrow(div - 1), div)
     floor = jnp.floor(div)
     floor = jnp.where(div - floor > 0.5, floor + 1, floor)
-    floor = jnp.where(div == 0, jnp.copysign(jnp.zeros_like(div), a / b), floor)
-    return jnp.where(b == 0, a / b, floor)
+    quotient = true_divide(a, b)
+    floor = jnp.where(div == 0, jnp.copysign(jnp.zeros_like(div), quotient), floor)
+    return jnp.where(b == 0, quotient, floor)
+
+
+def _quotient_rounding(self, other):
+    """The rounding of each step of a floor or trunc division: CPU's 16-bit float kernels compute in float32 for
+    a single-element divisor, but round every intermediate (the quotient too) to the 16-bit type for a tensor."""
+    dtype = _result_type(self, other)
+    if dtypes.compute_dtype(dtype) == dtype or _is_number(other) or jnp.size(other) == 1:
+        return lambda v: v
+    return lambda v: v.astype(dtype).astype(jnp.float32)
 
 
 @lower(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div(self, other, *, rounding_mode=None):
     """NOTE: integer division by zero gives -1 (XLA) instead of raising ZeroDivisionError."""
     if rounding_mode is None:
-        a, b = _floating(self, other, exact_numbers=True)
-        return a / b
-    a, b = _common(self, other)
+        return true_divide(*_floating(self, other, exact_numbers=True))
+    narrow = _quotient_rounding(self, other)
+    a, b = _common(self, other, exact_numbers=True)  # a 16-bit float divides by the number's float32 value
     if rounding_mode == "floor":
-        return _floor_divide(a, b)
-    return lax.div(*jnp.broadcast_arrays(a, b)) if _is_integral(a) else jnp.trunc(a / b)
+        return _floor_divide(a, b, narrow)
+    return lax.div(*jnp.broadcast_arrays(a, b)) if _is_integral(a) else jnp.trunc(narrow(true_divide(a, b)))
 
 
 @lower(aten.floor_divide.default, aten.floor_divide.Scalar)
 def floor_divide(self, other):
     """NOTE: integer division by zero gives -1 (XLA) instead of raising ZeroDivisionError."""
-    return _floor_divide(*_common(self, other))
+    return _floor_divide(*_common(self, other, exact_numbers=True), _quotient_rounding(self, other))
 
 
 @lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
@@ -229,7 +246,7 @@ def addcmul(self, tensor1, tensor2, *, value=1):
 @lower(aten.addcdiv.default)
 def addcdiv(self, tensor1, tensor2, *, value=1):
     a, b, c = _common(self, tensor1, tensor2)
-    return a + jnp.asarray(value, a.dtype) * b / c
+    return a + true_divide(jnp.asarray(value, a.dtype) * b, c)
 
 
 # ---------------------------------------------------------------- binary tables
@@ -444,10 +461,10 @@ def round(self, *, decimals=0):
         return self
     (x,) = _common(self)
     if decimals >= 0:
-        scale = 10.0**decimals
-        return jnp.round(x * scale) / scale
-    scale = 10.0**-decimals
-    return jnp.round(x / scale) * scale
+        scale = jnp.asarray(10.0**decimals, x.dtype)  # as CPU, in the input's dtype
+        return true_divide(jnp.round(x * scale), scale)
+    scale = jnp.asarray(10.0**-decimals, x.dtype)
+    return jnp.round(true_divide(x, scale)) * scale
 
 
 @lower(aten.sign.default)

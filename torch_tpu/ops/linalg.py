@@ -17,12 +17,7 @@ from torch_tpu.runtime import dtypes
 
 
 def _accumulator(*arrays):
-    dtype = jnp.result_type(*arrays)
-    if dtypes.is_floating(dtype) and jnp.finfo(dtype).bits < 32:
-        return jnp.dtype(jnp.float32)
-    if jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_:
-        return jnp.dtype(jnp.int64)
-    return dtype
+    return dtypes.accumulation_dtype(jnp.result_type(*arrays))
 
 
 def _product(spec, a, b):

@@ -1,7 +1,10 @@
 """Lowerings: random sampling. Each receives a fresh threefry key (`key`) from the device RNG stream.
 
 Values follow PyTorch's distributions and ranges, not its CPU bit streams; `torch.manual_seed` makes them
-reproducible. Floating samples of 16-bit dtypes are drawn in float32 and rounded, as PyTorch's CPU kernels do.
+reproducible. Scalar arguments are checked as on CPU; tensor arguments (normal's std, bernoulli's p) only with
+TORCH_TPU_ENABLE_DEBUG_CHECKS=1, since that check waits for the device: otherwise a negative std samples
+`mean + std * z` and a p outside [0, 1] is clipped by the comparison. Floating samples of 16-bit dtypes are
+drawn in float32 and rounded, as PyTorch's CPU kernels do.
 """
 
 import functools
@@ -12,8 +15,62 @@ import numpy as np
 
 from torch_tpu import random as tpu_random
 from torch_tpu.ops.creation import write_out
+from torch_tpu.ops.indexing import debug_checks
 from torch_tpu.ops.registry import aten, kernel, lower
 from torch_tpu.runtime import dtypes
+
+# The C++ names ATen's range checks print for a dtype ("from is out of bounds for signed char").
+_CPP_NAMES = {
+    np.dtype(np.bool_): "bool",
+    np.dtype(np.int8): "signed char",
+    np.dtype(np.uint8): "unsigned char",
+    np.dtype(np.int16): "short",
+    np.dtype(np.int32): "int",
+    np.dtype(np.int64): "long",
+    np.dtype(np.float16): "c10::Half",
+    np.dtype(jnp.bfloat16): "c10::BFloat16",
+    np.dtype(np.float32): "float",
+    np.dtype(np.float64): "double",
+}
+
+
+def _number(value):
+    """A Scalar as c10 prints it in messages (1.0 as 1)."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _limits(dtype):
+    if dtype == np.bool_:
+        return 0, 1
+    if jnp.issubdtype(dtype, jnp.floating):
+        return float(jnp.finfo(dtype).min), float(jnp.finfo(dtype).max)
+    return int(jnp.iinfo(dtype).min), int(jnp.iinfo(dtype).max)
+
+
+def _check_in_range(value, name, dtype):
+    low, high = _limits(dtype)
+    if not low <= value <= high:
+        raise RuntimeError(f"{name} is out of bounds for {_CPP_NAMES.get(np.dtype(dtype), dtype)}")
+
+
+def _check_floating(dtype, kernel):
+    """ATen's dispatch error for a floating-only sampler asked for another dtype."""
+    if not jnp.issubdtype(dtype, jnp.floating):
+        name = repr(dtypes.to_torch(dtype)).removeprefix("torch.")
+        raise NotImplementedError(f"\"{kernel}\" not implemented for '{_ATEN_NAMES.get(name, name)}'")
+
+
+_ATEN_NAMES = {"int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool"}
+
+
+# A check of a tensor argument's values (normal's std, bernoulli's p) waits for the device, so it is made only with
+# TORCH_TPU_ENABLE_DEBUG_CHECKS=1 (as for index bounds): those lowerings then run unjitted, on concrete arrays.
+_CHECKED = debug_checks()
+
+
+def _check_all(condition, message):
+    if not isinstance(condition, jax.core.Tracer) and not bool(condition):
+        raise RuntimeError(message)
 
 
 def _key(key):
@@ -35,6 +92,13 @@ def _normal(key, shape, dtype):
 
 @lower(aten.uniform.default, rng=True)
 def uniform(self, from_=0.0, to=1.0, *, generator=None, key):
+    _check_floating(self.dtype, "check_uniform_bounds")
+    _check_in_range(from_, "from", self.dtype)
+    _check_in_range(to, "to", self.dtype)
+    if from_ > to:
+        raise RuntimeError(
+            f"uniform_ expects to return a [from, to) range, but found from={_number(from_)} > to={_number(to)}"
+        )
     return _uniform(key, self.shape, self.dtype, from_, to).astype(self.dtype)
 
 
@@ -48,13 +112,19 @@ def normal_tensor_float(mean, std=1.0, *, generator=None, key):
     return _normal(key, mean.shape, mean.dtype) * std + mean
 
 
-@lower(aten.normal.float_Tensor, rng=True)
+def _check_std(std):
+    _check_all(jnp.all(std >= 0), "normal expects all elements of std >= 0.0")
+
+
+@lower(aten.normal.float_Tensor, rng=True, jit=not _CHECKED)
 def normal_float_tensor(mean, std, *, generator=None, key):
+    _check_std(std)
     return _normal(key, std.shape, std.dtype) * std + mean
 
 
-@lower(aten.normal.Tensor_Tensor, rng=True)
+@lower(aten.normal.Tensor_Tensor, rng=True, jit=not _CHECKED)
 def normal_tensor_tensor(mean, std, *, generator=None, key):
+    _check_std(std)
     shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
     return _normal(key, shape, jnp.result_type(mean, std)) * std + mean
 
@@ -63,13 +133,26 @@ def _bernoulli(key, shape, dtype, p):
     return (_uniform(key, shape, dtype) < p).astype(dtype)
 
 
-@lower(aten.bernoulli.default, rng=True)
+def _check_probabilities(p):
+    _check_all(jnp.all((p >= 0) & (p <= 1)), "Expected p_in >= 0 && p_in <= 1 to be true, but got false.")
+
+
+@lower(aten.bernoulli.default, rng=True, jit=not _CHECKED)
 def bernoulli(self, *, generator=None, key):
+    _check_probabilities(self)
     return _bernoulli(key, self.shape, self.dtype, self)
 
 
-@lower(aten.bernoulli.p, aten.bernoulli_.float, aten.bernoulli.Tensor, rng=True)
+@lower(aten.bernoulli.p, aten.bernoulli_.float, rng=True)
 def bernoulli_p(self, p=0.5, *, generator=None, key):
+    if not 0 <= p <= 1:
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={_number(p)}")
+    return _bernoulli(key, self.shape, self.dtype, p)
+
+
+@lower(aten.bernoulli.Tensor, rng=True, jit=not _CHECKED)
+def bernoulli_tensor(self, p, *, generator=None, key):
+    _check_probabilities(p)
     return _bernoulli(key, self.shape, self.dtype, p)
 
 
@@ -96,14 +179,28 @@ def random(self, *, generator=None, key):
     return _random_range(key, self.shape, self.dtype, 0, _upper_bound(self.dtype) + 1)
 
 
+def _check_random_range(dtype, low, high):
+    """ATen's checks of `random_(from, to)`: from < to, and from and to - 1 representable in `dtype`."""
+    if low >= high:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
+    _check_in_range(low, "from", dtype)
+    _check_in_range(high - 1, "to - 1", dtype)
+
+
 @lower(aten.random.to, rng=True)
 def random_to(self, to, *, generator=None, key):
+    _check_random_range(self.dtype, 0, to)
     return _random_range(key, self.shape, self.dtype, 0, to)
 
 
 @lower(getattr(aten.random, "from"), rng=True)
 def random_from(self, from_, to, *, generator=None, key):
-    high = _upper_bound(self.dtype) + 1 if to is None else to
+    if to is None:
+        _check_in_range(from_, "from", self.dtype)
+        high = _upper_bound(self.dtype) + 1
+    else:
+        _check_random_range(self.dtype, from_, to)
+        high = to
     return _random_range(key, self.shape, self.dtype, from_, high)
 
 
@@ -131,6 +228,16 @@ def cauchy(self, median=0.0, sigma=1.0, *, generator=None, key):
 
 @lower(aten.multinomial.default, rng=True)
 def multinomial(self, num_samples, replacement=False, *, generator=None, key):
+    """NOTE: negative, infinite or NaN probabilities and all-zero rows are not detected (a sync per call)."""
+    if not jnp.issubdtype(self.dtype, jnp.floating):
+        name = repr(dtypes.to_torch(self.dtype)).removeprefix("torch.")
+        raise RuntimeError(
+            f"multinomial only supports floating-point dtypes for input, got: {_ATEN_NAMES.get(name, name)}"
+        )
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    if not replacement and num_samples > self.shape[-1]:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
     logits = jnp.log(self.astype(_sample_dtype(self.dtype)))
     if replacement:
         samples = jax.random.categorical(_key(key), logits, shape=(num_samples, *self.shape[:-1]))

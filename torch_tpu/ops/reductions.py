@@ -25,11 +25,7 @@ def _axes(x, dim):
     return tuple(d % x.ndim for d in dims)
 
 
-def _wide(x):
-    """`x` in the dtype its reductions accumulate in: float32 for bf16/fp16."""
-    if dtypes.is_floating(x.dtype) and jnp.finfo(x.dtype).bits < 32:
-        return x.astype(jnp.float32)
-    return x
+_wide = dtypes.upcast  # bf16/fp16 reduce in float32
 
 
 def _as(x, dtype):
@@ -38,13 +34,13 @@ def _as(x, dtype):
 
 
 def _integral(x):
-    return jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_
+    return dtypes.is_integral(x.dtype)
 
 
 def _summable(x, dtype):
     """`x` ready to sum or multiply: integers and bool promote to int64 as in PyTorch."""
     x = _as(x, dtype)
-    return x.astype(jnp.int64) if _integral(x) else x
+    return x.astype(dtypes.accumulation_dtype(x.dtype))
 
 
 def _floating(x):
@@ -90,23 +86,32 @@ def amin(self, dim=(), keepdim=False):
     return jnp.min(self, axis=_axes(self, dim), keepdims=keepdim)
 
 
-def _check_nonempty(x, name):
-    if x.size == 0:
-        raise RuntimeError(
-            f"{name}(): Expected reduction dim to be specified for input.numel() == 0. Specify the reduction dim "
-            "with the 'dim' argument."
-        )
+_SPECIFY_DIM = " Specify the reduction dim with the 'dim' argument."
+
+
+def check_reducible(x, dim, name, *, specify=""):
+    """PyTorch CPU's errors for a reduction without an identity over nothing: RuntimeError when an empty tensor is
+    reduced over all dims, IndexError naming the first empty dim reduced over. (amax, amin, aminmax, argmax and
+    kthvalue's own meta kernels raise before a lowering runs.)"""
+    if x.size != 0:
+        return
+    axes = _axes(x, dim)
+    if axes is None:
+        raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.{specify}")
+    for axis in axes:
+        if x.shape[axis] == 0:
+            raise IndexError(f"{name}(): Expected reduction dim {axis} to have non-zero size.")
 
 
 @lower(aten.max.default)
 def max(self):
-    _check_nonempty(self, "max")
+    check_reducible(self, None, "max", specify=_SPECIFY_DIM)
     return jnp.max(self)
 
 
 @lower(aten.min.default)
 def min(self):
-    _check_nonempty(self, "min")
+    check_reducible(self, None, "min", specify=_SPECIFY_DIM)
     return jnp.min(self)
 
 
@@ -146,11 +151,13 @@ def _with_index(x, dim, keepdim, largest):
 
 @lower(aten.max.dim)
 def max_dim(self, dim, keepdim=False):
+    check_reducible(self, dim, "max")
     return _with_index(self, dim, keepdim, largest=True)
 
 
 @lower(aten.min.dim)
 def min_dim(self, dim, keepdim=False):
+    check_reducible(self, dim, "min")
     return _with_index(self, dim, keepdim, largest=False)
 
 

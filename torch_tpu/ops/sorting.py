@@ -12,6 +12,7 @@ import numpy as np
 
 from torch_tpu.ops.creation import _linspace
 from torch_tpu.ops.indexing import _dim
+from torch_tpu.ops.reductions import check_reducible
 from torch_tpu.ops.registry import aten, lower
 
 
@@ -74,6 +75,8 @@ def _median_position(self, dim, skip_nan=False):
 def _median(self, dim, keepdim, skip_nan):
     """(values, indices) of the lower median along `dim` (of all elements for `dim` None)."""
     if dim is None:
+        if self.size == 0:  # the median of nothing, as on CPU
+            return jnp.full((), jnp.nan, self.dtype), None
         self, dim = self.reshape(-1), 0
     elif self.ndim == 0:
         return self, jnp.zeros((), np.int64)
@@ -89,6 +92,7 @@ def median(self):
 
 @lower(aten.median.dim)
 def median_dim(self, dim, keepdim=False):
+    check_reducible(self, dim, "median")
     return _median(self, dim, keepdim, skip_nan=False)
 
 
@@ -99,12 +103,14 @@ def nanmedian(self):
 
 @lower(aten.nanmedian.dim)
 def nanmedian_dim(self, dim, keepdim=False):
+    check_reducible(self, dim, "median")
     return _median(self, dim, keepdim, skip_nan=True)
 
 
 @lower(aten.mode.default)
 def mode(self, dim=-1, keepdim=False):
     """The most frequent value along `dim` (the smallest on ties) and the index of its last occurrence."""
+    check_reducible(self, dim, "mode")
     if self.ndim == 0:
         return self, jnp.zeros((), np.int64)
     dim = _dim(dim, self.ndim)

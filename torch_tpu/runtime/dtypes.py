@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -65,3 +66,28 @@ def is_complex(dtype: np.dtype) -> bool:
 
 def is_floating(dtype: np.dtype) -> bool:
     return jnp.issubdtype(dtype, jnp.floating)
+
+
+def is_integral(dtype: np.dtype) -> bool:
+    """Integers and bool: the dtypes that promote to a float (the default float dtype) in floating ops."""
+    return jnp.issubdtype(dtype, jnp.integer) or dtype == np.bool_
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype PyTorch's CPU kernels compute values of `dtype` in (their opmath type): float32 for floats
+    narrower than 32 bits (bfloat16, float16, float8), `dtype` itself otherwise."""
+    dtype = np.dtype(dtype)
+    if is_floating(dtype) and dtype.itemsize < 4:
+        return np.dtype(np.float32)
+    return dtype
+
+
+def accumulation_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype sums, products and matrix products of `dtype` accumulate in: `compute_dtype` for floats and
+    complex numbers, int64 for integers and bool."""
+    return np.dtype(np.int64) if is_integral(dtype) else compute_dtype(dtype)
+
+
+def upcast(x: jax.Array) -> jax.Array:
+    """`x` in its compute dtype (`compute_dtype`)."""
+    return x.astype(compute_dtype(x.dtype))

@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from torch_tpu.runtime import dtypes
+
 MEAN, SUM = 1, 2  # ATen's Reduction enum (0 is `none`)
 
 
@@ -16,13 +18,7 @@ def expand(values, n):
     return values * n if len(values) == 1 else values
 
 
-def accumulation_dtype(dtype):
-    """The dtype torch computes in for `dtype` inputs: float32 for half types, the dtype itself otherwise."""
-    return jnp.float32 if dtype in (jnp.bfloat16, jnp.float16) else dtype
-
-
-def upcast(x):
-    return x.astype(accumulation_dtype(x.dtype))
+upcast = dtypes.upcast  # the compute dtype of half types is float32, as on CPU (runtime/dtypes.py)
 
 
 def reduce_loss(loss, reduction):

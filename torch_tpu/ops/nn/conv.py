@@ -5,8 +5,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from torch_tpu import precision
-from torch_tpu.ops.nn.common import accumulation_dtype, expand, linear_adjoint, masked, padded_windows
+from torch_tpu.ops.nn.common import expand, linear_adjoint, masked, padded_windows
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.runtime import dtypes
 
 _SPATIAL = "DHW"
 
@@ -33,7 +34,7 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
         dimension_numbers=_dimension_numbers(n),
         feature_group_count=groups,
         precision=precision.for_dot(),
-        preferred_element_type=accumulation_dtype(input.dtype),
+        preferred_element_type=dtypes.compute_dtype(input.dtype),
     )
     if not transposed:
         pads = [(p, p) for p in padding]

@@ -10,6 +10,7 @@ for interpolation weights). The backward ops are the exact adjoints (`jax.vjp`) 
 import jax.numpy as jnp
 import numpy as np
 
+from torch_tpu.ops.nn import image_uint8
 from torch_tpu.ops.nn.common import linear_adjoint, upcast
 from torch_tpu.ops.registry import aten, lower
 
@@ -121,8 +122,8 @@ def _antialias_taps(size, out, align_corners, scale, dtype, interp_size, kernel)
 
 def _antialiased(self, output_size, align_corners, scales, interp_size, kernel):
     """Separable antialiased resampling of the trailing 2 dims, width first as ATen does."""
-    if not jnp.issubdtype(self.dtype, jnp.floating):
-        raise NotImplementedError("torch_tpu: antialiased upsampling of integer images (ATen's fixed-point path)")
+    if self.dtype == np.uint8:
+        return image_uint8.resample(self, output_size, align_corners, scales, interp_size, antialias=True)
     x = upcast(self)
     dtype = np.dtype(x.dtype).type
     sizes = self.shape[-2:]
@@ -147,10 +148,14 @@ def _interpolate(self, output_size, align_corners, scales, make_taps):
 
 
 def _linear(self, output_size, align_corners, scales):
+    if self.dtype == np.uint8 and len(output_size) == 2:
+        return image_uint8.resample(self, output_size, align_corners, scales, 2, antialias=False)
     return _interpolate(self, output_size, align_corners, scales, _linear_taps)
 
 
 def _cubic(self, output_size, align_corners, scales):
+    if self.dtype == np.uint8:
+        return image_uint8.resample(self, output_size, align_corners, scales, 4, antialias=False)
     return _interpolate(self, output_size, align_corners, scales, _cubic_taps)
 
 
