@@ -255,7 +255,7 @@ class Runner:
                 self._encode(meta_op, value, self.keyword[name], leaves, key)
         if self.lowering.rng:
             leaves.append(tpu_random.next_key(kwargs.get("generator")))
-        key.append(precision.cache_token())
+        key.append(_context.token)  # the trace context: default dtype, precision
         return tuple(key), leaves
 
     def run(self, meta_op: OpOverload, args: tuple, kwargs: dict) -> Any:
@@ -344,6 +344,7 @@ class Runner:
 
 
 _JAX_DTYPE = dtypes._TORCH_TO_JAX
+_context = precision.context
 _scalars: dict[Any, Any] = {}
 
 
