@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_tpu.eager import dispatch, fallback
+from torch_tpu.eager import checks, dispatch, fallback
 from torch_tpu.ops.registry import KERNELS, LOWERINGS, inplace_variant, mutated_args, out_variant
 
 _libraries: list[torch.library.Library] = []
@@ -18,6 +18,9 @@ def install() -> None:
     lib = torch.library.Library("aten", "IMPL")
     registered = set()
     for op, fn in KERNELS.items():
+        writes = mutated_args(op)
+        if writes and all(a.kwarg_only for a in writes):  # a factory's `out=` (eye, arange...): CPU's errors
+            fn = checks.with_cpu_errors(op, fn)
         lib.impl(op, fn, "PrivateUse1")
         registered.add(op)
     for op, lowering in LOWERINGS.items():
