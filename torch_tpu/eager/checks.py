@@ -1,9 +1,9 @@
 """The checks CPU PyTorch makes of a call that the dispatcher must make alike: memory overlap of what an op
 writes with what it reads, `out=` dtypes, and, for a call that fails, CPU's own exception.
 
-Each costs the hot path almost nothing: the overlap checks run only when an input shares the written tensor's
-storage, the `out=` dtype check only when `out`'s dtype differs from the result's (and then once per dtype
-signature), and CPU is asked for its error only once a call has failed on the `tpu` path.
+Each costs the hot path almost nothing: the overlap checks compare storages by identity and look at layouts only
+when an input shares the written tensor's storage (or the written tensor is not contiguous), the `out=` dtype check only when `out`'s dtype differs from the result's (and then until CPU has allowed
+the dtype signature once), and CPU is asked for its error only once a call has failed on the `tpu` path.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def with_cpu_errors(op: OpOverload, kernel: Callable) -> Callable:
     return checked
 
 
-_out_verdicts: dict[Any, Exception | None] = {}
+_out_dtypes_allowed: set = set()
 
 
 def _describe(value: Any) -> Any:
@@ -139,22 +139,14 @@ def _describe(value: Any) -> Any:
     return value
 
 
-def _zeros_of(tensor: torch.Tensor) -> torch.Tensor:
-    return torch.zeros((), dtype=tensor.dtype).expand(tensor.shape)  # the shape, without memory
-
-
-def check_out_dtypes(out_op: OpOverload, args: tuple, kwargs: dict, outs: list[torch.Tensor]) -> None:
-    """For an `out=` whose dtype differs from the functional result's: raise what CPU raises for that call
-    (e.g. "result type Float can't be cast to the desired output type Long"), if anything; CPU's verdict is
-    asked once per dtype signature, on stand-ins that take no memory."""
+def check_out_dtypes(out_op: OpOverload, args: tuple, kwargs: dict) -> None:
+    """For an `out=` whose dtype differs from the functional result's: raise what CPU raises for the call (e.g.
+    "result type Float can't be cast to the desired output type Long"), if anything. CPU runs the call (on
+    copies) until it has allowed a dtype signature once; an allowed signature costs nothing after."""
     signature = (out_op, _describe(args), tuple((n, _describe(v)) for n, v in kwargs.items()))
-    if signature not in _out_verdicts:
-        ins = set(map(id, outs))
-
-        def stand_in(tensor: torch.Tensor) -> torch.Tensor:
-            return torch.empty(tensor.shape, dtype=tensor.dtype) if id(tensor) in ins else _zeros_of(tensor)
-
-        _out_verdicts[signature] = _cpu_error(out_op, args, kwargs, stand_in)
-    verdict = _out_verdicts[signature]
-    if verdict is not None:
-        raise type(verdict)(*verdict.args)
+    if signature in _out_dtypes_allowed:
+        return
+    error = _cpu_error(out_op, args, kwargs, _copy)
+    if error is not None:
+        raise error
+    _out_dtypes_allowed.add(signature)

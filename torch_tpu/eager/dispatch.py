@@ -599,7 +599,7 @@ def out_kernel(lowering: Lowering, out_op: OpOverload) -> Callable:
             results = result if isinstance(result, (tuple, list)) else (result,)
             for out, value in zip(outs, results, strict=True):
                 if _JAX_DTYPE[out.dtype] != value.dtype:  # CPU's rules: canCast, or the same dtype, by op
-                    checks.check_out_dtypes(out_op, args, {**kwargs, **dict(zip(names, outs, strict=True))}, outs)
+                    checks.check_out_dtypes(out_op, args, {**kwargs, **dict(zip(names, outs, strict=True))})
             for out, value in zip(outs, results, strict=True):
                 _resize_for(out, value.shape)
                 checks.check_writes(out, args, kwargs)
