@@ -168,6 +168,10 @@ def test_out_dtype_rules_as_on_cpu(name):
 
 BAD_CALLS = {  # bad arguments: CPU's exception class and message, not JAX's or a meta kernel's
     "eye_negative": lambda d: torch.eye(-1, device=d),
+    "empty_negative": lambda d: torch.empty(-1, device=d),
+    "full_negative": lambda d: torch.full((2, -1), 1.0, device=d),
+    "randperm_negative": lambda d: torch.randperm(-1, device=d),
+    "arange_step_sign": lambda d: torch.arange(0, 10, -1, device=d),
     "clamp_no_bounds": lambda d: torch.clamp(torch.ones(2, device=d)),
     "complex_mixed_dtypes": lambda d: torch.complex(
         torch.ones(2, device=d), torch.ones(2, dtype=torch.float64, device=d)

@@ -9,7 +9,7 @@ once; CPU is asked for its error only once a call has failed on the `tpu` path.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -62,11 +62,18 @@ def check_writes(written: torch.Tensor, args: tuple, kwargs: dict) -> None:
         if any(st == 0 and sz > 1 for sz, st in zip(written.shape, written.stride(), strict=True)):
             raise RuntimeError(_INTERNAL_OVERLAP)
     storage = written.untyped_storage()
-    for value in (*args, *kwargs.values()):
-        for tensor in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(tensor, torch.Tensor) and tensor.untyped_storage() is storage:
-                if _partially_overlaps(written, tensor):
-                    raise RuntimeError(_PARTIAL_OVERLAP)
+    _check_inputs(written, storage, args)
+    if kwargs:
+        _check_inputs(written, storage, kwargs.values())
+
+
+def _check_inputs(written: torch.Tensor, storage: torch.UntypedStorage, values: Iterable) -> None:
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if value.untyped_storage() is storage and _partially_overlaps(written, value):
+                raise RuntimeError(_PARTIAL_OVERLAP)
+        elif isinstance(value, (list, tuple)):
+            _check_inputs(written, storage, value)
 
 
 def _on_cpu(value: Any, stand_in: Callable[[torch.Tensor], torch.Tensor]) -> Any:

@@ -11,6 +11,14 @@ from torch_tpu.ops.registry import KERNELS, LOWERINGS, inplace_variant, mutated_
 _libraries: list[torch.library.Library] = []
 
 
+def _is_factory(op: torch._ops.OpOverload) -> bool:
+    """An op making a tensor from sizes and numbers alone, or writing them into its `out=`."""
+    writes = mutated_args(op)
+    if writes and not all(a.kwarg_only for a in writes):
+        return False
+    return not any("Tensor" in str(a.type) for a in op._schema.arguments if a not in writes)
+
+
 def install() -> None:
     """Register every kernel for the `tpu` device (idempotent)."""
     if _libraries:
@@ -18,8 +26,7 @@ def install() -> None:
     lib = torch.library.Library("aten", "IMPL")
     registered = set()
     for op, fn in KERNELS.items():
-        writes = mutated_args(op)
-        if writes and all(a.kwarg_only for a in writes):  # a factory's `out=` (eye, arange...): CPU's errors
+        if _is_factory(op):  # e.g. eye, arange, empty: raise CPU's errors for bad sizes, not JAX's
             fn = checks.with_cpu_errors(op, fn)
         lib.impl(op, fn, "PrivateUse1")
         registered.add(op)
