@@ -52,3 +52,18 @@ def test_strict_is_asynchronous_and_synchronize_waits():
     from torch_tpu.runtime import storage
 
     assert storage.read(x).is_ready()
+
+
+def test_set_eager_mode_as_a_call_and_as_a_block():
+    fused, debug = torch.tpu.EagerMode.DEFER_AND_FUSE, torch.tpu.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+    torch.tpu.set_eager_mode(fused)  # a call sets the mode (the README's switches table)
+    try:
+        assert torch.tpu.eager_mode is fused
+        with torch.tpu.set_eager_mode(debug):  # a block sets it for the block, then restores the one before
+            assert torch.tpu.eager_mode is debug
+        assert torch.tpu.eager_mode is fused
+    finally:
+        torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER)
+    assert torch.tpu.eager_mode is torch.tpu.EagerMode.DEFER_NEVER
+    with pytest.raises(TypeError, match="EagerMode"):
+        torch.tpu.set_eager_mode("fused")

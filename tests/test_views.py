@@ -154,3 +154,56 @@ def test_slices_at_any_offset_share_one_program():
     assert torch.tpu._get_cache_stats()["num_entries"] - before == 1
     for i, value in zip(range(10, 200, 10), got, strict=True):
         assert_close(value.cpu(), data[i : i + 10] @ w, rtol=1e-5, atol=1e-5)
+
+
+OUT_VIEWS = {  # an `out=` view of a (3, 4) base
+    "column": lambda b: b[:, 1],
+    "narrow": lambda b: b.narrow(1, 1, 2),
+    "transposed": lambda b: b.t(),
+    "step": lambda b: b[::2, ::2],
+    "row": lambda b: b[1],
+}
+OUT_CALLS = {  # factories (their own `out=` paths) and derived `out=` variants, all writing `out` as it is
+    "ones": lambda o: torch.ones(o.shape, out=o),
+    "full": lambda o: torch.full(o.shape, 2.5, out=o),
+    "arange": lambda o: torch.arange(0, o.shape[-1], out=o if o.dim() == 1 else o[0]),
+    "linspace": lambda o: torch.linspace(0, 1, o.shape[0], out=o[:, 0] if o.dim() == 2 else o),
+    "eye": lambda o: torch.eye(*o.shape, out=o) if o.dim() == 2 else torch.eye(1, o.shape[0], out=o[None]),
+    "add": lambda o: torch.add(torch.arange(o.numel(), device=o.device).view(o.shape), 2, out=o),
+    "sum": lambda o: torch.sum(torch.arange(3 * o.numel(), device=o.device).view(3, *o.shape).float(), 0, out=o),
+    "normal": lambda o: torch.normal(2.0, 0.0, o.shape, out=o),
+    "mm": lambda o: (
+        torch.mm(torch.ones(o.shape[0], 2, device=o.device), torch.ones(2, o.shape[1], device=o.device), out=o)
+        if o.dim() == 2
+        else torch.mv(torch.ones(o.shape[0], 2, device=o.device), torch.ones(2, device=o.device), out=o)
+    ),
+}
+
+
+@pytest.mark.parametrize("view", sorted(OUT_VIEWS))
+@pytest.mark.parametrize("call", sorted(OUT_CALLS))
+def test_out_into_a_view_writes_through_its_strides(call, view):
+    def build(device):
+        base = torch.zeros(3, 4, device=device)
+        out = OUT_VIEWS[view](base)
+        OUT_CALLS[call](out)
+        return [base, torch.tensor(out.stride())]
+
+    _both(build)
+
+
+@pytest.mark.parametrize("view", sorted(OUT_VIEWS))
+def test_resize_of_a_view_to_its_own_size_keeps_its_strides(view):
+    def build(device):
+        out = OUT_VIEWS[view](torch.zeros(3, 4, device=device))
+        out.resize_(out.shape)
+        return [torch.tensor(out.stride()), torch.tensor(out.storage_offset())]
+
+    _both(build)
+
+
+def test_out_into_an_expanded_tensor_raises_as_on_cpu():
+    for device in ("cpu", "tpu"):
+        out = torch.zeros(1, device=device).expand(3)
+        with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+            torch.add(torch.ones(3, device=device), 1, out=out)

@@ -1,4 +1,4 @@
-"""fp32 matmul/convolution precision, in eager and compiled code alike.
+"""fp32 matmul/convolution precision, and the trace context: every global setting a traced program depends on.
 
 `torch.tpu.Precision` names StableHLO's dot precision: DEFAULT (TPU: one bf16 pass with fp32 accumulation;
 GPU: TF32 where the chip has it), HIGH (TPU: three bf16 passes, ~fp32), HIGHEST (full fp32 everywhere). On the
@@ -7,13 +7,22 @@ XLA CPU platform every level computes in full fp32. The level in force is the in
 medium/high/highest -> DEFAULT/HIGH/HIGHEST (PyTorch's own default, "highest", gives full fp32).
 `torch.tpu.allow_excess_precision` (default True) lets XLA keep bf16/fp16 intermediates in fp32 inside a fused
 computation instead of rounding after every op.
+
+The trace context (`context`) is what of the process's state a lowering reads while it is traced — PyTorch's
+default dtype (the dtype Python floats and integer-to-float ops take), the matmul precision, excess precision —
+kept as one token that every cache key contains (eager per-op executables, Fused clusters, compiled graphs), so
+that a change of any of them traces anew instead of replaying a program made under the old setting. The token is
+recomputed only when a setter runs (PyTorch's setters are hooked here, ours refresh it), so the eager hot path
+reads one attribute; lowerings read the context's values (`default_dtype()`, `for_dot()`), never PyTorch's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import torch
@@ -35,38 +44,81 @@ _TO_LAX = {
 }
 
 
-class _State:
-    """Process-wide, like `torch.set_float32_matmul_precision`: PyTorch's autograd engine runs a `tpu` backward
-    on its own device thread, and a `precision(...)` block around `.backward()` must reach those ops too."""
+class _Context:
+    """The trace context. Process-wide, like PyTorch's own settings: PyTorch's autograd engine runs a `tpu`
+    backward on its own device thread, and a `precision(...)` block around `.backward()` must reach those ops."""
 
-    stack: list[Precision] = []
+    __slots__ = ("stack", "excess", "default_dtype", "level", "token")
+
+    def __init__(self) -> None:
+        self.stack: list[Precision] = []
+        self.excess = True
+        self.default_dtype = torch.float32
+        self.level = Precision.HIGHEST
+        self.token: tuple = ()
+
+    def refresh(self) -> None:
+        """Recompute the context from the settings (after any of them changed)."""
+        self.default_dtype = torch.get_default_dtype()
+        if self.stack:
+            self.level = self.stack[-1]
+        else:
+            self.level = _FROM_TORCH.get(torch._C._get_float32_matmul_precision(), Precision.HIGHEST)
+        # plain values that hash in C, since the token is part of every eager op's key
+        self.token = (self.default_dtype, self.level.value, self.excess)
 
 
-_state = _State()
-_excess = {"allowed": True}
+context = _Context()
+context.refresh()
+
+
+def _refreshing(setter: Callable) -> Callable:
+    @functools.wraps(setter)
+    def set_and_refresh(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return setter(*args, **kwargs)
+        finally:
+            context.refresh()
+
+    set_and_refresh.refreshes_trace_context = True
+    return set_and_refresh
+
+
+# PyTorch's setters of the default dtype and the fp32 matmul precision (`torch.set_default_dtype`,
+# `set_default_tensor_type`, `set_float32_matmul_precision`, `torch.backends.cuda.matmul.allow_tf32`, the
+# `fp32_precision` properties) all call these bindings through `torch._C` at call time.
+_TORCH_SETTERS = (
+    "_set_default_dtype",
+    "_set_default_tensor_type",
+    "_set_float32_matmul_precision",
+    "_set_cublas_allow_tf32",
+    "_set_fp32_precision_setter",
+)
+for _name in _TORCH_SETTERS:
+    _setter = getattr(torch._C, _name, None)
+    if _setter is not None and not getattr(_setter, "refreshes_trace_context", False):
+        setattr(torch._C, _name, _refreshing(_setter))
+
+
+def cache_token() -> tuple:
+    """The trace context as a key (part of every cache key)."""
+    return context.token
+
+
+def default_dtype() -> torch.dtype:
+    """PyTorch's default dtype as the trace context holds it: what lowerings read instead of
+    `torch.get_default_dtype()`, so that a program never depends on state its key lacks."""
+    return context.default_dtype
 
 
 def current() -> Precision:
     """The precision in force for float32 matmuls and convolutions."""
-    if _state.stack:
-        return _state.stack[-1]
-    return _FROM_TORCH.get(torch.get_float32_matmul_precision(), Precision.HIGHEST)
+    return context.level
 
 
 def for_dot() -> jax.lax.Precision:
     """The `precision=` argument a lowering passes to jnp/lax dot and convolution ops."""
-    return _TO_LAX[current()]
-
-
-_TOKENS = {"medium": "default", "high": "high", "highest": "highest"}
-_get_torch_precision = torch._C._get_float32_matmul_precision
-
-
-def cache_token() -> tuple[str, bool]:
-    """What of the precision state a cached executable depends on (part of every cache key; plain strings,
-    which hash in C, since this runs for every eager op)."""
-    level = _state.stack[-1].value if _state.stack else _TOKENS.get(_get_torch_precision(), "highest")
-    return level, _excess["allowed"]
+    return _TO_LAX[context.level]
 
 
 @contextlib.contextmanager
@@ -74,21 +126,24 @@ def precision(level: Precision) -> Iterator[None]:
     """Run the block's float32 matmuls and convolutions at `level`."""
     if not isinstance(level, Precision):
         raise TypeError(f"torch_tpu: precision must be a torch.tpu.Precision, got {level!r}")
-    _state.stack.append(level)
+    context.stack.append(level)
+    context.refresh()
     try:
         yield
     finally:
-        _state.stack.pop()
+        context.stack.pop()
+        context.refresh()
 
 
 def allow_excess_precision() -> bool:
-    return _excess["allowed"]
+    return context.excess
 
 
 def set_allow_excess_precision(allowed: bool) -> None:
-    _excess["allowed"] = bool(allowed)
+    context.excess = bool(allowed)
+    context.refresh()
 
 
 def compiler_options() -> dict[str, bool]:
     """XLA options every executable is compiled with."""
-    return {"xla_allow_excess_precision": _excess["allowed"]}
+    return {"xla_allow_excess_precision": context.excess}

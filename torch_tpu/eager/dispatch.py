@@ -21,7 +21,7 @@ from torch._ops import OpOverload
 from torch_tpu import precision
 from torch_tpu import random as tpu_random
 from torch_tpu.compile import cache as persistent
-from torch_tpu.eager import fused, modes
+from torch_tpu.eager import checks, fused, modes
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import Lowering, mutated_args
 from torch_tpu.runtime import dtypes, platform, storage
@@ -255,7 +255,7 @@ class Runner:
                 self._encode(meta_op, value, self.keyword[name], leaves, key)
         if self.lowering.rng:
             leaves.append(tpu_random.next_key(kwargs.get("generator")))
-        key.append(precision.cache_token())
+        key.append(_context.token)  # the trace context: default dtype, precision
         return tuple(key), leaves
 
     def run(self, meta_op: OpOverload, args: tuple, kwargs: dict) -> Any:
@@ -344,6 +344,7 @@ class Runner:
 
 
 _JAX_DTYPE = dtypes._TORCH_TO_JAX
+_context = precision.context
 _scalars: dict[Any, Any] = {}
 
 
@@ -424,6 +425,9 @@ def _to_meta(value: Any) -> Any:
     return value
 
 
+_NO_META_KERNEL = ("data-dependent", "with Meta tensors", "no fake impl or Meta kernel")
+
+
 def _meta_outputs(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     """Outputs by PyTorch's own meta kernel (shapes, type promotion, and PyTorch's errors for bad input)."""
     try:
@@ -433,8 +437,8 @@ def _meta_outputs(op: OpOverload, args: tuple, kwargs: dict) -> Any:
         return None
     except AttributeError:  # a meta kernel that mishandles an absent optional (_thnn_fused_lstm_cell's biases)
         return None
-    except RuntimeError as error:  # data-dependent output shapes have no meta kernel
-        if "data-dependent" in str(error) or "meta" in str(error):
+    except RuntimeError as error:  # no meta kernel, or data-dependent output shapes; any other is the call's error
+        if any(reason in str(error) for reason in _NO_META_KERNEL):
             return None
         raise
 
@@ -502,7 +506,11 @@ def functional_kernel(lowering: Lowering) -> Callable:
     else:
 
         def kernel(*args: Any, **kwargs: Any) -> Any:
-            return wrap(runner.run(op, args, kwargs))
+            try:
+                return wrap(runner.run(op, args, kwargs))
+            except Exception as error:
+                checks.raise_as_cpu(op, args, kwargs, error)
+                raise
 
     kernel.runner = runner
     return kernel
@@ -522,20 +530,24 @@ def _tensor_kernel(runner: Runner, op: OpOverload) -> Callable:
     now = time.time
 
     def kernel(*args: Any, **kwargs: Any) -> torch.Tensor:
-        key, leaves = inputs(op, args, kwargs)
-        if state.fused:
-            if len(leaves) > _MAX_FUSED_INPUTS:
-                return storage.wrap(runner.alone(op, key, args, kwargs, leaves))
-            trace = traces.get(key) or runner._fused_trace(op, key, args, kwargs, leaves)
-            return wrap_as(record(trace, leaves), trace.layout)
-        entry = entries.get(key)
-        if entry is None or state.blocking:
-            return storage.wrap(runner.execute(op, key, args, kwargs, leaves))
-        cache.num_cache_reqs += 1  # ExecutableCache.lookup's counting of a hit
-        cache.num_cache_hits += 1
-        entry.read_count += 1
-        entry.last_read = now()
-        return wrap_as(entry.executable(*leaves), entry.layout)
+        try:  # (costs nothing unless raised)
+            key, leaves = inputs(op, args, kwargs)
+            if state.fused:
+                if len(leaves) > _MAX_FUSED_INPUTS:
+                    return storage.wrap(runner.alone(op, key, args, kwargs, leaves))
+                trace = traces.get(key) or runner._fused_trace(op, key, args, kwargs, leaves)
+                return wrap_as(record(trace, leaves), trace.layout)
+            entry = entries.get(key)
+            if entry is None or state.blocking:
+                return storage.wrap(runner.execute(op, key, args, kwargs, leaves))
+            cache.num_cache_reqs += 1  # ExecutableCache.lookup's counting of a hit
+            cache.num_cache_hits += 1
+            entry.read_count += 1
+            entry.last_read = now()
+            return wrap_as(entry.executable(*leaves), entry.layout)
+        except Exception as error:
+            checks.raise_as_cpu(op, args, kwargs, error)
+            raise
 
     return kernel
 
@@ -552,7 +564,12 @@ def inplace_kernel(lowering: Lowering, inplace_op: OpOverload) -> Callable:
         return kernel
 
     def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        storage.write(self, runner.run(inplace_op, (self, *args), kwargs))
+        try:
+            checks.check_writes(self, args, kwargs)
+            storage.write(self, runner.run(inplace_op, (self, *args), kwargs))
+        except Exception as error:
+            checks.raise_as_cpu(inplace_op, (self, *args), kwargs, error)
+            raise
         return self
 
     return kernel
@@ -577,11 +594,19 @@ def out_kernel(lowering: Lowering, out_op: OpOverload) -> Callable:
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         outs = [kwargs.pop(n) for n in names]
-        result = runner.run(lowering.op, args, kwargs)
-        results = result if isinstance(result, (tuple, list)) else (result,)
-        for out, value in zip(outs, results, strict=True):
-            _resize_for(out, value.shape)
-            storage.write(out, value)
+        try:
+            result = runner.run(lowering.op, args, kwargs)
+            results = result if isinstance(result, (tuple, list)) else (result,)
+            for out, value in zip(outs, results, strict=True):
+                if _JAX_DTYPE[out.dtype] != value.dtype:  # CPU's rules: canCast, or the same dtype, by op
+                    checks.check_out_dtypes(out_op, args, {**kwargs, **dict(zip(names, outs, strict=True))})
+            for out, value in zip(outs, results, strict=True):
+                _resize_for(out, value.shape)
+                checks.check_writes(out, args, kwargs)
+                storage.write(out, value)
+        except Exception as error:
+            checks.raise_as_cpu(out_op, args, {**kwargs, **dict(zip(names, outs, strict=True))}, error)
+            raise
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     return kernel

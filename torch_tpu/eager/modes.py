@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import os
-from collections.abc import Iterator
 
 import torch
 
@@ -79,15 +77,19 @@ def set_mode(mode: EagerMode) -> None:
     state.mode = mode
 
 
-@contextlib.contextmanager
-def set_eager_mode(mode: EagerMode) -> Iterator[None]:
-    """Run the block in `mode`, restoring the previous mode afterwards."""
-    previous = state.mode
-    set_mode(mode)
-    try:
-        yield
-    finally:
-        set_mode(previous)
+class set_eager_mode:
+    """Set the eager mode: as a call, from now on; as a `with` block, for the block, restoring the previous mode
+    afterwards (as `torch.set_grad_enabled` does)."""
+
+    def __init__(self, mode: EagerMode) -> None:
+        self.previous = state.mode
+        set_mode(mode)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        set_mode(self.previous)
 
 
 def launch_blocking() -> bool:

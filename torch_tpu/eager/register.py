@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import torch
 
-from torch_tpu.eager import dispatch, fallback
+from torch_tpu.eager import checks, dispatch, fallback
 from torch_tpu.ops.registry import KERNELS, LOWERINGS, inplace_variant, mutated_args, out_variant
 
 _libraries: list[torch.library.Library] = []
+
+
+def _is_factory(op: torch._ops.OpOverload) -> bool:
+    """An op making a tensor from sizes and numbers alone, or writing them into its `out=`."""
+    writes = mutated_args(op)
+    if writes and not all(a.kwarg_only for a in writes):
+        return False
+    return not any("Tensor" in str(a.type) for a in op._schema.arguments if a not in writes)
 
 
 def install() -> None:
@@ -18,6 +26,8 @@ def install() -> None:
     lib = torch.library.Library("aten", "IMPL")
     registered = set()
     for op, fn in KERNELS.items():
+        if _is_factory(op):  # e.g. eye, arange, empty: raise CPU's errors for bad sizes, not JAX's
+            fn = checks.with_cpu_errors(op, fn)
         lib.impl(op, fn, "PrivateUse1")
         registered.add(op)
     for op, lowering in LOWERINGS.items():

@@ -108,6 +108,8 @@ def local_scalar_dense(self: torch.Tensor) -> bool | int | float | complex:
 @kernel(aten.resize_.default)
 def resize_(self: torch.Tensor, size, *, memory_format=None) -> torch.Tensor:
     size = tuple(size)
+    if memory_format is None and size == tuple(self.shape):  # as on CPU, a view (an `out=`) keeps its strides
+        return self
     stride = _strides_for(size, memory_format)
     offset = self.storage_offset()
     needed = storage.storage_nbytes(size, stride, self.element_size()) + offset * self.element_size()

@@ -8,10 +8,10 @@ as PyTorch's CPU kernels do; the dispatcher then casts to the output dtype PyTor
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torch
 from jax import lax
 from jax.scipy import special
 
+from torch_tpu import precision
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.runtime import dtypes
 
@@ -32,7 +32,7 @@ def _is_number(x) -> bool:
 
 
 def _default_float():
-    return dtypes.to_jax(torch.get_default_dtype())
+    return dtypes.to_jax(precision.default_dtype())  # the trace context's, which every key holds
 
 
 def _number_dtype(x):

@@ -9,8 +9,8 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torch
 
+from torch_tpu import precision
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.runtime import dtypes
 
@@ -46,7 +46,7 @@ def _summable(x, dtype):
 def _floating(x):
     """`x` as a floating (or complex) array: integers and bool become the default float dtype."""
     if _integral(x):
-        return x.astype(dtypes.to_jax(torch.get_default_dtype()))
+        return x.astype(dtypes.to_jax(precision.default_dtype()))  # the trace context's
     return _wide(x)
 
 
