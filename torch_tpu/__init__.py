@@ -15,9 +15,19 @@ from torch_tpu.eager.fallback import cpu_fallback_enabled as cpu_fallback_enable
 from torch_tpu.eager.fallback import set_cpu_fallback as set_cpu_fallback  # noqa: E402
 from torch_tpu.runtime import accelerator as _accelerator  # noqa: E402
 from torch_tpu.runtime import serialization as _serialization  # noqa: E402
+from torch_tpu.runtime.checks import index_checks as index_checks  # noqa: E402
+from torch_tpu.runtime.checks import set_index_checks as set_index_checks  # noqa: E402
 
 __version__ = "0.2.0"
-__all__ = ["cpu_fallback_enabled", "export_stablehlo", "metrics", "set_cpu_fallback", "tpu"]
+__all__ = [
+    "cpu_fallback_enabled",
+    "export_stablehlo",
+    "index_checks",
+    "metrics",
+    "set_cpu_fallback",
+    "set_index_checks",
+    "tpu",
+]
 
 
 def export_stablehlo(model, example_inputs):  # noqa: ANN001, ANN201  (documented in compile.export)

@@ -26,7 +26,7 @@ from torch_tpu.random import (
     seed_all,
     set_rng_state,
 )
-from torch_tpu.runtime import platform
+from torch_tpu.runtime import checks, platform
 from torch_tpu.runtime.storage import memory
 
 __all__ = [
@@ -142,6 +142,7 @@ def synchronize(device: Any = None) -> None:
     if is_initialized():
         for array in jax.live_arrays():
             array.block_until_ready()
+    checks.raise_pending()  # failed device-side checks (an out-of-range index) raise here, as CUDA's asserts do
 
 
 def memory_allocated(device: Any = None) -> int:

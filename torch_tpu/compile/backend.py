@@ -21,7 +21,7 @@ from torch_tpu.compile import buckets, cache, graph, warm
 from torch_tpu.eager import fused
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import graph_lowering
-from torch_tpu.runtime import platform, storage
+from torch_tpu.runtime import checks, platform, storage
 
 # Our eager kernels run as Python under the dispatcher, calling into JAX; when a compiled function runs eager
 # code after a graph break, Dynamo must never try to compile those frames.
@@ -115,14 +115,14 @@ class CompiledGraph:
             real = self.plan.sizes(inputs)
             shape_key = self._bucket(real)
             inputs = self.plan.pad(inputs, real, shape_key)
-        cache_key = ("graph", self.name, id(self), precision.cache_token(), shape_key)
+        cache_key = ("graph", self.name, id(self), precision.cache_token(), checks.cache_token(), shape_key)
         entry = executables.lookup(cache_key)
         if entry is None:  # first call, or first call under this precision state
             outputs, entry = self._compile(key, inputs)
             executables.insert(cache_key, entry)
         else:
             outputs = entry.executable(key, *[value for value in inputs if not isinstance(value, int)])
-        outputs = list(outputs)
+        outputs = list(checks.take(outputs))  # device-side checks left pending (runtime/checks.py)
         if self.plan is None:
             for position, size in self.fn.sizes.get(shape_key, {}).items():
                 outputs[position] = size

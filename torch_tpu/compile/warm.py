@@ -43,6 +43,7 @@ from torch._ops import OpOverload
 from torch_tpu import precision
 from torch_tpu.compile import cache
 from torch_tpu.ops.registry import graph_lowering
+from torch_tpu.runtime import checks
 
 _COMPILERS = {"fw_compiler": "forward", "bw_compiler": "backward", "inference_compiler": "inference"}
 
@@ -262,6 +263,7 @@ def graph_key(fingerprint: str, inputs: Sequence[Any]) -> str:
             sources(),
             fingerprint,
             repr(precision.cache_token()),
+            repr(checks.cache_token()),
             repr(sorted(precision.compiler_options().items())),
             repr(sorted(jax.config.values.items())),
             ";".join(_input_token(value) for value in inputs),
