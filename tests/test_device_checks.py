@@ -138,9 +138,12 @@ def test_compiled_graph_raises_at_the_next_synchronisation():
 
 
 def test_pending_checks_stay_bounded_without_synchronisation():
+    """A loop that never synchronises keeps at most a bounded list, and still raises its first failure."""
     x = torch.arange(12.0, device="tpu").reshape(3, 4)
     index = torch.tensor([[0, 3]], device="tpu")
+    x.gather(1, torch.tensor([[4]], device="tpu"))
     for _ in range(2 * checks._MAX_PENDING):
         x.gather(1, index)
     assert len(checks._pending) <= checks._MAX_PENDING + 1
-    torch.tpu.synchronize()
+    with pytest.raises(RuntimeError, match="index 4 is out of bounds for dimension 1 with size 4"):
+        torch.tpu.synchronize()

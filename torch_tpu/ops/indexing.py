@@ -9,6 +9,7 @@ Index bounds are checked on the device (`runtime/checks.py`): an out-of-range in
 With the checks off (TORCH_TPU_CHECK_INDICES=0), each op's docstring says what an out-of-range index does.
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -88,6 +89,7 @@ def _put_checked(self, indices, values, accumulate):
 
 
 _gather = checks.jit(_gather_checked)
+_gather_in_range = jax.jit(lambda self, indices: self[_index_tuple(indices)])  # positions of True elements
 _put = checks.jit(_put_checked, static_argnums=3)
 
 
@@ -369,7 +371,7 @@ def masked_scatter_backward(grad_output, mask, sizes):
 @lower(aten.masked_select.default, jit=False)
 def masked_select(self, mask):
     shape = jnp.broadcast_shapes(self.shape, mask.shape) or (1,)
-    return _gather(jnp.broadcast_to(self, shape), jnp.nonzero(jnp.broadcast_to(mask, shape)))
+    return _gather_in_range(jnp.broadcast_to(self, shape), jnp.nonzero(jnp.broadcast_to(mask, shape)))
 
 
 @lower(aten.nonzero.default, jit=False)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -27,8 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Past this many unread pending vectors, those already computed and passing are dropped (memory stays bounded
-# in a loop that never synchronises).
+# Past this many unread pending vectors, the oldest half is read and dropped, but for a failure (memory stays
+# bounded in a loop that never synchronises).
 _MAX_PENDING = 1024
 
 
@@ -45,8 +46,16 @@ class _State:
     enabled = os.environ.get("TORCH_TPU_CHECK_INDICES", "1") != "0"
 
 
+class _Scopes(threading.local):
+    """Per thread (a graph may compile in a background thread), the checks gathered by the traces in progress,
+    innermost last."""
+
+    def __init__(self) -> None:
+        self.stack: list[list] = []
+
+
 state = _State()
-_scopes: list[list] = []  # the checks gathered by the traces in progress, innermost last
+_scopes = _Scopes()
 _pending: list[tuple[tuple[Check, ...], Any]] = []
 
 
@@ -94,8 +103,8 @@ def require(ok: Any, error: type[Exception], message: str, *details: Any) -> Non
         return
     values = jnp.stack([jnp.logical_not(jnp.all(ok)).astype(jnp.int64), *(jnp.asarray(d, jnp.int64) for d in details)])
     check = Check(error, message, len(details))
-    if _scopes:
-        _scopes[-1].append((check, values))
+    if _scopes.stack:
+        _scopes.stack[-1].append((check, values))
     elif isinstance(values, jax.core.Tracer):
         raise RuntimeError("torch_tpu: a check was traced outside checks.collecting (its result would be lost)")
     else:
@@ -108,11 +117,11 @@ def collecting(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def collected(*args: Any, **kwargs: Any) -> Any:
         found: list = []
-        _scopes.append(found)
+        _scopes.stack.append(found)
         try:
             result = fn(*args, **kwargs)
         finally:
-            _scopes.pop()
+            _scopes.stack.pop()
         if not found:
             return result
         return Checked(result, jnp.concatenate([values for _, values in found]), tuple(c for c, _ in found))
@@ -128,7 +137,7 @@ def jit(fn: Callable, **options: Any) -> Callable:
 
     @functools.wraps(fn)
     def run(*args: Any) -> Any:
-        if _scopes:
+        if _scopes.stack:
             return fn(*args)
         return take(compiled[state.enabled](*args))
 
@@ -158,7 +167,18 @@ def stash(checks: tuple[Check, ...], flags: Any) -> None:
     """Keep the packed values `flags` of `checks` (computed, or being computed, on the device) for `raise_pending`."""
     _pending.append((checks, flags))
     if len(_pending) > _MAX_PENDING:
-        _pending[:] = [(c, f) for c, f in _pending if not (f.is_ready() and _failure(c, np.asarray(f)) is None)]
+        _drain(_MAX_PENDING // 2)
+
+
+def _drain(count: int) -> None:
+    """Read the oldest `count` pending checks (computed long ago: as many ops have been issued since), keeping
+    only the first failure among them for `raise_pending`."""
+    oldest = _pending[:count]
+    del _pending[:count]
+    for checks, flags in oldest:
+        if _failure(checks, np.asarray(flags)) is not None:
+            _pending.insert(0, (checks, flags))
+            return
 
 
 def _failure(checks: tuple[Check, ...], values: np.ndarray) -> Exception | None:
