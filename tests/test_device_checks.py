@@ -147,3 +147,33 @@ def test_pending_checks_stay_bounded_without_synchronisation():
     assert len(checks._pending) <= checks._MAX_PENDING + 1
     with pytest.raises(RuntimeError, match="index 4 is out of bounds for dimension 1 with size 4"):
         torch.tpu.synchronize()
+
+
+_WARM_SCRIPT = """
+import torch
+from torch_tpu.compile import cache
+lookup = torch.compile(lambda table, ids: torch.nn.functional.embedding(ids, table) * 2, backend="tpu")
+table = torch.arange(12.0).reshape(4, 3).to("tpu")
+assert lookup(table, torch.tensor([3, 0], device="tpu")).cpu().tolist() == [[18.0, 20.0, 22.0], [0.0, 2.0, 4.0]]
+lookup(table, torch.tensor([4, 0], device="tpu"))
+try:
+    torch.tpu.synchronize()
+except IndexError as error:
+    print("raised:", error, "graph hits:", cache.stats.graph_hits)
+"""
+
+
+def test_compiled_graph_loaded_by_a_warm_process_keeps_its_checks(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(
+        os.environ,
+        PYTHONPATH=root,
+        TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=str(tmp_path / "xla"),
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+    )
+    for hits in (0, 1):  # cold, then warm: the executable comes from the graph index without tracing
+        done = subprocess.run(
+            [sys.executable, "-c", _WARM_SCRIPT], env=env, cwd=root, capture_output=True, text=True, timeout=300
+        )
+        expected = f"raised: index out of range in self graph hits: {hits}"
+        assert done.returncode == 0 and done.stdout.strip() == expected, (done.stdout, done.stderr[-3000:])
