@@ -6,6 +6,7 @@ import contextlib
 import pytest
 import torch
 
+import torch_tpu
 from torch_tpu.eager.cache import executables
 
 MODES = {"strict": torch.tpu.EagerMode.DEFER_NEVER, "fused": torch.tpu.EagerMode.DEFER_AND_FUSE}
@@ -90,7 +91,7 @@ def test_precision_changed_between_two_calls_traces_anew(columns, setting):
         blocks.close()
     assert _mm_entries() == before + 1  # traced again, under the new level
     assert traced and traced[-1] is not precision.for_dot()
-    assert precision.cache_token() == (torch.float32, "highest", True)
+    assert precision.cache_token() == (torch.float32, "highest", True, torch_tpu.index_checks())
 
 
 def _outcome(call, device):

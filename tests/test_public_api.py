@@ -47,7 +47,17 @@ OURS_TPU = {
     "seed",
     "seed_all",
 }
-TORCH_TPU = {"cpu_fallback_enabled", "export_stablehlo", "from_jax", "metrics", "set_cpu_fallback", "to_jax", "tpu"}
+TORCH_TPU = {
+    "cpu_fallback_enabled",
+    "export_stablehlo",
+    "from_jax",
+    "index_checks",
+    "metrics",
+    "set_cpu_fallback",
+    "set_index_checks",
+    "to_jax",
+    "tpu",
+}
 
 
 def _defined_public(module):

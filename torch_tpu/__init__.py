@@ -17,10 +17,22 @@ from torch_tpu.interop import from_jax as from_jax  # noqa: E402
 from torch_tpu.interop import to_jax as to_jax  # noqa: E402
 from torch_tpu.runtime import accelerator as _accelerator  # noqa: E402
 from torch_tpu.runtime import serialization as _serialization  # noqa: E402
+from torch_tpu.runtime.checks import index_checks as index_checks  # noqa: E402
+from torch_tpu.runtime.checks import set_index_checks as set_index_checks  # noqa: E402
 
 __version__ = "0.2.0"
 # The public names (tests/test_public_api.py holds them); `torch.tpu` (this package's `tpu`) has its own.
-__all__ = ["cpu_fallback_enabled", "export_stablehlo", "from_jax", "metrics", "set_cpu_fallback", "to_jax", "tpu"]
+__all__ = [
+    "cpu_fallback_enabled",
+    "export_stablehlo",
+    "from_jax",
+    "index_checks",
+    "metrics",
+    "set_cpu_fallback",
+    "set_index_checks",
+    "to_jax",
+    "tpu",
+]
 
 
 def export_stablehlo(model, example_inputs):  # noqa: ANN001, ANN201  (documented in compile.export)

@@ -9,7 +9,8 @@ medium/high/highest -> DEFAULT/HIGH/HIGHEST (PyTorch's own default, "highest", g
 computation instead of rounding after every op.
 
 The trace context (`context`) is what of the process's state a lowering reads while it is traced — PyTorch's
-default dtype (the dtype Python floats and integer-to-float ops take), the matmul precision, excess precision —
+default dtype (the dtype Python floats and integer-to-float ops take), the matmul precision, excess precision,
+whether device-side checks are made (runtime/checks.py) —
 kept as one token that every cache key contains (eager per-op executables, Fused clusters, compiled graphs), so
 that a change of any of them traces anew instead of replaying a program made under the old setting. The token is
 recomputed only when a setter runs (PyTorch's setters are hooked here, ours refresh it), so the eager hot path
@@ -26,6 +27,8 @@ from typing import Any
 
 import jax
 import torch
+
+from torch_tpu.runtime import checks as device_checks
 
 
 class Precision(enum.Enum):
@@ -65,7 +68,7 @@ class _Context:
         else:
             self.level = _FROM_TORCH.get(torch._C._get_float32_matmul_precision(), Precision.HIGHEST)
         # plain values that hash in C, since the token is part of every eager op's key
-        self.token = (self.default_dtype, self.level.value, self.excess)
+        self.token = (self.default_dtype, self.level.value, self.excess, device_checks.state.enabled)
 
 
 context = _Context()

@@ -26,7 +26,7 @@ from torch_tpu.random import (
     seed_all,
     set_rng_state,
 )
-from torch_tpu.runtime import platform
+from torch_tpu.runtime import checks, platform
 from torch_tpu.runtime.storage import memory as _memory
 
 # The public names (tests/test_public_api.py holds them): TorchTPU 0.2.0's `torch.tpu` API that exists here, and
@@ -148,6 +148,7 @@ def synchronize(device: Any = None) -> None:
     if is_initialized():
         for array in jax.live_arrays():
             array.block_until_ready()
+    checks.raise_pending()  # failed device-side checks (an out-of-range index) raise here, as CUDA's asserts do
 
 
 def memory_allocated(device: Any = None) -> int:

@@ -1,9 +1,5 @@
 """Indexing, gather/scatter, masks, sorting/selection, searching and counting against CPU PyTorch."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -311,59 +307,162 @@ def test_zero_dim_and_empty():
     check_op(written(lambda y, m, v: y.__setitem__(m, v)), make(3, 2), idx(True, False, True), torch.tensor(5.0))
 
 
-# Each entry: an out-of-range index that PyTorch's CPU kernels reject.
+def _tensor(d, *values, dtype=None):
+    return torch.tensor(values, device=d, dtype=dtype)
+
+
+# Each entry: an out-of-range index that PyTorch's CPU kernels reject (x: arange(12.) as 3x4, d: its device).
 OUT_OF_RANGE = {
-    "gather": lambda x, d: x.gather(1, torch.tensor([[0, 4]], device=d)),
-    "gather_negative": lambda x, d: x.gather(1, torch.tensor([[-1]], device=d)),
-    "index_select": lambda x, d: x.index_select(1, torch.tensor([4], device=d)),
-    "index": lambda x, d: x[torch.tensor([0, 3], device=d)],
-    "index_negative": lambda x, d: x[:, torch.tensor([-5], device=d)],
-    "index_put": lambda x, d: x.index_put((torch.tensor([3], device=d),), torch.tensor(1.0, device=d)),
-    "scatter": lambda x, d: x.scatter(1, torch.tensor([[4]], device=d), 1.0),
-    "scatter_add": lambda x, d: x.scatter_add(0, torch.tensor([[3]], device=d), x),
-    "scatter_reduce": lambda x, d: x.scatter_reduce(1, torch.tensor([[-1]], device=d), x, "amax"),
+    "index": lambda x, d: x.reshape(-1)[:5][_tensor(d, 10)],
+    "index_negative": lambda x, d: x[:, _tensor(d, -5)],
+    "index_second": lambda x, d: x[_tensor(d, 0), _tensor(d, 4)],
+    "index_put": lambda x, d: x.index_put((_tensor(d, 3),), torch.tensor(1.0, device=d)),
+    "index_put_accumulate": lambda x, d: x.index_put((_tensor(d, 3),), torch.tensor(1.0, device=d), accumulate=True),
+    "setitem": lambda x, d: x.clone().__setitem__(_tensor(d, 5), 1.0),
+    "index_select": lambda x, d: x.index_select(1, _tensor(d, 4)),
+    "index_select_negative": lambda x, d: x.index_select(1, _tensor(d, -1)),
+    "index_select_0d": lambda x, d: x[0, 0].index_select(0, _tensor(d, 1)),
+    "gather": lambda x, d: x.gather(1, _tensor(d, [0, 4])),
+    "gather_negative": lambda x, d: x.gather(1, _tensor(d, [-1])),
+    "scatter": lambda x, d: x.scatter(1, _tensor(d, [4]), 1.0),
+    "scatter_negative": lambda x, d: x.scatter(1, _tensor(d, [-1]), 1.0),
+    "scatter_add": lambda x, d: x.scatter_add(0, _tensor(d, [3]), x),
+    "scatter_reduce": lambda x, d: x.scatter_reduce(1, _tensor(d, [-1]), x, "amax"),
+    "embedding": lambda x, d: torch.nn.functional.embedding(_tensor(d, [0, 3]), x),
+    "embedding_negative": lambda x, d: torch.nn.functional.embedding(_tensor(d, -1), x),
+    "embedding_bag": lambda x, d: torch.nn.functional.embedding_bag(_tensor(d, 1, 5), x, _tensor(d, 0)),
+    "one_hot": lambda x, d: torch.nn.functional.one_hot(_tensor(d, 0, 3), num_classes=3),
+    "one_hot_negative": lambda x, d: torch.nn.functional.one_hot(_tensor(d, 0, -1), num_classes=3),
+    "take": lambda x, d: x.take(_tensor(d, 12)),
+    "take_negative": lambda x, d: x.take(_tensor(d, -13)),
+    "put": lambda x, d: x.put(_tensor(d, 12), _tensor(d, 1.0)),
+    "index_add": lambda x, d: x.index_add(0, _tensor(d, 3), torch.ones(1, 4, device=d)),
+    "index_copy": lambda x, d: x.index_copy(0, _tensor(d, 3), torch.ones(1, 4, device=d)),
+    "index_fill": lambda x, d: x.index_fill(1, _tensor(d, -5), 1.0),
+    "index_reduce": lambda x, d: x.index_reduce(0, _tensor(d, 3), torch.ones(1, 4, device=d), "prod"),
+}
+# one_hot on a device relies on scatter's check (as on CUDA, where it is a device-side assert): the class of
+# error is CPU's, the message scatter's ("index 3 is out of bounds for dimension 1 with size 3").
+_SCATTER_MESSAGE = {"one_hot", "one_hot_negative"}
+MODES = {"strict": torch.tpu.EagerMode.DEFER_NEVER, "fused": torch.tpu.EagerMode.DEFER_AND_FUSE}
+
+
+def _cpu_error(fn) -> Exception:
+    with pytest.raises((IndexError, RuntimeError)) as caught:
+        fn(torch.arange(12.0).reshape(3, 4), "cpu")
+    return caught.value
+
+
+@pytest.mark.filterwarnings("ignore:index_reduce\\(\\) is in beta")
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("name", sorted(OUT_OF_RANGE))
+def test_out_of_range_index_raises_as_on_cpu(name, mode):
+    """An out-of-range index raises CPU's error class and message, at the latest at the next synchronisation."""
+    expected = _cpu_error(OUT_OF_RANGE[name])
+    x = torch.arange(12.0).reshape(3, 4).to("tpu")
+    with torch.tpu.set_eager_mode(MODES[mode]):
+        with pytest.raises((IndexError, RuntimeError)) as caught:
+            OUT_OF_RANGE[name](x, "tpu")
+            torch.tpu.synchronize()
+    assert type(caught.value) is type(expected), (caught.value, expected)
+    if name not in _SCATTER_MESSAGE:
+        assert str(caught.value) == str(expected).splitlines()[0]
+
+
+def test_in_range_indices_at_the_edges_pass_the_checks():
+    """The last valid index and, where CPU counts them from the end, the most negative one."""
+    x = torch.arange(12.0).reshape(3, 4)
+    cases = [
+        lambda a, d: a[_tensor(d, -3, 2)],
+        lambda a, d: a[:, _tensor(d, -4, 3)],
+        lambda a, d: a.gather(1, _tensor(d, [3, 0])),
+        lambda a, d: a.take(_tensor(d, -12, 11)),
+        lambda a, d: a.index_fill(1, _tensor(d, -4), 1.0),
+        lambda a, d: torch.nn.functional.embedding(_tensor(d, 2, 0), a),
+        lambda a, d: torch.nn.functional.one_hot(_tensor(d, 0, 2), num_classes=3),
+        lambda a, d: a.index_put((_tensor(d, -3, 2),), torch.tensor(1.0, device=d), accumulate=True),
+    ]
+    for case in cases:
+        torch.testing.assert_close(case(x.to("tpu"), "tpu").cpu(), case(x, "cpu"), rtol=0, atol=0)
+
+
+# Writes through a boolean mask whose values do not fit the masked slots, and masks of the wrong shape.
+MASK_SHAPE_ERRORS = {
+    "values_short": lambda d: torch.arange(4.0, device=d).__setitem__(
+        torch.arange(4.0, device=d) > -1, _tensor(d, 7.0, 8.0, 9.0)
+    ),
+    "values_long": lambda d: torch.arange(4.0, device=d).__setitem__(
+        torch.arange(4.0, device=d) > 1, _tensor(d, 7.0, 8.0, 9.0)
+    ),
+    "values_none_selected": lambda d: torch.arange(4.0, device=d).__setitem__(
+        torch.arange(4.0, device=d) > 9, _tensor(d, 7.0, 8.0)
+    ),
+    "values_empty": lambda d: torch.arange(4.0, device=d).__setitem__(
+        torch.arange(4.0, device=d) > 1, torch.ones(0, device=d)
+    ),
+    "values_inner_dim": lambda d: torch.zeros(2, 3, 4, device=d).__setitem__(
+        (slice(None), torch.ones(3, dtype=torch.bool, device=d)), torch.ones(2, 3, 3, device=d)
+    ),
+    "values_rows_inner": lambda d: torch.zeros(2, 3, 4, device=d).__setitem__(
+        (slice(None), _tensor(d, True, False, True)), torch.ones(2, 3, 4, device=d)
+    ),
+    "values_accumulate": lambda d: torch.arange(4.0, device=d).index_put_(
+        (torch.arange(4.0, device=d) > 0,), _tensor(d, 1.0, 2.0), accumulate=True
+    ),
+    "mask_short": lambda d: torch.ones(3, device=d)[_tensor(d, True, False)],
+    "mask_inner": lambda d: torch.zeros(2, 3, 4, device=d)[:, torch.ones(3, 5, dtype=torch.bool, device=d)],
+    "mask_write_short": lambda d: torch.ones(3, device=d).__setitem__(_tensor(d, True, False), 1.0),
+    "mask_and_int": lambda d: torch.zeros(2, 3, device=d)[_tensor(d, True, False, True), _tensor(d, 0)],
 }
 
-_DEBUG_CHECKS_SCRIPT = """
-import torch
-from tests.ops.test_indexing import OUT_OF_RANGE
-x = torch.arange(12.0).reshape(3, 4)
-for name, fn in OUT_OF_RANGE.items():
-    try:
-        fn(x.to("tpu"), "tpu")
-    except IndexError as error:
-        assert isinstance(error, RuntimeError) and "out of bounds" in str(error), (name, error)
-    else:
-        raise AssertionError(name + " did not raise")
-ok = torch.tensor([[0, 3], [2, 1], [1, 1]])
-assert torch.equal(x.to("tpu").gather(1, ok.to("tpu")).cpu(), x.gather(1, ok))
-assert torch.equal(x.to("tpu")[torch.tensor([-3, 2])].cpu(), x[torch.tensor([-3, 2])])
-print("checked")
-"""
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("name", sorted(MASK_SHAPE_ERRORS))
+def test_mask_shape_errors_raise_as_on_cpu(name, mode):
+    with pytest.raises((IndexError, RuntimeError)) as expected:
+        MASK_SHAPE_ERRORS[name]("cpu")
+    with torch.tpu.set_eager_mode(MODES[mode]):
+        with pytest.raises((IndexError, RuntimeError)) as caught:
+            MASK_SHAPE_ERRORS[name]("tpu")
+            torch.tpu.synchronize()
+    assert type(caught.value) is type(expected.value)
+    assert str(caught.value) == str(expected.value).splitlines()[0]
 
 
-@pytest.mark.parametrize("name", sorted(OUT_OF_RANGE))
-def test_out_of_range_index_raises_on_cpu(name):
-    """The reference: PyTorch's CPU rejects each of these (IndexError or RuntimeError)."""
-    with pytest.raises((IndexError, RuntimeError)):
-        OUT_OF_RANGE[name](torch.arange(12.0).reshape(3, 4), "cpu")
-
-
-def test_out_of_range_index_unchecked_by_default():
-    """Without debug checks no op waits for the device: the bad index is clamped, dropped or wrapped."""
-    x = torch.arange(12.0).reshape(3, 4).to("tpu")
-    for name, fn in OUT_OF_RANGE.items():
-        assert fn(x, "tpu").device.type == "tpu", name
-
-
-def test_debug_checks_raise_index_error():
-    """TORCH_TPU_ENABLE_DEBUG_CHECKS=1 (read at import, so in a fresh process) raises as CPU does."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, TORCH_TPU_ENABLE_DEBUG_CHECKS="1", PYTHONPATH=root)
-    done = subprocess.run(
-        [sys.executable, "-c", _DEBUG_CHECKS_SCRIPT], env=env, cwd=root, capture_output=True, text=True, timeout=300
+def test_mask_writes_that_fit_match_cpu():
+    """Values broadcast over the masked slots: one row, a row per True element, leading ones."""
+    mask = torch.tensor([True, False, True])
+    check_op(written(lambda y, m, v: y.__setitem__((slice(None), m), v)), make(2, 3, 4), mask, make(2, 2, 4, seed=1))
+    check_op(written(lambda y, m, v: y.__setitem__((slice(None), m), v)), make(2, 3, 4), mask, make(1, 2, 1, 4, seed=1))
+    check_op(written(lambda y, m, v: y.__setitem__(m, v)), make(3, 4), mask, make(1, 4, seed=1))
+    check_op(
+        written(lambda y, m, v: y.__setitem__(m, v)), make(3, 4), torch.zeros(3, dtype=torch.bool), make(4, seed=1)
     )
-    assert done.returncode == 0 and "checked" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=RuntimeError,
+    reason="PyTorch's Python meta kernel of aten.index.Tensor accepts int8 instead of uint8 masks, and the "
+    "dispatcher asks it for the output dtype before the lowering runs (eager/dispatch.py _meta_outputs)",
+)
+@pytest.mark.filterwarnings("ignore:indexing with dtype torch.uint8 is now deprecated")
+def test_uint8_mask_indexes_as_bool():
+    mask = torch.tensor([[1, 0, 1, 0], [0, 0, 1, 1], [1, 1, 0, 0]], dtype=torch.uint8)
+    check_op(lambda x, m: x[m], make(3, 4), mask)
+
+
+def test_boolean_index_put_accumulates():
+    """A lone mask (the no-sync path), a mask beside an integer index, broadcast values, gradients."""
+    mask = torch.tensor([True, False, True, True])
+    accumulate = written(lambda y, m, v: y.index_put_((m,), v, accumulate=True))
+    check_op(accumulate, make(4, grad=True), mask, make(3, seed=1, grad=True), grad=True)
+    check_op(accumulate, make(4, 2, grad=True), mask, make(3, 2, seed=1, grad=True), grad=True)
+    check_op(accumulate, make(4, 2), mask, make(2, seed=1))
+    check_op(accumulate, make(4, dtype=torch.int64), mask, idx(1, 2, 3))
+    check_op(
+        lambda x, m, i, v: x.index_put((m, i), v, accumulate=True), make(4, 2), mask, idx(1, 0, 1), make(3, seed=1)
+    )
 
 
 @pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])

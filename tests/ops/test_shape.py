@@ -130,3 +130,10 @@ def test_pad_negative_widths_crop(mode):
 
 def test_unfold_zero_dim_gradient():
     check_op(lambda t: t.unfold(0, 1, 1) * 2, torch.tensor(1.5).requires_grad_(), grad=True)
+
+
+def test_flip_zero_dim():
+    """A 0-dim tensor flips to itself along dimension 0 or -1, as on CPU."""
+    check_op(lambda a: a.flip(0), torch.tensor(3.0, requires_grad=True), grad=True)
+    check_op(lambda a: a.flip(-1), torch.tensor(7))
+    check_op(lambda a: torch.flip(a, [0]), torch.tensor(True))

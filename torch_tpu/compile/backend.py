@@ -19,7 +19,7 @@ from torch_tpu import random as tpu_random
 from torch_tpu.compile import buckets, cache, graph, warm
 from torch_tpu.eager import fused
 from torch_tpu.eager.cache import Entry, executables
-from torch_tpu.runtime import platform, storage
+from torch_tpu.runtime import checks, platform, storage
 
 _OPTIONS = {"async_compile", "num_dynamic_buckets", "bucket_size", "serializable", "debug_callback", "name"}
 
@@ -120,7 +120,7 @@ class CompiledGraph:
             executables.insert(cache_key, entry)
         else:
             outputs = entry.executable(key, *[value for value in inputs if not isinstance(value, int)])
-        outputs = list(outputs)
+        outputs = list(checks.take(outputs))  # device-side checks left pending (runtime/checks.py)
         if self.plan is None:
             for position, size in self.fn.sizes.get(shape_key, {}).items():
                 outputs[position] = size

@@ -18,7 +18,7 @@ from torch._ops import OpOverload
 from torch.fx.node import map_aggregate
 
 from torch_tpu.ops.registry import graph_lowering
-from torch_tpu.runtime import dtypes, platform
+from torch_tpu.runtime import checks, dtypes, platform
 
 aten = torch.ops.aten
 
@@ -197,7 +197,7 @@ def to_jax(gm: torch.fx.GraphModule) -> tuple[Callable[..., Any], list[tuple[int
         return tuple(None if isinstance(value, int) else value for value in outputs)
 
     fn.sizes = {}
-    return fn, mutations
+    return checks.collecting(fn), mutations  # device-side checks: a `Checked` output (`checks.take` unpacks)
 
 
 def _key(data: jax.Array) -> jax.Array:

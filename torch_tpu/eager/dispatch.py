@@ -24,6 +24,7 @@ from torch_tpu.compile import cache as persistent
 from torch_tpu.eager import checks, fused, modes
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import Lowering, mutated_args
+from torch_tpu.runtime import checks as device_checks
 from torch_tpu.runtime import dtypes, platform, storage
 
 _TENSOR, _TENSORS, _SCALAR, _SCALARS, _STATIC, _GENERATOR = range(6)
@@ -255,7 +256,7 @@ class Runner:
                 self._encode(meta_op, value, self.keyword[name], leaves, key)
         if self.lowering.rng:
             leaves.append(tpu_random.next_key(kwargs.get("generator")))
-        key.append(_context.token)  # the trace context: default dtype, precision
+        key.append(_context.token)  # the trace context: default dtype, precision, device-side checks
         return tuple(key), leaves
 
     def run(self, meta_op: OpOverload, args: tuple, kwargs: dict) -> Any:
@@ -274,6 +275,7 @@ class Runner:
             result = entry.executable(*leaves)
         if modes.state.blocking:
             _check(meta_op, result)
+            device_checks.raise_pending()  # Debug mode: a failed device-side check raises at the op that made it
         return result
 
     def _trace(self, meta_op: OpOverload, args: tuple, kwargs: dict) -> tuple[Callable, Any]:
@@ -301,7 +303,8 @@ class Runner:
             result = fn(*call_args, **call_kwargs)
             return _cast(result, out_dtypes)
 
-        return traced, out_dtypes
+        # a jitted lowering's device-side checks become outputs of its executable (runtime/checks.py)
+        return (device_checks.collecting(traced) if self.lowering.jit else traced), out_dtypes
 
     def _compile(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list) -> Any:
         """Trace and compile the lowering for this signature, cache it, and return its first result."""
@@ -316,6 +319,8 @@ class Runner:
             leaves = [fused.concrete(x) for x in leaves]
         result = jax.block_until_ready(executable(*leaves))
         executable = persistent.fast_call(executable)
+        if type(result) is device_checks.Checked:  # device-side checks: each call leaves them pending
+            executable, result = device_checks.stashing(executable), device_checks.take(result)
         entry = Entry(str(meta_op), executable, out_dtypes, time.perf_counter() - start, source=source)
         if self.lowering.jit and isinstance(result, jax.Array):  # a fixed output shape: wrap it directly
             entry.layout = storage.layout(result.shape, result.dtype)
@@ -338,7 +343,7 @@ class Runner:
     def _fused_trace(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list) -> fused.Trace:
         """The lowering traced for Fused mode under `key`, with the layout of a single tensor output."""
         trace = fused.trace(key, self._trace(meta_op, args, kwargs)[0], leaves)
-        if trace.single:
+        if trace.single or trace.checks is not None and len(trace.avals) == 1 and trace.tree.num_nodes == 1:
             trace.layout = storage.layout(trace.avals[0].shape, trace.avals[0].dtype)
         return trace
 

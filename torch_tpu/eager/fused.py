@@ -36,6 +36,7 @@ from torch_tpu import precision
 from torch_tpu.compile import cache as persistent
 from torch_tpu.eager import modes
 from torch_tpu.eager.cache import Entry, executables
+from torch_tpu.runtime import checks
 
 MAX_CLUSTER_OPS = int(os.environ.get("TORCH_TPU_FUSED_MAX_OPS", "1024"))
 
@@ -76,12 +77,15 @@ class Trace:
     their tree, and `id`, which stands for it in node fingerprints. `layout` is for the dispatcher: the storage
     layout of a single tensor output."""
 
-    __slots__ = ("fn", "avals", "tree", "single", "id", "layout")
+    __slots__ = ("fn", "avals", "tree", "single", "id", "layout", "checks", "flags")
 
     def __init__(self, fn: Callable, out_avals: Any, id: int) -> None:
         self.fn = fn
+        self.checks = self.flags = None
+        if type(out_avals) is checks.Checked:  # device-side checks: their packed values follow the result
+            self.checks, self.flags, out_avals = out_avals.checks, out_avals.flags, out_avals.result
         self.avals, self.tree = jax.tree_util.tree_flatten(out_avals)
-        self.single = jax.tree_util.treedef_is_leaf(self.tree) and len(self.avals) == 1
+        self.single = jax.tree_util.treedef_is_leaf(self.tree) and len(self.avals) == 1 and self.checks is None
         self.id = id
         self.layout: Any = None
 
@@ -100,10 +104,11 @@ class _Recorder:
         self.nodes: dict[tuple, int] = {}
         self.node_table: list[tuple[Callable, list]] = []
         self.first = -1  # the trace id of the cluster's first op
+        self.checks: list[tuple[tuple, Pending]] = []  # per node that makes device-side checks: those, its flags
 
-    def reset(self) -> tuple[list, list, list]:
-        taken = self.plan, self.leaves, list(self.buffers.values())
-        self.plan, self.leaves = [], []
+    def reset(self) -> tuple[list, list, list, list]:
+        taken = self.plan, self.leaves, list(self.buffers.values()), self.checks
+        self.plan, self.leaves, self.checks = [], [], []
         self.buffers.clear()
         return taken
 
@@ -173,7 +178,10 @@ def record(trace: Trace, inputs: list) -> Any:
     plan.append(node_id)
     if trace.single:
         return Pending(trace.avals[0], (index, 0))
-    return jax.tree_util.tree_unflatten(trace.tree, [Pending(aval, (index, i)) for i, aval in enumerate(trace.avals)])
+    outputs = [Pending(aval, (index, i)) for i, aval in enumerate(trace.avals)]
+    if trace.checks is not None:  # the cluster computes its flags too (the node's last output)
+        rec.checks.append((trace.checks, Pending(trace.flags, (index, len(outputs)))))
+    return jax.tree_util.tree_unflatten(trace.tree, outputs)
 
 
 def apply(key: Hashable, fn: Callable, *inputs: Any) -> Any:
@@ -202,11 +210,12 @@ def concrete(value: Any) -> Any:
 
 def flush(extra: list[Pending] = ()) -> None:
     """Run the recorded cluster for the values live storages (and `extra`) hold."""
-    plan, leaves, references = recorder.reset()
+    plan, leaves, references, flagged = recorder.reset()
     if not plan:
         return
     buffers = [b for b in (r() for r in references) if b is not None]
-    wanted = {p.ref: p for p in [b._array for b in buffers] + list(extra) if is_pending(p)}
+    flags = [f for _, f in flagged]
+    wanted = {p.ref: p for p in [b._array for b in buffers] + list(extra) + flags if is_pending(p)}
     if wanted:
         out_refs = tuple(sorted(wanted))
         fingerprint = ("fused", tuple(plan), out_refs, precision.cache_token())
@@ -223,6 +232,8 @@ def flush(extra: list[Pending] = ()) -> None:
             results = entry.executable(*leaves)
         for ref, value in zip(out_refs, results, strict=True):
             wanted[ref].value = value
+        for found, flag in flagged:
+            checks.stash(found, flag.value)
     for buffer in buffers:
         if type(buffer._array) is Pending:
             buffer._array = buffer._array.value

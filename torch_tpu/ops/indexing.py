@@ -4,56 +4,55 @@ unique, searching and histograms are in `sorting`.
 Boolean masks in `index`/`index_put` make shapes data-dependent: those lowerings run eagerly (`jit=False`), turn
 masks into integer indices, and call a jitted kernel. A lone mask written with `index_put` needs no host sync.
 
-Index bounds are not checked by default (that would wait for the device): each op's docstring says what an
-out-of-range index does. With TORCH_TPU_ENABLE_DEBUG_CHECKS=1 (`debug_checks`), gather, index_select, index,
-index_put and the scatters run unjitted, read their indices on the host and raise `IndexOutOfRangeError` (an
-IndexError, and a RuntimeError like CPU's gather/scatter errors) as PyTorch's CPU kernels do.
+Index bounds are checked on the device (`runtime/checks.py`): an out-of-range index raises PyTorch's CPU error
+(IndexError or RuntimeError, by op) at the next synchronisation, from a flag the op's own executable computes.
+With the checks off (TORCH_TPU_CHECK_INDICES=0), each op's docstring says what an out-of-range index does.
 """
-
-import functools
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.runtime import checks
 
 _MASK_DTYPES = (np.dtype(np.bool_), np.dtype(np.uint8))
+OUT_OF_BOUNDS = "index {{}} is out of bounds for dimension {dim} with size {size}"
 
 
-def debug_checks() -> bool:
-    """Whether TORCH_TPU_ENABLE_DEBUG_CHECKS=1 asks index ops to check bounds on the host (a device sync per op).
-
-    Read once, when the lowerings register: the checked lowerings then run unjitted (so they see index values),
-    which also keeps them out of torch.compile graphs.
-    """
-    return os.environ.get("TORCH_TPU_ENABLE_DEBUG_CHECKS") == "1"
-
-
-_CHECKED = debug_checks()
-
-
-class IndexOutOfRangeError(IndexError, RuntimeError):
-    """An index outside its dimension (debug checks); PyTorch's CPU raises IndexError or RuntimeError by op."""
-
-
-def _check_range(index, size, dim, negative=False):
-    """With debug checks, raise as PyTorch's CPU does if `index` has an entry outside [0, size), or outside
-    [-size, size) when `negative` indices count from the end."""
-    if not _CHECKED or index is None or isinstance(index, jax.core.Tracer):
+def require_in_range(index, size, error, message, negative=False):
+    """Device-side check that every entry of `index` lies in [0, size), or in [-size, size) when `negative`
+    indices count from the end; `message` has one field, for the first entry that does not."""
+    if not checks.state.enabled or index is None or index.size == 0:
         return
-    host = np.asarray(index)
-    bad = (host >= size) | (host < (-size if negative else 0))
-    if bad.any():
-        raise IndexOutOfRangeError(f"index {host[bad].flat[0]} is out of bounds for dimension {dim} with size {size}")
+    flat = jnp.reshape(index, -1)
+    bad = (flat >= size) | (flat < (-size if negative else 0))
+    checks.require(~jnp.any(bad), error, message, flat[jnp.argmax(bad)])
 
 
 def _check_dims(self, indices):
-    """Debug checks for advanced indexing: index k (masks already expanded) addresses dimension k of `self`."""
+    """Advanced indexing: index k (masks already expanded) addresses dimension k of `self`, negative entries from
+    its end; CPU's message numbers it among the given indices."""
+    given = 0
     for dim, index in enumerate(indices):
         if index is not None:
-            _check_range(index, self.shape[dim], dim, negative=True)
+            size = self.shape[dim]
+            require_in_range(index, size, IndexError, OUT_OF_BOUNDS.format(dim=given, size=size), negative=True)
+            given += 1
+
+
+def _check_mask_shapes(self, indices):
+    """A mask must match the dimensions it indexes, as on CPU (an IndexError naming both shapes)."""
+    dim = 0
+    for index in indices:
+        if _is_mask(index):
+            for j, size in enumerate(index.shape):
+                if dim + j < self.ndim and size != self.shape[dim + j]:
+                    raise IndexError(
+                        f"The shape of the mask {list(index.shape)} at index {j} does not match the shape of the "
+                        f"indexed tensor {list(self.shape)} at index {dim + j}"
+                    )
+        dim += 1 if index is None or not _is_mask(index) else index.ndim
 
 
 def _dim(dim, ndim):
@@ -77,26 +76,62 @@ def _masks_to_positions(indices):
     return tuple(expanded)
 
 
-@jax.jit
-def _gather(self, indices):
+def _gather_checked(self, indices):
+    _check_dims(self, indices)
     return self[_index_tuple(indices)]
 
 
-@functools.partial(jax.jit, static_argnums=3)
-def _put(self, indices, values, accumulate):
+def _put_checked(self, indices, values, accumulate):
+    _check_dims(self, indices)
     target = self.at[_index_tuple(indices)]
     values = values.astype(self.dtype)
     return target.add(values) if accumulate else target.set(values)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4))
-def _put_through_mask(self, mask, values, leading, accumulate):
+_gather = checks.jit(_gather_checked)
+_gather_in_range = jax.jit(lambda self, indices: self[_index_tuple(indices)])  # positions of True elements
+_put = checks.jit(_put_checked, static_argnums=3)
+
+
+def _values_fit(values_shape, result_shape):
+    """Whether `values_shape` broadcasts to `result_shape`, where None (the mask's count of True elements, known
+    on the device only) matches any size."""
+    extra = len(values_shape) - len(result_shape)
+    if extra > 0 and any(size != 1 for size in values_shape[:extra]):
+        return False
+    aligned = values_shape[max(extra, 0) :]
+    targets = result_shape[len(result_shape) - len(aligned) :]
+    return all(v == 1 or r is None or v == r for v, r in zip(aligned, targets, strict=True))
+
+
+def _mask_result(self, mask, leading):
+    """The shape `self[:, ..., mask]` (`leading` whole dimensions first) has, None for the count of True elements."""
+    return self.shape[:leading] + (None,) + self.shape[leading + mask.ndim :]
+
+
+def _mask_mismatch(values_shape, result, count):
+    shape = ", ".join(str(count if size is None else size) for size in result)
+    return (
+        f"shape mismatch: value tensor of shape {list(values_shape)} cannot be broadcast to indexing result of "
+        f"shape [{shape}]"
+    )
+
+
+def _put_through_mask_checked(self, mask, values, leading, accumulate):
     """`self[:, ..., mask] = values` (`leading` whole dimensions first) without a host sync: the k-th True
-    element takes the k-th row of `values`, or `values` broadcasts over every True element."""
+    element takes the k-th row of `values`, or `values` broadcasts over every True element. Other row counts
+    fail a device-side check with CPU's error (the caller checks the other dimensions, `_values_fit`)."""
     trailing = self.ndim - leading - mask.ndim
-    values = values.astype(self.dtype)
+    given = values.shape
+    result = _mask_result(self, mask, leading)
+    values = values.astype(self.dtype).reshape(given[max(len(given) - len(result), 0) :])
     values = values.reshape((1,) * (leading + 1 + trailing - values.ndim) + values.shape)
     before, rows, after = values.shape[:leading], values.shape[leading], values.shape[leading + 1 :]
+    if rows != 1:
+        count = jnp.sum(mask)
+        checks.require(count == rows, RuntimeError, _mask_mismatch(given, result, "{}"), count)
+    if values.size == 0:
+        return self
     if rows > 1:
         order = jnp.clip(jnp.cumsum(mask.reshape(-1)) - 1, 0, rows - 1)
         values = jnp.take(values, order, axis=leading).reshape(before + mask.shape + after)
@@ -106,12 +141,14 @@ def _put_through_mask(self, mask, values, leading, accumulate):
     return jnp.where(where, self + values if accumulate else values, self)
 
 
+_put_through_mask = checks.jit(_put_through_mask_checked, static_argnums=(3, 4))
+
+
 @lower(aten.index.Tensor, jit=False)
 def index(self, indices):
-    """NOTE: out-of-range indices are clamped, unchecked unless TORCH_TPU_ENABLE_DEBUG_CHECKS=1."""
-    positions = _masks_to_positions(indices)
-    _check_dims(self, positions)
-    return _gather(self, positions)
+    """NOTE: with checks off, out-of-range indices are clamped."""
+    _check_mask_shapes(self, indices)
+    return _gather(self, _masks_to_positions(indices))
 
 
 @lower(aten._unsafe_index.Tensor)
@@ -121,15 +158,16 @@ def _unsafe_index(self, indices):
 
 @lower(aten.index_put.default, aten._index_put_impl.default, jit=False)
 def index_put(self, indices, values, accumulate=False, unsafe=False):
-    """NOTE: writes at out-of-range indices are dropped, unchecked unless TORCH_TPU_ENABLE_DEBUG_CHECKS=1."""
+    """NOTE: with checks off, writes at out-of-range indices are dropped."""
+    _check_mask_shapes(self, indices)
     given = [i for i, index in enumerate(indices) if index is not None]
     if len(given) == 1 and _is_mask(indices[given[0]]):
-        if jnp.size(values) == 0:
-            return self
-        return _put_through_mask(self, indices[given[0]].astype(bool), jnp.asarray(values), given[0], accumulate)
-    positions = _masks_to_positions(indices)
-    _check_dims(self, positions)
-    return _put(self, positions, values, accumulate)
+        mask, values = indices[given[0]].astype(bool), jnp.asarray(values)
+        result = _mask_result(self, mask, given[0])
+        if not _values_fit(values.shape, result):  # wrong whatever the mask holds: the count is read for the message
+            raise RuntimeError(_mask_mismatch(values.shape, result, int(jnp.sum(mask))))
+        return _put_through_mask(self, mask, values, given[0], accumulate)
+    return _put(self, _masks_to_positions(indices), values, accumulate)
 
 
 @lower(aten._unsafe_index_put.default)
@@ -138,11 +176,14 @@ def _unsafe_index_put(self, indices, values, accumulate=False):
     return target.add(values.astype(self.dtype)) if accumulate else target.set(values.astype(self.dtype))
 
 
-@lower(aten.index_select.default, jit=not _CHECKED)
+@lower(aten.index_select.default)
 def index_select(self, dim, index):
-    """NOTE: out-of-range indices read NaN (floats) or a fill value and negative ones wrap, unchecked unless
-    TORCH_TPU_ENABLE_DEBUG_CHECKS=1."""
-    _check_range(index, self.shape[_dim(dim, self.ndim)] if self.ndim else 1, dim)
+    """NOTE: with checks off, out-of-range indices read NaN (floats) or a fill value and negative ones wrap."""
+    if self.ndim == 0:
+        require_in_range(index, 1, IndexError, "index out of range in self")
+    else:
+        size = self.shape[_dim(dim, self.ndim)]
+        require_in_range(index, size, RuntimeError, f"INDICES element is out of DATA bounds, id={{}} axis_dim={size}")
     if self.ndim == 0:
         return self[None][index.reshape(-1)].reshape(())
     return jnp.take(self, index.reshape(-1), axis=_dim(dim, self.ndim))
@@ -158,11 +199,16 @@ def _fit_source(src, index):
     return src[tuple(slice(0, n) for n in index.shape)] if jnp.ndim(src) else src
 
 
-@lower(aten.gather.default, jit=not _CHECKED)
+def _check_along(self, dim, index, error=RuntimeError, negative=False, message=OUT_OF_BOUNDS):
+    """Device-side check of an index along `dim` (gather, scatter, index_add, ...), with CPU's message."""
+    dim, size = _dim(dim, self.ndim), self.shape[_dim(dim, self.ndim)] if self.ndim else 1
+    require_in_range(index, size, error, message.format(dim=dim, size=size), negative)
+
+
+@lower(aten.gather.default)
 def gather(self, dim, index, *, sparse_grad=False):
-    """NOTE: out-of-range indices are clamped and negative ones wrap, unchecked unless
-    TORCH_TPU_ENABLE_DEBUG_CHECKS=1."""
-    _check_range(index, self.shape[_dim(dim, self.ndim)] if self.ndim else 1, dim)
+    """NOTE: with checks off, out-of-range indices are clamped and negative ones wrap."""
+    _check_along(self, dim, index)
     if index.size == 0:  # an empty index may have any number of dimensions
         return jnp.zeros(index.shape, self.dtype)
     if self.ndim == 0:
@@ -196,26 +242,25 @@ def _updater(target, reduce, dtype):
 
 
 def _scatter(self, dim, index, src, reduce=None):
-    _check_range(index, self.shape[_dim(dim, self.ndim)] if self.ndim else 1, dim)
+    _check_along(self, dim, index)
     if index.size == 0:  # an empty index may have any number of dimensions
         return self
     src = jnp.asarray(_fit_source(src, index)).astype(self.dtype)
     return _updater(_scatter_target(self, dim, index), reduce, self.dtype)(src).reshape(self.shape)
 
 
-@lower(aten.scatter.src, aten.scatter.value, jit=not _CHECKED)
+@lower(aten.scatter.src, aten.scatter.value)
 def scatter(self, dim, index, src):
-    """NOTE: writes at out-of-range indices are dropped and negative ones wrap, unchecked unless
-    TORCH_TPU_ENABLE_DEBUG_CHECKS=1 (as for every scatter)."""
+    """NOTE: with checks off, writes at out-of-range indices are dropped and negative ones wrap (every scatter)."""
     return _scatter(self, dim, index, src)
 
 
-@lower(aten.scatter.reduce, aten.scatter.value_reduce, jit=not _CHECKED)
+@lower(aten.scatter.reduce, aten.scatter.value_reduce)
 def scatter_reduce_legacy(self, dim, index, src, *, reduce):
     return _scatter(self, dim, index, src, reduce)
 
 
-@lower(aten.scatter_add.default, jit=not _CHECKED)
+@lower(aten.scatter_add.default)
 def scatter_add(self, dim, index, src):
     return _scatter(self, dim, index, src, "add")
 
@@ -229,7 +274,7 @@ def _reduction_identity(reduce, dtype):
     return info.min if reduce == "amax" else info.max
 
 
-@lower(aten.scatter_reduce.two, jit=not _CHECKED)
+@lower(aten.scatter_reduce.two)
 def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     base = self
     if not include_self:
@@ -247,6 +292,7 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
 @lower(aten.index_reduce.default)
 def index_reduce(self, dim, index, source, reduce, *, include_self=True):
     """`self` with `source`'s slices combined (prod, mean, amax, amin) into those `index` picks along `dim`."""
+    _check_along(self, dim, index, IndexError, message="index out of range in self")
     if self.ndim == 0:
         flat = index_reduce(self.reshape(1), 0, index, jnp.reshape(source, (-1,)), reduce, include_self=include_self)
         return flat.reshape(())
@@ -275,6 +321,7 @@ def _index_source(self, dim, source):
 
 @lower(aten.index_add.default)
 def index_add(self, dim, index, source, *, alpha=1):
+    _check_along(self, dim, index)
     if self.ndim == 0:
         return self + source * alpha
     return self.at[_along_dim(self, dim, index)].add(_index_source(self, dim, source * alpha))
@@ -282,6 +329,7 @@ def index_add(self, dim, index, source, *, alpha=1):
 
 @lower(aten.index_copy.default)
 def index_copy(self, dim, index, source):
+    _check_along(self, dim, index, IndexError, message="index_copy_(): " + OUT_OF_BOUNDS)
     if self.ndim == 0:
         return jnp.asarray(source).astype(self.dtype)
     return self.at[_along_dim(self, dim, index)].set(_index_source(self, dim, source))
@@ -289,6 +337,7 @@ def index_copy(self, dim, index, source):
 
 @lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
 def index_fill(self, dim, index, value):
+    _check_along(self, dim, index, IndexError, negative=True)
     if self.ndim == 0:
         return jnp.asarray(value).astype(self.dtype)
     return self.at[_along_dim(self, dim, index)].set(jnp.asarray(value).astype(self.dtype))
@@ -322,7 +371,7 @@ def masked_scatter_backward(grad_output, mask, sizes):
 @lower(aten.masked_select.default, jit=False)
 def masked_select(self, mask):
     shape = jnp.broadcast_shapes(self.shape, mask.shape) or (1,)
-    return _gather(jnp.broadcast_to(self, shape), jnp.nonzero(jnp.broadcast_to(mask, shape)))
+    return _gather_in_range(jnp.broadcast_to(self, shape), jnp.nonzero(jnp.broadcast_to(mask, shape)))
 
 
 @lower(aten.nonzero.default, jit=False)
@@ -340,13 +389,21 @@ def nonzero_static(self, *, size, fill_value=-1):
     return jnp.stack(jnp.nonzero(self, size=size, fill_value=fill_value), axis=1).astype(np.int64)
 
 
+def _check_flat(self, index):
+    """`take`/`put`: indices into the flattened tensor, negative ones from its end."""
+    message = f"out of range: tried to access index {{}} on a tensor of {self.size} elements."
+    require_in_range(index, self.size, IndexError, message, negative=True)
+
+
 @lower(aten.take.default)
 def take(self, index):
+    _check_flat(self, index)
     return self.reshape(-1)[index]
 
 
 @lower(aten.put.default)
 def put(self, index, source, accumulate=False):
+    _check_flat(self, index)
     target = self.reshape(-1).at[index.reshape(-1)]
     source = source.reshape(-1).astype(self.dtype)
     return (target.add(source) if accumulate else target.set(source)).reshape(self.shape)

@@ -1,10 +1,9 @@
 """Lowerings: random sampling. Each receives a fresh threefry key (`key`) from the device RNG stream.
 
 Values follow PyTorch's distributions and ranges, not its CPU bit streams; `torch.manual_seed` makes them
-reproducible. Scalar arguments are checked as on CPU; tensor arguments (normal's std, bernoulli's p) only with
-TORCH_TPU_ENABLE_DEBUG_CHECKS=1, since that check waits for the device: otherwise a negative std samples
-`mean + std * z` and a p outside [0, 1] is clipped by the comparison. Floating samples of 16-bit dtypes are
-drawn in float32 and rounded, as PyTorch's CPU kernels do.
+reproducible. Scalar arguments are checked as on CPU, at the call; tensor arguments (normal's std, bernoulli's p)
+by device-side checks (runtime/checks.py), raised with CPU's error at the next synchronisation. Floating samples
+of 16-bit dtypes are drawn in float32 and rounded, as PyTorch's CPU kernels do.
 """
 
 import functools
@@ -15,9 +14,8 @@ import numpy as np
 
 from torch_tpu import random as tpu_random
 from torch_tpu.ops.creation import write_out
-from torch_tpu.ops.indexing import debug_checks
 from torch_tpu.ops.registry import aten, kernel, lower
-from torch_tpu.runtime import dtypes
+from torch_tpu.runtime import checks, dtypes
 
 # The C++ names ATen's range checks print for a dtype ("from is out of bounds for signed char").
 _CPP_NAMES = {
@@ -63,16 +61,6 @@ def _check_floating(dtype, kernel):
 _ATEN_NAMES = {"int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool"}
 
 
-# A check of a tensor argument's values (normal's std, bernoulli's p) waits for the device, so it is made only with
-# TORCH_TPU_ENABLE_DEBUG_CHECKS=1 (as for index bounds): those lowerings then run unjitted, on concrete arrays.
-_CHECKED = debug_checks()
-
-
-def _check_all(condition, message):
-    if not isinstance(condition, jax.core.Tracer) and not bool(condition):
-        raise RuntimeError(message)
-
-
 def _key(key):
     return jax.random.wrap_key_data(key, impl="threefry2x32")
 
@@ -112,17 +100,19 @@ def normal_tensor_float(mean, std=1.0, *, generator=None, key):
     return _normal(key, mean.shape, mean.dtype) * std + mean
 
 
+# A check of a tensor argument's values (normal's std, bernoulli's p) is a device-side check (runtime/checks.py):
+# computed in the op's own program and raised at the next synchronisation, so it costs no wait.
 def _check_std(std):
-    _check_all(jnp.all(std >= 0), "normal expects all elements of std >= 0.0")
+    checks.require(std >= 0, RuntimeError, "normal expects all elements of std >= 0.0")
 
 
-@lower(aten.normal.float_Tensor, rng=True, jit=not _CHECKED)
+@lower(aten.normal.float_Tensor, rng=True)
 def normal_float_tensor(mean, std, *, generator=None, key):
     _check_std(std)
     return _normal(key, std.shape, std.dtype) * std + mean
 
 
-@lower(aten.normal.Tensor_Tensor, rng=True, jit=not _CHECKED)
+@lower(aten.normal.Tensor_Tensor, rng=True)
 def normal_tensor_tensor(mean, std, *, generator=None, key):
     _check_std(std)
     shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
@@ -134,10 +124,10 @@ def _bernoulli(key, shape, dtype, p):
 
 
 def _check_probabilities(p):
-    _check_all(jnp.all((p >= 0) & (p <= 1)), "Expected p_in >= 0 && p_in <= 1 to be true, but got false.")
+    checks.require((p >= 0) & (p <= 1), RuntimeError, "Expected p_in >= 0 && p_in <= 1 to be true, but got false.")
 
 
-@lower(aten.bernoulli.default, rng=True, jit=not _CHECKED)
+@lower(aten.bernoulli.default, rng=True)
 def bernoulli(self, *, generator=None, key):
     _check_probabilities(self)
     return _bernoulli(key, self.shape, self.dtype, self)
@@ -150,7 +140,7 @@ def bernoulli_p(self, p=0.5, *, generator=None, key):
     return _bernoulli(key, self.shape, self.dtype, p)
 
 
-@lower(aten.bernoulli.Tensor, rng=True, jit=not _CHECKED)
+@lower(aten.bernoulli.Tensor, rng=True)
 def bernoulli_tensor(self, p, *, generator=None, key):
     _check_probabilities(p)
     return _bernoulli(key, self.shape, self.dtype, p)

@@ -34,7 +34,7 @@ def stack(tensors, dim=0):
 
 @lower(aten.flip.default)
 def flip(self, dims):
-    return jnp.flip(self, tuple(dims)) if dims else self
+    return jnp.flip(self, tuple(dims)) if dims and self.ndim else self  # a 0-dim tensor flips to itself, as on CPU
 
 
 @lower(aten.roll.default)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from torch_tpu.eager import fused
-from torch_tpu.runtime import dtypes, platform
+from torch_tpu.runtime import checks, dtypes, platform
 
 _ATTR = "_tpu_buffer"
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -482,6 +482,7 @@ def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:
 def to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     """Copy a device array to a new CPU tensor of `dtype` (waits for the value)."""
     host = np.asarray(fused.concrete(array))
+    checks.raise_pending()  # a value reaches the host: the device-side checks of the ops before it are due
     carrier = dtypes.host_carrier(dtype)
     if carrier:
         return torch.from_numpy(host.view(dtypes.to_jax(carrier)).copy()).view(dtype)

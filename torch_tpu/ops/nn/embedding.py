@@ -12,14 +12,18 @@ bags give zeros, and `scale_grad_by_freq` divides each row's gradient by its ind
 import jax
 import jax.numpy as jnp
 
+from torch_tpu.ops.indexing import require_in_range
 from torch_tpu.ops.nn.common import upcast
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.runtime import checks
 
 SUM_BAG, MEAN_BAG, MAX_BAG = 0, 1, 2
 
 
 @lower(aten.embedding.default)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """NOTE: with checks off, an out-of-range index reads a clamped row."""
+    require_in_range(indices, weight.shape[0], IndexError, "index out of range in self")
     return weight[indices]
 
 
@@ -84,6 +88,11 @@ def _embedding_bag(
     include_last_offset=False,
     padding_idx=-1,
 ):
+    if checks.state.enabled and indices.size:
+        bad = (indices < 0) | (indices >= weight.shape[0])
+        first = jnp.argmax(bad)
+        message = f"Index {{}} of input takes value {{}} which is not in the valid range [0, {weight.shape[0]})"
+        checks.require(~jnp.any(bad), RuntimeError, message, first, indices[first])
     count, bag, real, sizes = _bags(indices, offsets, include_last_offset, padding_idx)
     rows = upcast(weight)[indices]
     bag_size = jnp.zeros(offsets.shape, sizes.dtype).at[:count].set(sizes)
