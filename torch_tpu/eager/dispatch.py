@@ -430,7 +430,8 @@ def _to_meta(value: Any) -> Any:
     return value
 
 
-_NO_META_KERNEL = ("data-dependent", "with Meta tensors", "no fake impl or Meta kernel")
+# what a RuntimeError says (lowercased) when the op has no meta kernel or its output shape depends on data
+_NO_META_KERNEL = ("data-dependent", "meta tensor", "no fake impl or meta kernel")
 
 
 def _meta_outputs(op: OpOverload, args: tuple, kwargs: dict) -> Any:
@@ -443,7 +444,7 @@ def _meta_outputs(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     except AttributeError:  # a meta kernel that mishandles an absent optional (_thnn_fused_lstm_cell's biases)
         return None
     except RuntimeError as error:  # no meta kernel, or data-dependent output shapes; any other is the call's error
-        if any(reason in str(error) for reason in _NO_META_KERNEL):
+        if any(reason in str(error).lower() for reason in _NO_META_KERNEL):
             return None
         raise
 
