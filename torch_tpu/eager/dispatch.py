@@ -21,7 +21,7 @@ from torch._ops import OpOverload
 from torch_tpu import precision
 from torch_tpu import random as tpu_random
 from torch_tpu.compile import cache as persistent
-from torch_tpu.eager import checks, fused, modes
+from torch_tpu.eager import fused, modes, validation
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import Lowering, mutated_args
 from torch_tpu.runtime import checks as device_checks
@@ -515,7 +515,7 @@ def functional_kernel(lowering: Lowering) -> Callable:
             try:
                 return wrap(runner.run(op, args, kwargs))
             except Exception as error:
-                checks.raise_as_cpu(op, args, kwargs, error)
+                validation.raise_as_cpu(op, args, kwargs, error)
                 raise
 
     kernel.runner = runner
@@ -552,7 +552,7 @@ def _tensor_kernel(runner: Runner, op: OpOverload) -> Callable:
             entry.last_read = now()
             return wrap_as(entry.executable(*leaves), entry.layout)
         except Exception as error:
-            checks.raise_as_cpu(op, args, kwargs, error)
+            validation.raise_as_cpu(op, args, kwargs, error)
             raise
 
     return kernel
@@ -571,10 +571,10 @@ def inplace_kernel(lowering: Lowering, inplace_op: OpOverload) -> Callable:
 
     def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         try:
-            checks.check_writes(self, args, kwargs)
+            validation.check_writes(self, args, kwargs)
             storage.write(self, runner.run(inplace_op, (self, *args), kwargs))
         except Exception as error:
-            checks.raise_as_cpu(inplace_op, (self, *args), kwargs, error)
+            validation.raise_as_cpu(inplace_op, (self, *args), kwargs, error)
             raise
         return self
 
@@ -605,13 +605,13 @@ def out_kernel(lowering: Lowering, out_op: OpOverload) -> Callable:
             results = result if isinstance(result, (tuple, list)) else (result,)
             for out, value in zip(outs, results, strict=True):
                 if _JAX_DTYPE[out.dtype] != value.dtype:  # CPU's rules: canCast, or the same dtype, by op
-                    checks.check_out_dtypes(out_op, args, {**kwargs, **dict(zip(names, outs, strict=True))})
+                    validation.check_out_dtypes(out_op, args, {**kwargs, **dict(zip(names, outs, strict=True))})
             for out, value in zip(outs, results, strict=True):
                 _resize_for(out, value.shape)
-                checks.check_writes(out, args, kwargs)
+                validation.check_writes(out, args, kwargs)
                 storage.write(out, value)
         except Exception as error:
-            checks.raise_as_cpu(out_op, args, {**kwargs, **dict(zip(names, outs, strict=True))}, error)
+            validation.raise_as_cpu(out_op, args, {**kwargs, **dict(zip(names, outs, strict=True))}, error)
             raise
         return outs[0] if len(outs) == 1 else tuple(outs)
 

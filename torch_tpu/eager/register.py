@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_tpu.eager import checks, dispatch, fallback
+from torch_tpu.eager import dispatch, fallback, validation
 from torch_tpu.ops.registry import KERNELS, LOWERINGS, inplace_variant, mutated_args, out_variant
 
 _libraries: list[torch.library.Library] = []
@@ -27,7 +27,7 @@ def install() -> None:
     registered = set()
     for op, fn in KERNELS.items():
         if _is_factory(op):  # e.g. eye, arange, empty: raise CPU's errors for bad sizes, not JAX's
-            fn = checks.with_cpu_errors(op, fn)
+            fn = validation.with_cpu_errors(op, fn)
         lib.impl(op, fn, "PrivateUse1")
         registered.add(op)
     for op, lowering in LOWERINGS.items():
