@@ -77,6 +77,43 @@ def test_truncated_entry_is_discarded(tmp_path):
     assert again["stats"]["discarded"] == 1 and "discarding" in stderr
 
 
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "header_only", "empty"])
+def test_damaged_entry_is_never_deserialized(tmp_path, monkeypatch, damage):
+    """The header's length and digest are checked before XLA sees a byte: a damaged entry is discarded with a
+    warning (not handed to `deserialize_and_load`, which may crash on it), compiled again and rewritten (the next
+    read loads it)."""
+    import jax
+    from jax.experimental import serialize_executable
+
+    from torch_tpu.runtime import persistent
+
+    monkeypatch.setenv("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", str(tmp_path))
+    ones = jax.numpy.ones(4, jax.numpy.float32)
+    lowered = jax.jit(lambda a: a * 7).lower(ones)
+    persistent.compile_lowered(lowered)
+    (path,) = entries(tmp_path)
+    data = path.read_bytes()
+    middle = len(data) * 3 // 4  # inside the serialized executable
+    path.write_bytes(
+        {
+            "truncated": data[:-1],
+            "flipped": data[:middle] + bytes([data[middle] ^ 0x55]) + data[middle + 1 :],
+            "header_only": data[: persistent._HEADER.size],
+            "empty": b"",
+        }[damage]
+    )
+    calls = []
+    real = serialize_executable.deserialize_and_load
+    monkeypatch.setattr(serialize_executable, "deserialize_and_load", lambda *a: calls.append(a) or real(*a))
+    discarded = persistent.stats.discarded
+    with pytest.warns(UserWarning, match="discarding unreadable compile-cache entry"):
+        compiled, from_disk = persistent.compile_lowered(lowered)
+    assert not from_disk and not calls and persistent.stats.discarded == discarded + 1
+    assert compiled(ones).tolist() == [7.0] * 4
+    compiled, from_disk = persistent.compile_lowered(lowered)
+    assert from_disk and len(calls) == 1 and compiled(ones).tolist() == [7.0] * 4
+
+
 def test_concurrent_writers_never_leave_partial_entries(tmp_path):
     env = dict(os.environ, TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=str(tmp_path))
     procs = [
@@ -98,7 +135,7 @@ def test_entries_are_keyed_to_the_environment(tmp_path, monkeypatch):
 
     import jax
 
-    from torch_tpu.compile import cache
+    from torch_tpu.runtime import persistent as cache
 
     monkeypatch.setenv("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", str(tmp_path))
     lowered = jax.jit(lambda a: a * 5).lower(jax.numpy.ones(3))
@@ -121,7 +158,7 @@ def test_entries_are_keyed_to_the_environment(tmp_path, monkeypatch):
 
 
 def test_cache_can_be_disabled(tmp_path, monkeypatch):
-    from torch_tpu.compile import cache
+    from torch_tpu.runtime import persistent as cache
 
     monkeypatch.setenv("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", str(tmp_path))
     monkeypatch.setenv("TORCH_TPU_PERSISTENT_CACHE", "0")

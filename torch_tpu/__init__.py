@@ -39,7 +39,7 @@ def _register() -> None:
     from torch_tpu.eager import register
 
     register.install()
-    _accelerator.install()
+    _accelerator.install(tpu.synchronize)
     _serialization.install()
     from torch_tpu.runtime import modules
 

@@ -17,10 +17,11 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from torch_tpu import precision
 from torch_tpu import random as tpu_random
-from torch_tpu.compile import buckets, cache, graph, warm
+from torch_tpu.compile import buckets, graph, warm
 from torch_tpu.eager import fused
 from torch_tpu.eager.cache import Entry, executables
-from torch_tpu.ops.registry import graph_lowering
+from torch_tpu.ops.decompositions import for_graphs as decompositions
+from torch_tpu.runtime import persistent as cache
 from torch_tpu.runtime import platform, storage
 
 # Our eager kernels run as Python under the dispatcher, calling into JAX; when a compiled function runs eager
@@ -29,14 +30,6 @@ for _module in ("torch_tpu", "jax", "jaxlib", "ml_dtypes", "opt_einsum"):
     torch._dynamo.trace_rules.add(_module)
 
 _OPTIONS = {"async_compile", "num_dynamic_buckets", "bucket_size", "serializable", "debug_callback", "name"}
-
-
-@functools.cache
-def decompositions() -> dict:
-    """PyTorch's core-ATen decompositions, except for ops we lower directly (ours are kept whole)."""
-    from torch._decomp import core_aten_decompositions
-
-    return {op: fn for op, fn in core_aten_decompositions().items() if graph_lowering(op) is None}
 
 
 class CompiledGraph:

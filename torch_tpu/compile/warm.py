@@ -1,6 +1,6 @@
 """Warm starts: what lets a second process skip the work the first one did for `torch.compile(backend="tpu")`.
 
-The persistent tier (`compile.cache`) holds executables keyed by their StableHLO, so on its own a warm process
+The persistent tier (`runtime.persistent`) holds executables keyed by their StableHLO, so on its own a warm process
 still runs AOTAutograd and re-traces our lowerings to find that key. Two layers remove that work:
 
 1. AOTAutograd's own cache (`torch._functorch._aot_autograd.autograd_cache`). Our compilers are
@@ -41,8 +41,8 @@ from torch._inductor.output_code import OutputCode
 from torch._ops import OpOverload
 
 from torch_tpu import precision
-from torch_tpu.compile import cache
 from torch_tpu.ops.registry import graph_lowering
+from torch_tpu.runtime import persistent as cache
 
 _COMPILERS = {"fw_compiler": "forward", "bw_compiler": "backward", "inference_compiler": "inference"}
 
