@@ -130,6 +130,68 @@ def test_concurrent_writers_never_leave_partial_entries(tmp_path):
     assert reader["stats"]["discarded"] == 0 and reader["stats"]["misses"] == 0, stderr
 
 
+def _hammer(root: str, worker: int, rounds: int, size: int) -> dict:
+    """A spawned process: writes one shared entry (`worker`'s byte repeated) and reads it back, `rounds` times;
+    returns what it read that was not one whole entry of some worker."""
+    os.environ["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"] = root
+    from torch_tpu.runtime import persistent
+
+    path = pathlib.Path(root) / "sh" / "shared.xla"
+    bad = []
+    for i in range(rounds):
+        if i % 2 == worker % 2:
+            assert persistent.write_entry(path, bytes([worker]) * size)
+        payload = persistent.read_entry(path)
+        if payload is not None and (len(payload) != size or len(set(payload)) != 1):
+            bad.append((len(payload), sorted(set(payload))[:4]))
+    return {"bad": bad, "discarded": persistent.stats.discarded}
+
+
+def _compile_same(root: str) -> tuple[list, bool]:
+    """A spawned process: the same program through the persistent tier; its result and whether it was loaded."""
+    os.environ["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"] = root
+    import jax
+
+    from torch_tpu.runtime import persistent
+
+    ones = jax.numpy.ones(6, jax.numpy.float32)
+    compiled, from_disk = persistent.compile_lowered(jax.jit(lambda a: jax.numpy.cumsum(a) * 3).lower(ones))
+    return compiled(ones).tolist(), from_disk
+
+
+def test_concurrent_writers_and_readers_of_one_key_see_whole_entries(tmp_path, monkeypatch):
+    """Four processes (spawned) replace one entry and read it back in turns: every read is a whole entry of one
+    writer (the rename is atomic; the digest would catch anything else), nothing is discarded, and no temporary
+    file is left behind."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        runs = [pool.apply_async(_hammer, (str(tmp_path), worker, 60, 1 << 20)) for worker in range(4)]
+        results = [run.get(timeout=300) for run in runs]
+    assert all(r["bad"] == [] and r["discarded"] == 0 for r in results), results
+    assert not list(tmp_path.rglob(".tmp-*"))
+    from torch_tpu.runtime import persistent
+
+    monkeypatch.setenv("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", str(tmp_path))
+    last = persistent.read_entry(tmp_path / "sh" / "shared.xla")
+    assert len(last) == 1 << 20 and len(set(last)) == 1
+
+
+def test_concurrent_compiles_of_one_program_agree(tmp_path):
+    """Processes compiling one program at once each get a working executable, and leave one loadable entry."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        runs = [pool.apply_async(_compile_same, (str(tmp_path),)) for _ in range(3)]
+        results = [run.get(timeout=300) for run in runs]
+    expected = [3.0 * (i + 1) for i in range(6)]
+    assert all(values == expected for values, _ in results), results
+    assert len(entries(tmp_path)) == 1 and not list(tmp_path.rglob(".tmp-*"))
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        values, from_disk = pool.apply_async(_compile_same, (str(tmp_path),)).get(timeout=300)
+    assert values == expected and from_disk
+
+
 def test_entries_are_keyed_to_the_environment(tmp_path, monkeypatch):
     import shutil
 
