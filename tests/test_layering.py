@@ -130,3 +130,22 @@ def test_argument_updates_are_registry_lowerings():
         assert mutating not in KERNELS
     with pytest.raises(ValueError, match="updates"):
         mutating_variant(aten._native_batch_norm_legit_functional.default, ("running_var",))
+
+
+@pytest.mark.parametrize("mode", ["DEFER_NEVER", "DEFER_AND_FUSE"])
+def test_argument_updates_reach_the_buffers(mode):
+    """The derived kernel of `writes=` updates the running statistics as CPU does, in Strict and Fused eager."""
+    import copy
+
+    import torch
+
+    torch.manual_seed(0)
+    module = torch.nn.BatchNorm2d(3, momentum=0.3)
+    on_tpu = copy.deepcopy(module).to("tpu")
+    with torch.tpu.set_eager_mode(getattr(torch.tpu.EagerMode, mode)):
+        for _ in range(3):
+            x = torch.randn(4, 3, 5, 5)
+            ours = on_tpu(x.to("tpu"))
+            torch.testing.assert_close(ours.cpu(), module(x), rtol=1.3e-5, atol=1e-5)
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(getattr(on_tpu, name).cpu(), getattr(module, name), rtol=1.3e-5, atol=1e-6)
