@@ -77,6 +77,43 @@ def test_truncated_entry_is_discarded(tmp_path):
     assert again["stats"]["discarded"] == 1 and "discarding" in stderr
 
 
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "header_only", "empty"])
+def test_damaged_entry_is_never_deserialized(tmp_path, monkeypatch, damage):
+    """The header's length and digest are checked before XLA sees a byte: a damaged entry is discarded with a
+    warning (not handed to `deserialize_and_load`, which may crash on it), compiled again and rewritten (the next
+    read loads it)."""
+    import jax
+    from jax.experimental import serialize_executable
+
+    from torch_tpu.runtime import persistent
+
+    monkeypatch.setenv("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", str(tmp_path))
+    ones = jax.numpy.ones(4, jax.numpy.float32)
+    lowered = jax.jit(lambda a: a * 7).lower(ones)
+    persistent.compile_lowered(lowered)
+    (path,) = entries(tmp_path)
+    data = path.read_bytes()
+    middle = len(data) * 3 // 4  # inside the serialized executable
+    path.write_bytes(
+        {
+            "truncated": data[:-1],
+            "flipped": data[:middle] + bytes([data[middle] ^ 0x55]) + data[middle + 1 :],
+            "header_only": data[: persistent._HEADER.size],
+            "empty": b"",
+        }[damage]
+    )
+    calls = []
+    real = serialize_executable.deserialize_and_load
+    monkeypatch.setattr(serialize_executable, "deserialize_and_load", lambda *a: calls.append(a) or real(*a))
+    discarded = persistent.stats.discarded
+    with pytest.warns(UserWarning, match="discarding unreadable compile-cache entry"):
+        compiled, from_disk = persistent.compile_lowered(lowered)
+    assert not from_disk and not calls and persistent.stats.discarded == discarded + 1
+    assert compiled(ones).tolist() == [7.0] * 4
+    compiled, from_disk = persistent.compile_lowered(lowered)
+    assert from_disk and len(calls) == 1 and compiled(ones).tolist() == [7.0] * 4
+
+
 def test_concurrent_writers_never_leave_partial_entries(tmp_path):
     env = dict(os.environ, TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=str(tmp_path))
     procs = [
@@ -93,12 +130,74 @@ def test_concurrent_writers_never_leave_partial_entries(tmp_path):
     assert reader["stats"]["discarded"] == 0 and reader["stats"]["misses"] == 0, stderr
 
 
+def _hammer(root: str, worker: int, rounds: int, size: int) -> dict:
+    """A spawned process: writes one shared entry (`worker`'s byte repeated) and reads it back, `rounds` times;
+    returns what it read that was not one whole entry of some worker."""
+    os.environ["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"] = root
+    from torch_tpu.runtime import persistent
+
+    path = pathlib.Path(root) / "sh" / "shared.xla"
+    bad = []
+    for i in range(rounds):
+        if i % 2 == worker % 2:
+            assert persistent.write_entry(path, bytes([worker]) * size)
+        payload = persistent.read_entry(path)
+        if payload is not None and (len(payload) != size or len(set(payload)) != 1):
+            bad.append((len(payload), sorted(set(payload))[:4]))
+    return {"bad": bad, "discarded": persistent.stats.discarded}
+
+
+def _compile_same(root: str) -> tuple[list, bool]:
+    """A spawned process: the same program through the persistent tier; its result and whether it was loaded."""
+    os.environ["TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"] = root
+    import jax
+
+    from torch_tpu.runtime import persistent
+
+    ones = jax.numpy.ones(6, jax.numpy.float32)
+    compiled, from_disk = persistent.compile_lowered(jax.jit(lambda a: jax.numpy.cumsum(a) * 3).lower(ones))
+    return compiled(ones).tolist(), from_disk
+
+
+def test_concurrent_writers_and_readers_of_one_key_see_whole_entries(tmp_path, monkeypatch):
+    """Four processes (spawned) replace one entry and read it back in turns: every read is a whole entry of one
+    writer (the rename is atomic; the digest would catch anything else), nothing is discarded, and no temporary
+    file is left behind."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        runs = [pool.apply_async(_hammer, (str(tmp_path), worker, 60, 1 << 20)) for worker in range(4)]
+        results = [run.get(timeout=300) for run in runs]
+    assert all(r["bad"] == [] and r["discarded"] == 0 for r in results), results
+    assert not list(tmp_path.rglob(".tmp-*"))
+    from torch_tpu.runtime import persistent
+
+    monkeypatch.setenv("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", str(tmp_path))
+    last = persistent.read_entry(tmp_path / "sh" / "shared.xla")
+    assert len(last) == 1 << 20 and len(set(last)) == 1
+
+
+def test_concurrent_compiles_of_one_program_agree(tmp_path):
+    """Processes compiling one program at once each get a working executable, and leave one loadable entry."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        runs = [pool.apply_async(_compile_same, (str(tmp_path),)) for _ in range(3)]
+        results = [run.get(timeout=300) for run in runs]
+    expected = [3.0 * (i + 1) for i in range(6)]
+    assert all(values == expected for values, _ in results), results
+    assert len(entries(tmp_path)) == 1 and not list(tmp_path.rglob(".tmp-*"))
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        values, from_disk = pool.apply_async(_compile_same, (str(tmp_path),)).get(timeout=300)
+    assert values == expected and from_disk
+
+
 def test_entries_are_keyed_to_the_environment(tmp_path, monkeypatch):
     import shutil
 
     import jax
 
-    from torch_tpu.compile import cache
+    from torch_tpu.runtime import persistent as cache
 
     monkeypatch.setenv("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", str(tmp_path))
     lowered = jax.jit(lambda a: a * 5).lower(jax.numpy.ones(3))
@@ -121,7 +220,7 @@ def test_entries_are_keyed_to_the_environment(tmp_path, monkeypatch):
 
 
 def test_cache_can_be_disabled(tmp_path, monkeypatch):
-    from torch_tpu.compile import cache
+    from torch_tpu.runtime import persistent as cache
 
     monkeypatch.setenv("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", str(tmp_path))
     monkeypatch.setenv("TORCH_TPU_PERSISTENT_CACHE", "0")

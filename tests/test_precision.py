@@ -32,10 +32,10 @@ def test_levels_and_mapping():
 def test_precision_is_part_of_the_cache_key():
     a, b = torch.randn(8, 8, device="tpu"), torch.randn(8, 8, device="tpu")
     a @ b
-    before = torch.tpu._get_cache_stats()["num_entries"]
+    before = torch.tpu._get_cache_stats()["num_inserts"]
     with torch.tpu.precision(torch.tpu.Precision.DEFAULT):
         a @ b
-    assert torch.tpu._get_cache_stats()["num_entries"] == before + 1
+    assert torch.tpu._get_cache_stats()["num_inserts"] == before + 1
 
 
 @pytest.mark.parametrize("level", list(precision.Precision))

@@ -149,9 +149,9 @@ def test_slices_at_any_offset_share_one_program():
     torch.manual_seed(0)
     data, w = torch.randn(200, 8), torch.randn(8, 3)
     ours, our_w = data.to("tpu"), w.to("tpu")
-    before = torch.tpu._get_cache_stats()["num_entries"]
+    before = torch.tpu._get_cache_stats()["num_inserts"]
     got = [ours[i : i + 10] @ our_w for i in range(10, 200, 10)]
-    assert torch.tpu._get_cache_stats()["num_entries"] - before == 1
+    assert torch.tpu._get_cache_stats()["num_inserts"] - before == 1
     for i, value in zip(range(10, 200, 10), got, strict=True):
         assert_close(value.cpu(), data[i : i + 10] @ w, rtol=1e-5, atol=1e-5)
 

@@ -57,7 +57,7 @@ def _register() -> None:
     from torch_tpu.eager import register
 
     register.install()
-    _accelerator.install()
+    _accelerator.install(tpu.synchronize)
     from torch_tpu import interop
     from torch_tpu.runtime import pinned
 

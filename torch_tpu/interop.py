@@ -29,8 +29,7 @@ import jax
 import torch
 import torch.utils.dlpack
 
-from torch_tpu.eager import fused
-from torch_tpu.runtime import dtypes, pinned, platform, storage
+from torch_tpu.runtime import deferred, dtypes, pinned, platform, storage
 
 
 def to_jax(tensor: torch.Tensor) -> jax.Array:
@@ -39,7 +38,7 @@ def to_jax(tensor: torch.Tensor) -> jax.Array:
     if not isinstance(tensor, torch.Tensor) or tensor.device.type != "tpu":
         kind = f"a tensor on {tensor.device}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
         raise TypeError(f"torch_tpu.to_jax: expected a tpu tensor, got {kind}")
-    return fused.concrete(storage.value(tensor.detach()))
+    return deferred.concrete(storage.value(tensor.detach()))
 
 
 def from_jax(array: jax.Array) -> torch.Tensor:

@@ -16,25 +16,14 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from torch_tpu import precision
 from torch_tpu import random as tpu_random
-from torch_tpu.compile import buckets, cache, graph, warm
+from torch_tpu.compile import buckets, graph, warm
 from torch_tpu.eager import fused
 from torch_tpu.eager.cache import Entry, executables
+from torch_tpu.ops.decompositions import for_graphs as decompositions
 from torch_tpu.runtime import checks, platform, storage
+from torch_tpu.runtime import persistent as cache
 
 _OPTIONS = {"async_compile", "num_dynamic_buckets", "bucket_size", "serializable", "debug_callback", "name"}
-
-
-def decompositions() -> dict:
-    """PyTorch's core-ATen decompositions, except for ops we lower directly (ours are kept whole; a lowering
-    registered later, e.g. by the user, takes its op out)."""
-    return _decompositions(warm.lowered_ops())
-
-
-@functools.cache
-def _decompositions(lowered: frozenset) -> dict:
-    from torch._decomp import core_aten_decompositions
-
-    return {op: fn for op, fn in core_aten_decompositions().items() if op not in lowered}
 
 
 class CompiledGraph:

@@ -1,6 +1,6 @@
 """Warm starts: what lets a second process skip the work the first one did for `torch.compile(backend="tpu")`.
 
-The persistent tier (`compile.cache`) holds executables keyed by their StableHLO, so on its own a warm process
+The persistent tier (`runtime.persistent`) holds executables keyed by their StableHLO, so on its own a warm process
 still runs AOTAutograd and re-traces our lowerings to find that key. Two layers remove that work:
 
 1. AOTAutograd's own cache (`torch._functorch._aot_autograd.autograd_cache`). Our compilers are
@@ -46,8 +46,9 @@ from torch._inductor.output_code import OutputCode
 from torch._ops import OpOverload
 
 from torch_tpu import precision
-from torch_tpu.compile import cache
-from torch_tpu.ops.registry import GRAPH_LOWERINGS, LOWERINGS, graph_lowering
+from torch_tpu.ops.decompositions import lowered_ops
+from torch_tpu.ops.registry import graph_lowering
+from torch_tpu.runtime import persistent as cache
 
 _COMPILERS = {"fw_compiler": "forward", "bw_compiler": "backward", "inference_compiler": "inference"}
 
@@ -74,11 +75,6 @@ def sources() -> str:
         digest.update(str(path.relative_to(package)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
-
-
-def lowered_ops() -> frozenset[OpOverload]:
-    """The ops the compiler lowers whole (the registry may grow at run time)."""
-    return frozenset(LOWERINGS) | frozenset(GRAPH_LOWERINGS)
 
 
 # --- layer 1: AOTAutograd's cache -------------------------------------------------------------------------------

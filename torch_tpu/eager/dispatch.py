@@ -20,12 +20,11 @@ from torch._ops import OpOverload
 
 from torch_tpu import precision
 from torch_tpu import random as tpu_random
-from torch_tpu.compile import cache as persistent
 from torch_tpu.eager import fused, modes, validation
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import Lowering, mutated_args
 from torch_tpu.runtime import checks as device_checks
-from torch_tpu.runtime import dtypes, platform, storage
+from torch_tpu.runtime import dtypes, persistent, platform, storage
 
 _TENSOR, _TENSORS, _SCALAR, _SCALARS, _STATIC, _GENERATOR = range(6)
 _MATH_BIT_KEYS = (torch._C.DispatchKey.Conjugate, torch._C.DispatchKey.Negative)

@@ -4,7 +4,6 @@ a counted run on the CPU with a one-time warning."""
 
 from __future__ import annotations
 
-import functools
 import os
 import warnings
 from typing import Any
@@ -14,6 +13,7 @@ from torch._ops import OpOverload
 from torch.utils._pytree import tree_map
 
 from torch_tpu import metrics
+from torch_tpu.ops import decompositions
 
 _enabled = os.environ.get("TORCH_TPU_CPU_FALLBACK") == "1"
 _warned: set[str] = set()
@@ -32,16 +32,8 @@ def cpu_fallback_enabled() -> bool:
 _active: set[OpOverload] = set()
 
 
-@functools.cache
-def _decompositions() -> dict[OpOverload, Any]:
-    """PyTorch's core-ATen decompositions: written in ATen ops (not prims), so each step has a lowering."""
-    from torch._decomp import core_aten_decompositions
-
-    return dict(core_aten_decompositions())
-
-
 def unimplemented(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
-    decomposition = _decompositions().get(op)
+    decomposition = decompositions.core_aten().get(op)
     if decomposition is not None and op not in _active:
         metrics.decompositions[str(op)] += 1
         _active.add(op)

@@ -1,13 +1,13 @@
 """Fused eager (`DEFER_AND_FUSE`): ops are recorded into a DAG of pending values instead of running.
 
-A storage's buffer may hold a `Pending` value (shape and dtype known, data not computed yet). When data is
-needed on the host (`.item()`, `.cpu()`, `print`, `torch.save`, Python control flow on values), at
+A storage's buffer may hold a `Pending` value (`runtime.deferred`: shape and dtype known, data not computed yet).
+When data is needed on the host (`.item()`, `.cpu()`, `print`, `torch.save`, Python control flow on values), at
 `torch.tpu.synchronize()`, on leaving the mode, before a compiled graph or a data-dependent op runs, before and
-after every `optimizer.step()`, or past `TORCH_TPU_FUSED_MAX_OPS` ops, the recorded cluster runs as one
-executable. A cluster's fingerprint — the op sequence with shapes, dtypes and static arguments, and which values
-live storages still hold — is built while recording and keys the executable cache; scalars and PRNG keys are
-run-time inputs, so a training loop's steady state replays the same cached executables every step. Values no live
-storage holds are dead: the executable neither computes nor returns them.
+after every `optimizer.step()`, or past `TORCH_TPU_FUSED_MAX_OPS` ops, the recorded cluster runs as one executable.
+A cluster's fingerprint — the op sequence with shapes, dtypes and static arguments, and which values live storages
+still hold — is built while recording and keys the executable cache; scalars and PRNG keys are run-time inputs, so
+a training loop's steady state replays the same cached executables every step. Values no live storage holds are
+dead: the executable neither computes nor returns them.
 
 The cuts are placed so that clusters repeat. The optimizer's keep them aligned with training steps and pipeline
 a step: the forward-and-backward cluster computes while Python records the optimizer's ops, and the optimizer's
@@ -33,43 +33,14 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from torch_tpu import precision
-from torch_tpu.compile import cache as persistent
 from torch_tpu.eager import modes
 from torch_tpu.eager.cache import Entry, executables
-from torch_tpu.runtime import checks
+from torch_tpu.runtime import checks, deferred, persistent
+from torch_tpu.runtime.deferred import Pending
+from torch_tpu.runtime.deferred import concrete as concrete  # re-exported: the dispatcher's name for it
+from torch_tpu.runtime.deferred import is_pending as is_pending  # re-exported: the dispatcher's name for it
 
 MAX_CLUSTER_OPS = int(os.environ.get("TORCH_TPU_FUSED_MAX_OPS", "1024"))
-
-
-class Pending:
-    """Output `ref` = (node, index) of the cluster being recorded; `value` is set once the cluster has run."""
-
-    __slots__ = ("aval", "ref", "value")
-
-    def __init__(self, aval: jax.ShapeDtypeStruct, ref: tuple[int, int]) -> None:
-        self.aval = aval
-        self.ref = ref
-        self.value: jax.Array | None = None
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.aval.shape
-
-    @property
-    def dtype(self) -> Any:
-        return self.aval.dtype
-
-    @property
-    def ndim(self) -> int:
-        return len(self.aval.shape)
-
-    @property
-    def size(self) -> int:
-        return self.aval.size
-
-    @property
-    def nbytes(self) -> int:
-        return self.aval.size * self.aval.dtype.itemsize
 
 
 class Trace:
@@ -99,7 +70,7 @@ class _Recorder:
     def __init__(self) -> None:
         self.plan: list[int] = []
         self.leaves: list[Any] = []
-        self.buffers: dict[int, weakref.ref] = {}
+        self.buffers: dict[int, weakref.ref] = deferred.buffers
         self.traces: dict[Hashable, Trace] = {}
         self.nodes: dict[tuple, int] = {}
         self.node_table: list[tuple[Callable, list]] = []
@@ -114,11 +85,6 @@ class _Recorder:
 
 
 recorder = _Recorder()
-
-
-def is_pending(value: Any) -> bool:
-    """Whether `value` is a recorded value not computed yet."""
-    return type(value) is Pending and value.value is None
 
 
 def _signature(value: Any) -> Hashable:
@@ -184,28 +150,9 @@ def record(trace: Trace, inputs: list) -> Any:
     return jax.tree_util.tree_unflatten(trace.tree, outputs)
 
 
-def apply(key: Hashable, fn: Callable, *inputs: Any) -> Any:
-    """`fn(*inputs)` for the storage helpers (view gathers, scatters, casts): recorded in Fused mode, where it then
-    fuses with the ops around it instead of running as its own executable, or when an input is pending; else run
-    now. `key` must fix `fn`; the inputs' avals are added to it."""
-    if modes.state.fused or any(type(x) is Pending and x.value is None for x in inputs):
-        arguments = list(inputs)
-        return record(trace((key, *[_signature(x) for x in inputs]), fn, arguments), arguments)
-    return fn(*[x.value if type(x) is Pending else x for x in inputs])
-
-
-def track(buffer: Any) -> None:
-    """`buffer` holds a Pending value: the next cluster must produce it (while the buffer lives)."""
-    recorder.buffers[id(buffer)] = weakref.ref(buffer)
-
-
-def concrete(value: Any) -> Any:
-    """The computed value of `value`, running the pending cluster if needed."""
-    if type(value) is not Pending:
-        return value
-    if value.value is None:
-        flush(extra=[value])
-    return value.value
+def _record_helper(key: Hashable, fn: Callable, inputs: list) -> Any:
+    """`deferred.apply`'s recording: the storage helper `fn` under `key` plus its inputs' avals."""
+    return record(trace((key, *[_signature(x) for x in inputs]), fn, inputs), inputs)
 
 
 def flush(extra: list[Pending] = ()) -> None:
@@ -249,6 +196,7 @@ def _step_boundary(optimizer: torch.optim.Optimizer, *args: Any) -> None:
 
 register_optimizer_step_pre_hook(_step_boundary)
 register_optimizer_step_post_hook(_step_boundary)
+deferred.install(modes.state, _record_helper, flush)
 
 
 def _live(nodes: list[tuple[Callable, list]], out_refs: tuple) -> list[bool]:

@@ -1,12 +1,17 @@
 """Install the registry into PyTorch's dispatcher: one PrivateUse1 kernel per lowered overload and its
-derived in-place and `out=` variants, plus a fallback for every other op."""
+derived in-place, `out=` and argument-updating (`writes=`) variants, plus a fallback for every other op."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
+from torch._ops import OpOverload
 
 from torch_tpu.eager import dispatch, fallback, validation
-from torch_tpu.ops.registry import KERNELS, LOWERINGS, inplace_variant, mutated_args, out_variant
+from torch_tpu.ops.registry import KERNELS, LOWERINGS, Lowering, inplace_variant, mutated_args, out_variant
+from torch_tpu.runtime import storage
 
 _libraries: list[torch.library.Library] = []
 
@@ -36,8 +41,11 @@ def install() -> None:
             lib.impl(op, dispatch.inplace_kernel(lowering, op), "PrivateUse1")
             registered.add(op)
             continue
-        lib.impl(op, dispatch.functional_kernel(lowering), "PrivateUse1")
+        lib.impl(op, _with_result(lowering, dispatch.functional_kernel(lowering)), "PrivateUse1")
         registered.add(op)
+        if lowering.mutating is not None:
+            lib.impl(lowering.mutating, writing_kernel(lowering), "PrivateUse1")
+            registered.add(lowering.mutating)
         # (a list output's `out=` form, e.g. foreach's, keeps PyTorch's kernel, which calls ours per tensor)
         out = out_variant(op) if str(op._schema.returns[0].type) != "List[Tensor]" else None
         for variant, make in ((inplace_variant(op), dispatch.inplace_kernel), (out, dispatch.out_kernel)):
@@ -47,3 +55,38 @@ def install() -> None:
     global_lib = torch.library.Library("_", "IMPL")
     global_lib.fallback(fallback.unimplemented, "PrivateUse1")
     _libraries.extend([lib, global_lib])
+
+
+def _with_result(lowering: Lowering, kernel: Callable) -> Callable:
+    """`kernel`, returning `lowering.eager_result` of what it computed when the lowering has one."""
+    adjust = lowering.eager_result
+    if adjust is None:
+        return kernel
+
+    def adjusted(*args: Any, **kwargs: Any) -> Any:
+        return adjust(kernel(*args, **kwargs), *args, **kwargs)
+
+    return adjusted
+
+
+def writing_kernel(lowering: Lowering) -> Callable:
+    """The kernel of `lowering.mutating`: the functional lowering runs on its arguments, its trailing outputs are
+    written into the arguments `lowering.writes` and the others are returned."""
+    runner = dispatch.Runner(lowering, lowering.mutating)
+    op: OpOverload = lowering.op
+    names = lowering.writes
+    positions = {a.name: i for i, a in enumerate(lowering.mutating._schema.arguments) if not a.kwarg_only}
+    single = len(lowering.mutating._schema.returns) == 1
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        values = list(runner.run(op, args, kwargs))
+        kept, new = values[: -len(names)], values[-len(names) :]
+        for name, value in zip(names, new, strict=True):
+            target = args[positions[name]] if positions.get(name, len(args)) < len(args) else kwargs[name]
+            for tensor, array in zip(target, value, strict=True) if isinstance(target, list) else [(target, value)]:
+                storage.write(tensor, array)
+        result = [None if r is None else storage.wrap(r) for r in kept]
+        result = result[0] if single else tuple(result)
+        return lowering.eager_result(result, *args, **kwargs) if lowering.eager_result is not None else result
+
+    return kernel

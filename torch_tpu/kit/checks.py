@@ -286,4 +286,4 @@ def shape_catalogue(workload: Workload) -> list[dict[str, Any]]:
 
 
 def _executables() -> int:
-    return int(torch.tpu._get_cache_stats()["num_entries"])
+    return int(torch.tpu._get_cache_stats()["num_inserts"])

@@ -10,9 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torch_tpu.eager import fused
 from torch_tpu.ops.registry import aten, kernel, lower
-from torch_tpu.runtime import storage
+from torch_tpu.runtime import deferred, storage
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -116,7 +115,7 @@ def resize_(self: torch.Tensor, size, *, memory_format=None) -> torch.Tensor:
     target = self.untyped_storage()
     buffer = storage.buffer_of(self)
     if needed > buffer.nbytes:
-        old = storage._bitcast_flat(fused.concrete(buffer.array).reshape(-1), np.dtype(np.uint8))
+        old = storage._bitcast_flat(deferred.concrete(buffer.array).reshape(-1), np.dtype(np.uint8))
         grown = jnp.concatenate([old, jnp.zeros((needed - buffer.nbytes,), np.uint8)])
         target = storage.wrap(grown).untyped_storage()
     return aten.set_.source_Storage_storage_offset.redispatch(_CPU_KEYS, self, target, offset, size, stride)

@@ -2,8 +2,13 @@
 
 A lowering is a pure function of jax.Arrays (and static Python values) registered for the *functional*
 overloads it implements with `@lower(aten.x.y, ...)`. In-place (`x_`) and `out=` variants are derived from
-the functional op's schema; they are never written by hand. `@kernel` registers a direct torch kernel for
-the minimal tier (views, copies, scalars) that must not go through JAX tracing.
+the functional op's schema; they are never written by hand. An op that updates other arguments in place
+(batch norm's running statistics) is lowered as its functional form, whose trailing outputs are those arguments'
+new values, with `writes=` naming them: the mutating overload is found from the schemas' alias info, and eager
+writes the values into its arguments (compiled graphs see the functional form already). `eager_result=` adjusts
+what an eager kernel returns (a cast where PyTorch's CPU kernel and its meta kernel disagree on a dtype).
+`@kernel` registers a direct torch kernel for the minimal tier (views, copies, scalars) that must not go through
+JAX tracing.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ class Lowering:
 
     `static` names Scalar arguments that shape the program (e.g. `arange`'s end) and so are compiled in
     rather than passed at run time; `rng` lowerings receive a PRNG key as the keyword `key`; `jit=False`
-    marks ops whose output shape depends on data (`nonzero`), run op by op outside `jax.jit`.
+    marks ops whose output shape depends on data (`nonzero`), run op by op outside `jax.jit`. `writes` names the
+    arguments `mutating` (the overload updating them in place) writes: `fn`'s trailing outputs, in that order.
+    `eager_result(result, *args, **kwargs)` gives an eager kernel's return value from the tensors it computed.
     """
 
     op: OpOverload
@@ -31,6 +38,9 @@ class Lowering:
     static: frozenset[str] = frozenset()
     rng: bool = False
     jit: bool = True
+    writes: tuple[str, ...] = ()
+    mutating: OpOverload | None = None
+    eager_result: Callable | None = None
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
@@ -50,14 +60,24 @@ def _check_new(op: OpOverload) -> None:
 
 
 def lower(
-    *ops: OpOverload, static: Iterable[str] = (), rng: bool = False, jit: bool = True
+    *ops: OpOverload,
+    static: Iterable[str] = (),
+    rng: bool = False,
+    jit: bool = True,
+    writes: Iterable[str] = (),
+    eager_result: Callable | None = None,
 ) -> Callable[[Callable], Callable]:
-    """Register `fn` as the JAX lowering of functional overloads `ops`."""
+    """Register `fn` as the JAX lowering of functional overloads `ops`; with `writes`, also of the overload of each
+    that updates those arguments in place (`mutating_variant`)."""
+    writes = tuple(writes)
 
     def register(fn: Callable) -> Callable:
         for op in ops:
             _check_new(op)
-            LOWERINGS[op] = Lowering(op, fn, frozenset(static), rng, jit)
+            mutating = mutating_variant(op, writes) if writes else None
+            if mutating is not None:
+                _check_new(mutating)
+            LOWERINGS[op] = Lowering(op, fn, frozenset(static), rng, jit, writes, mutating, eager_result)
         return fn
 
     return register
@@ -119,6 +139,25 @@ def inplace_variant(op: OpOverload) -> OpOverload | None:
             if [(a.name, str(a.type)) for a in candidate._schema.arguments[1:]] == signature:
                 return candidate
     return None
+
+
+def mutating_variant(op: OpOverload, writes: tuple[str, ...]) -> OpOverload:
+    """The overload that is functional `op` updating the arguments `writes` in place: named `op`'s name without
+    `_functional` or with `_`, with `op`'s arguments, mutating exactly `writes` (per its schema's alias info) and
+    returning `op`'s results but the trailing ones, which are the new values of `writes`."""
+    name = op._schema.name.split("::")[1]
+    arguments = [(a.name, str(a.type)) for a in op._schema.arguments]
+    for packet_name in (name.removesuffix("_functional"), name + "_"):
+        packet = getattr(aten, packet_name, None) if packet_name != name else None
+        for overload in packet.overloads() if packet is not None else ():
+            candidate = getattr(packet, overload)
+            if tuple(a.name for a in mutated_args(candidate)) != writes:
+                continue
+            if [(a.name, str(a.type)) for a in candidate._schema.arguments] != arguments:
+                continue
+            if len(candidate._schema.returns) + len(writes) == len(op._schema.returns):
+                return candidate
+    raise ValueError(f"torch_tpu: no overload of {op} updates {writes} in place")
 
 
 def out_variant(op: OpOverload) -> OpOverload | None:

@@ -65,23 +65,18 @@ def _memory_stats(device=None) -> OrderedDict:
     )
 
 
-def _synchronize(device=None) -> None:
-    import torch_tpu.tpu
-
-    torch_tpu.tpu.synchronize(device)
-
-
 def _reset_peak(device=None) -> None:
     from torch_tpu.runtime.storage import memory
 
     memory.reset_peak()
 
 
-def install() -> None:
-    """Route `torch.accelerator.synchronize` and the memory statistics to `torch.tpu` for the tpu device."""
+def install(synchronize: Callable) -> None:
+    """Route `torch.accelerator.synchronize` (to `synchronize`, i.e. `torch.tpu.synchronize`: it is passed in
+    because it lives above this layer, in eager) and the memory statistics to the tpu device's."""
     if hasattr(torch.accelerator.synchronize, "__wrapped_original__"):
         return
-    torch.accelerator.synchronize = _route(torch.accelerator.synchronize, _synchronize)
+    torch.accelerator.synchronize = _route(torch.accelerator.synchronize, synchronize)
     for module in (torch.accelerator, torch.accelerator.memory):
         module.memory_stats = _route(torch.accelerator.memory.memory_stats, _memory_stats)
         module.reset_peak_memory_stats = _route(torch.accelerator.memory.reset_peak_memory_stats, _reset_peak)

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torch_tpu.eager import fused
 from torch_tpu.runtime import checks, dtypes, platform
+from torch_tpu.runtime import deferred as fused  # the deferred values of eager's Fused mode
 
 _ATTR = "_tpu_buffer"
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -30,7 +30,7 @@ _construct_storage = torch._C._construct_storage_from_data_pointer
 _DEVICE = torch.device("tpu", 0)
 _JAX_DTYPE = dtypes._TORCH_TO_JAX
 _Pending = fused.Pending
-_pending_buffers = fused.recorder.buffers
+_pending_buffers = fused.buffers
 _weakref = weakref.ref
 
 

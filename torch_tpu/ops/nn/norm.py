@@ -1,23 +1,20 @@
 """Lowerings: batch, layer and group normalization and their backward ops (statistics in float32 for half types).
 
-`native_batch_norm`, `_native_batch_norm_legit` and `_batch_norm_with_update` update `running_mean` /
-`running_var` in place, which the dispatcher's derived variants cannot express (they write only `self` / `out`);
-they are direct kernels that run a functional lowering and copy the new statistics into the buffers.
+`_native_batch_norm_legit` and `_batch_norm_with_update` update `running_mean` / `running_var` in place: their
+functional forms are lowered with `writes=("running_mean", "running_var")`, returning the new statistics, which
+eager writes into the buffers (`native_batch_norm` routes to one or the other).
 
 Saved statistics (mean, rstd) take CPU PyTorch's dtype: the input's, or float32 where a half-type input meets
 float32 parameters. PyTorch's meta kernels, which set the dtypes of eager outputs, follow CUDA instead (always
-float32 for half types), so the ops returning them to the user are kernels that cast (`_cpu_stats`); compiled
+float32 for half types), so eager casts what the ops return to the user (`eager_result=_cpu_stats`); compiled
 graphs keep the meta dtypes, as their FakeTensors do.
 """
-
-from collections.abc import Callable
 
 import jax.numpy as jnp
 import torch
 
-from torch_tpu.eager import dispatch
 from torch_tpu.ops.nn.common import masked, upcast
-from torch_tpu.ops.registry import Lowering, aten, kernel, lower, lower_in_graphs, out_variant
+from torch_tpu.ops.registry import aten, kernel, lower
 
 
 def _stats_dtype(input: torch.Tensor, *parameters: torch.Tensor | None) -> torch.dtype:
@@ -33,27 +30,10 @@ def _cast_stats(outputs: tuple, input: torch.Tensor, *parameters: torch.Tensor |
     return (outputs[0], outputs[1].to(dtype), outputs[2].to(dtype), *outputs[3:])
 
 
-def _cpu_stats(op: torch._ops.OpOverload) -> Callable[[Callable], Callable]:
-    """Register `fn` as `op`'s lowering in compiled graphs and, in eager, a kernel running it whose saved
-    statistics (outputs 1 and 2) take CPU's dtype; the parameters are the tensor arguments after the input.
-    The `out=` variant, whose outputs' dtypes the caller chose, runs `fn` as a derived variant would."""
-
-    def register(fn: Callable) -> Callable:
-        lower_in_graphs(op)(fn)
-        lowering = Lowering(op, fn)
-        run = dispatch.functional_kernel(lowering)
-        out = out_variant(op)
-        if out is not None:
-            kernel(out)(dispatch.out_kernel(lowering, out))
-
-        @kernel(op)
-        def eager(input: torch.Tensor, *args, **kwargs) -> tuple:
-            parameters = [a for a in args if isinstance(a, torch.Tensor)]
-            return _cast_stats(run(input, *args, **kwargs), input, *parameters)
-
-        return fn
-
-    return register
+def _cpu_stats(outputs: tuple, input: torch.Tensor, *args: object, **kwargs: object) -> tuple:
+    """An eager kernel's result with the saved statistics (outputs 1 and 2) in CPU's dtype; the parameters are the
+    tensor arguments after the input."""
+    return _cast_stats(outputs, input, *[a for a in args if isinstance(a, torch.Tensor)])
 
 
 def _channel_shape(x):
@@ -104,7 +84,9 @@ def _batch_norm_eval(input, weight, bias, running_mean, running_var, eps):
     return out, empty, empty
 
 
-@lower(aten._native_batch_norm_legit_functional.default)
+@lower(
+    aten._native_batch_norm_legit_functional.default, writes=("running_mean", "running_var"), eager_result=_cpu_stats
+)
 def _native_batch_norm_legit_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
     if not training:
         out, save_mean, save_invstd = _batch_norm_eval(input, weight, bias, running_mean, running_var, eps)
@@ -117,50 +99,31 @@ def _native_batch_norm_legit_functional(input, weight, bias, running_mean, runni
     return out, mean, rstd, new_mean, new_var
 
 
-@_cpu_stats(aten._native_batch_norm_legit.no_stats)
+@lower(aten._native_batch_norm_legit.no_stats, eager_result=_cpu_stats)
 def _native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, eps):
     return _batch_norm_train(input, weight, bias, eps)[:3]
 
 
-@_cpu_stats(aten._native_batch_norm_legit_no_training.default)
+@lower(aten._native_batch_norm_legit_no_training.default, eager_result=_cpu_stats)
 def _native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
     return _batch_norm_eval(input, weight, bias, running_mean, running_var, eps)
-
-
-@kernel(aten._native_batch_norm_legit.default)
-def _native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    out, mean, rstd, new_mean, new_var = aten._native_batch_norm_legit_functional(
-        input, weight, bias, running_mean, running_var, training, momentum, eps
-    )
-    if training:
-        running_mean.copy_(new_mean)
-        running_var.copy_(new_var)
-    return _cast_stats((out, mean, rstd), input, weight, bias, running_mean, running_var)
 
 
 @kernel(aten.native_batch_norm.default)
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
     if running_mean is None or running_var is None:
         return aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
-    return _native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps)
+    return aten._native_batch_norm_legit.default(
+        input, weight, bias, running_mean, running_var, training, momentum, eps
+    )
 
 
-@lower(aten._batch_norm_with_update_functional.default)
+@lower(aten._batch_norm_with_update_functional.default, writes=("running_mean", "running_var"), eager_result=_cpu_stats)
 def _batch_norm_with_update_functional(input, weight, bias, running_mean, running_var, momentum, eps):
     out, mean, rstd, new_mean, new_var = _native_batch_norm_legit_functional(
         input, weight, bias, running_mean, running_var, True, momentum, eps
     )
     return out, mean, rstd, jnp.zeros((0,), jnp.uint8), new_mean, new_var
-
-
-@kernel(aten._batch_norm_with_update.default)
-def _batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
-    out, mean, rstd, reserve, new_mean, new_var = aten._batch_norm_with_update_functional(
-        input, weight, bias, running_mean, running_var, momentum, eps
-    )
-    running_mean.copy_(new_mean)
-    running_var.copy_(new_var)
-    return *_cast_stats((out, mean, rstd), input, weight, bias, running_mean, running_var), reserve
 
 
 @lower(aten.native_batch_norm_backward.default)
@@ -199,7 +162,7 @@ def _trailing_axes(x, count):
     return tuple(range(x.ndim - count, x.ndim))
 
 
-@_cpu_stats(aten.native_layer_norm.default)
+@lower(aten.native_layer_norm.default, eager_result=_cpu_stats)
 def native_layer_norm(input, normalized_shape, weight, bias, eps):
     x = upcast(input)
     axes = _trailing_axes(x, len(normalized_shape))

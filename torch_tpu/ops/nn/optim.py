@@ -16,15 +16,14 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from torch_tpu.eager import fused
 from torch_tpu.ops.nn.common import upcast
 from torch_tpu.ops.registry import aten, kernel, lower
-from torch_tpu.runtime import storage
+from torch_tpu.runtime import deferred, storage
 
 
 def _value(tensor):
     """The tensor's computed value (in Fused eager mode, running the pending cluster first)."""
-    return fused.concrete(storage.value(tensor))
+    return deferred.concrete(storage.value(tensor))
 
 
 def _values(tensors):

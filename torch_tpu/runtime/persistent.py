@@ -3,10 +3,16 @@
 Entries live under `TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT` (default: `$XDG_CACHE_HOME/torch_tpu/xla`, i.e.
 `~/.cache/torch_tpu/xla`), in a directory private to the user. An entry's key is a SHA-256 of the program's
 StableHLO and of the torch, jax, jaxlib and torch_tpu versions and the platform and device kind, so a new
-version or another chip never reads it. Writes are atomic (a temporary file renamed into place); an entry that
-fails to load is discarded with a warning and the program is compiled again. `TORCH_TPU_PERSISTENT_CACHE=0`
-turns the tier off. `compile.warm` keeps its graph-keyed index (`graphs/`) in the same directory, in the same
-entry format (`read_entry`, `write_entry`).
+version or another chip never reads it. `TORCH_TPU_PERSISTENT_CACHE=0` turns the tier off. `compile.warm`
+keeps its graph-keyed index (`graphs/`) in the same directory, in the same entry format (`read_entry`,
+`write_entry`).
+
+An entry file is a header — magic, the body's length and its BLAKE2b digest — then the body, a pickle of (the
+environment, the payload). A reader checks length and digest before unpickling or deserializing anything, so a
+truncated, torn or corrupted file is discarded with a warning and the program compiled again, never handed to
+XLA. Writes are atomic: the whole file goes to a temporary file in the entry's directory, is flushed to disk and
+renamed into place, so readers see the old entry or the new one, never part of one, and two processes writing one
+key leave one complete entry (the last rename wins; both wrote the same program).
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ import hashlib
 import os
 import pathlib
 import pickle
+import struct
 import sys
 import tempfile
 import warnings
+import weakref
 from collections.abc import Callable
 from importlib.metadata import version
 from typing import Any
@@ -29,7 +37,14 @@ from jax.experimental import serialize_executable
 from torch_tpu import precision
 from torch_tpu.runtime import platform
 
-_FORMAT = 1
+_FORMAT = 2
+_MAGIC = b"TTPUXLA2"
+_HEADER = struct.Struct(f"<{len(_MAGIC)}sQ32s")  # magic, body length, BLAKE2b-256 digest of the body
+DEFAULT_FOOTPRINT = 64 << 10
+"""The size estimate of an executable the tier did not serialize (off, or not serializable): a generous bound of
+a small op's serialized CPU executable (~10-20 KiB)."""
+
+_footprints: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def root() -> pathlib.Path:
@@ -114,11 +129,13 @@ def _private_dirs(path: pathlib.Path) -> None:
 def read_entry(path: pathlib.Path, decode: Callable[[Any], Any] = lambda payload: payload) -> Any | None:
     """`decode(payload)` of the entry at `path`, None if absent; an unreadable entry, or one written by another
     environment, is deleted with a warning (it is recompiled, never trusted)."""
-    if not path.exists():
-        return None
     try:
         with open(path, "rb") as handle:
-            header, payload = pickle.load(handle)
+            data = handle.read()
+    except FileNotFoundError:
+        return None
+    try:
+        header, payload = pickle.loads(_verified_body(data))
         if header != environment():
             raise ValueError("entry written by another environment")
         return decode(payload)
@@ -135,8 +152,10 @@ def write_entry(path: pathlib.Path, payload: Any) -> bool:
     try:
         _private_dirs(path.parent)
         descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        body = pickle.dumps((environment(), payload))
         with os.fdopen(descriptor, "wb") as handle:
-            pickle.dump((environment(), payload), handle)
+            handle.write(_HEADER.pack(_MAGIC, len(body), _digest(body)))
+            handle.write(body)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
@@ -146,9 +165,34 @@ def write_entry(path: pathlib.Path, payload: Any) -> bool:
         return False
 
 
+def _digest(body: bytes) -> bytes:
+    return hashlib.blake2b(body, digest_size=32).digest()
+
+
+def _verified_body(data: bytes) -> bytes:
+    """The body of an entry file's bytes, after checking the header's magic, length and digest."""
+    if len(data) < _HEADER.size:
+        raise ValueError(f"truncated entry: {len(data)} bytes, shorter than its header")
+    magic, length, digest = _HEADER.unpack_from(data)
+    if magic != _MAGIC:
+        raise ValueError("not an entry of this format")
+    body = data[_HEADER.size :]
+    if len(body) != length:
+        raise ValueError(f"truncated entry: {len(body)} bytes of a {length}-byte body")
+    if _digest(body) != digest:
+        raise ValueError("checksum mismatch")
+    return body
+
+
+def _deserialize(payload: tuple) -> Any:
+    compiled = serialize_executable.deserialize_and_load(*payload)
+    _footprints[compiled] = len(payload[0])
+    return compiled
+
+
 def load(key: str) -> Any | None:
     """The executable stored under the program key `key`, or None."""
-    return read_entry(_path(key), lambda payload: serialize_executable.deserialize_and_load(*payload))
+    return read_entry(_path(key), _deserialize)
 
 
 def _store(key: str, compiled: Any) -> None:
@@ -157,13 +201,29 @@ def _store(key: str, compiled: Any) -> None:
     except Exception as error:
         warnings.warn(f"torch_tpu: could not serialize compile-cache entry {key}: {error}", stacklevel=3)
         return
+    _footprints[compiled] = len(payload[0])
     if write_entry(_path(key), payload):
         stats.writes += 1
 
 
 def fast_call(compiled: Any) -> Any:
     """The C++ call path of a `jax.stages.Compiled` once it has been called (skips a Python frame per call)."""
-    return getattr(compiled, "_call", None) or compiled
+    call = getattr(compiled, "_call", None)
+    if call is None:
+        return compiled
+    size = _footprints.get(compiled)
+    if size is not None:
+        _footprints[call] = size
+    return call
+
+
+def footprint(executable: Any) -> int:
+    """The bytes an executable (a `Compiled` or its `fast_call`) is estimated to keep resident: its serialized size
+    when this tier serialized or loaded it, else `DEFAULT_FOOTPRINT`."""
+    try:
+        return _footprints.get(executable, DEFAULT_FOOTPRINT)
+    except TypeError:  # not weakly referenceable (a plain function: an op run eagerly)
+        return DEFAULT_FOOTPRINT
 
 
 def compile_lowered(lowered: jax.stages.Lowered) -> tuple[Any, bool]:

@@ -1,0 +1,153 @@
+"""The package's layering, checked: imports run one way, runtime -> ops -> eager -> compile -> kit.
+
+Every import of a torch_tpu module counts, at module level or inside a function (a lazy import is a dependency
+all the same). A module may import its own layer and the layers below it, never one above."""
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / "torch_tpu"
+LAYERS = ("runtime", "ops", "eager", "compile", "kit")
+
+# The modules outside the layer packages, and why each sits where it does.
+TOP_LEVEL = {
+    # Zero-copy exchange with JAX arrays (`to_jax`, `from_jax`, DLPack): a tensor's buffer is a jax.Array.
+    "torch_tpu.interop": "runtime",
+    # Global numeric state: lowerings read it and every cache key (eager's, fused clusters', graphs', the
+    # persistent tier's XLA options) includes it, so it sits below all of them.
+    "torch_tpu.precision": "runtime",
+    # The device RNG stream: lowerings take its keys, eager dispatch and compiled graphs draw them.
+    "torch_tpu.random": "runtime",
+    # Counters any layer may bump (eager's fallbacks and decompositions) and the kit reports.
+    "torch_tpu.metrics": "runtime",
+    # `torch.tpu`, the device module: eager modes, synchronize (which runs Fused mode's pending cluster), cache
+    # statistics — the user's view of eager execution, used by compile and the kit.
+    "torch_tpu.tpu": "eager",
+    # Autocast kernels for the device's eager dispatch keys, installed beside the op kernels.
+    "torch_tpu.amp": "eager",
+    # The package's entry points wire every layer together (and export reaches into compile), so they are the
+    # top, with the kit; nothing inside the package imports them.
+    "torch_tpu.__init__": "kit",
+    "torch_tpu._loader": "kit",
+    # Helpers for users' tests comparing `tpu` with CPU: a tool on top of the package, like the kit.
+    "torch_tpu.testing": "kit",
+}
+
+
+def module_name(path: pathlib.Path) -> str:
+    return ".".join(("torch_tpu", *path.relative_to(ROOT).with_suffix("").parts)) if path != ROOT else "torch_tpu"
+
+
+def layer_of(module: str) -> str:
+    """The layer of a torch_tpu module (or package) name."""
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in LAYERS:
+        return parts[1]
+    if module == "torch_tpu":
+        module = "torch_tpu.__init__"
+    for name in (module, ".".join(parts[:2])):
+        if name in TOP_LEVEL:
+            return TOP_LEVEL[name]
+    raise AssertionError(f"{module} has no layer: add it to TOP_LEVEL with the reason")
+
+
+def imports(path: pathlib.Path, source: str | None = None) -> list[tuple[str, int]]:
+    """Every torch_tpu module the module at `path` (or `source` as that module) imports, anywhere in it, with the
+    line: `from a import b` counts as `a.b` when `a.b` is a module, else as `a`."""
+    tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
+    package = module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else module_name(path.parent)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                is_module = any(
+                    (ROOT.parent / candidate.replace(".", "/")).with_suffix(suffix).exists() for suffix in (".py", "")
+                )
+                found.append((candidate if is_module else base, node.lineno))
+    return [(name, line) for name, line in found if name == "torch_tpu" or name.startswith("torch_tpu.")]
+
+
+MODULES = sorted(ROOT.rglob("*.py"))
+
+
+def test_every_module_has_a_layer():
+    assert MODULES
+    for path in MODULES:
+        layer_of(module_name(path))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_imports_never_go_up(path):
+    own = LAYERS.index(layer_of(module_name(path)))
+    upward = [
+        f"line {line}: {name} ({layer_of(name)})" for name, line in imports(path) if LAYERS.index(layer_of(name)) > own
+    ]
+    assert not upward, f"{module_name(path)} ({LAYERS[own]}) imports upward: {upward}"
+
+
+def test_the_checker_sees_lazy_relative_and_from_imports():
+    source = (
+        "import torch\n"
+        "from torch_tpu.runtime import dtypes\n"
+        "def f():\n"
+        "    from torch_tpu.compile import backend\n"
+        "    import torch_tpu.kit.cli\n"
+        "    from ..eager.cache import executables\n"
+        "    from . import platform\n"
+    )
+    found = imports(ROOT / "runtime" / "storage.py", source)
+    assert [name for name, _ in found] == [
+        "torch_tpu.runtime.dtypes",
+        "torch_tpu.compile.backend",
+        "torch_tpu.kit.cli",
+        "torch_tpu.eager.cache",
+        "torch_tpu.runtime.platform",
+    ]
+    assert [layer_of(name) for name, _ in found] == ["runtime", "compile", "kit", "eager", "runtime"]
+
+
+def test_argument_updates_are_registry_lowerings():
+    """Batch norm's running statistics are updated through the registry (`writes=`): its mutating overloads are
+    derived from the schemas of the functional forms, not kernels built by ops/ out of eager's machinery."""
+    import torch
+
+    from torch_tpu.ops.registry import KERNELS, LOWERINGS, mutating_variant
+
+    aten = torch.ops.aten
+    for functional, mutating in [
+        (aten._native_batch_norm_legit_functional.default, aten._native_batch_norm_legit.default),
+        (aten._batch_norm_with_update_functional.default, aten._batch_norm_with_update.default),
+    ]:
+        lowering = LOWERINGS[functional]
+        assert lowering.mutating is mutating and lowering.writes == ("running_mean", "running_var")
+        assert mutating not in KERNELS
+    with pytest.raises(ValueError, match="updates"):
+        mutating_variant(aten._native_batch_norm_legit_functional.default, ("running_var",))
+
+
+@pytest.mark.parametrize("mode", ["DEFER_NEVER", "DEFER_AND_FUSE"])
+def test_argument_updates_reach_the_buffers(mode):
+    """The derived kernel of `writes=` updates the running statistics as CPU does, in Strict and Fused eager."""
+    import copy
+
+    import torch
+
+    torch.manual_seed(0)
+    module = torch.nn.BatchNorm2d(3, momentum=0.3)
+    on_tpu = copy.deepcopy(module).to("tpu")
+    with torch.tpu.set_eager_mode(getattr(torch.tpu.EagerMode, mode)):
+        for _ in range(3):
+            x = torch.randn(4, 3, 5, 5)
+            ours = on_tpu(x.to("tpu"))
+            torch.testing.assert_close(ours.cpu(), module(x), rtol=1.3e-5, atol=1e-5)
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(getattr(on_tpu, name).cpu(), getattr(module, name), rtol=1.3e-5, atol=1e-6)
