@@ -129,7 +129,7 @@ def _traceable(lowering: Any, node: torch.fx.Node) -> bool:
         return lowering.fn(*map_aggregate(args, fill), **map_aggregate(kwargs, fill))
 
     try:
-        jax.eval_shape(call, *arrays)
+        jax.eval_shape(checks.collecting(call), *arrays)  # its device-side checks stay in this trace
     except (jax.errors.ConcretizationTypeError, jax.errors.NonConcreteBooleanIndexError):
         return False
     return True
