@@ -47,10 +47,13 @@ def enabled() -> bool:
 
 @functools.cache
 def environment() -> str:
-    """What an executable depends on besides its program: versions, platform, device kind."""
+    """What an executable depends on besides its program: versions, platform, device kind, and in a
+    multi-process job the process count and the device's id (an executable is bound to its device assignment,
+    so rank 1 must not load rank 0's)."""
     device = platform.device()
     parts = [f"{name}={version(name)}" for name in ("torch", "jax", "jaxlib", "torch_tpu")]
     parts += [f"platform={platform.platform()}", f"device={device.device_kind}", f"format={_FORMAT}"]
+    parts += [f"processes={jax.process_count()}", f"device_id={device.id}"]
     return ";".join(parts)
 
 
@@ -148,7 +151,11 @@ def write_entry(path: pathlib.Path, payload: Any) -> bool:
 
 def load(key: str) -> Any | None:
     """The executable stored under the program key `key`, or None."""
-    return read_entry(_path(key), lambda payload: serialize_executable.deserialize_and_load(*payload))
+    # Onto this process's device only: by default it is loaded onto every device of the job.
+    device = platform.device()
+    return read_entry(
+        _path(key), lambda payload: serialize_executable.deserialize_and_load(*payload, execution_devices=[device])
+    )
 
 
 def _store(key: str, compiled: Any) -> None:

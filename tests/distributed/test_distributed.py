@@ -1,0 +1,17 @@
+"""torch.distributed on tpu with 2 processes on loopback (`launch.py`): each worker compares with CPU PyTorch."""
+
+import launch
+
+
+def test_each_rank_owns_its_device_and_its_cache_entries():
+    launch.check(launch.launch("rank_devices"))
+
+
+def test_collectives_exact_against_a_local_computation():
+    launch.check(launch.launch("collectives"))
+
+
+def test_ddp_trains_equal_to_one_process_on_the_full_batch():
+    results = launch.launch("ddp")
+    launch.check(results)
+    assert all("ddp parameters match" in r.output for r in results)
