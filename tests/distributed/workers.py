@@ -163,6 +163,53 @@ def _gather_scatter_checks(rank: int, world: int) -> None:
             _equal(got, source, f"broadcast {dtype} from {root}")
 
 
+def _splits(world: int) -> list[list[int]]:
+    """Uneven all-to-all splits: rank r sends splits[r][j] rows to rank j."""
+    return [[(r + j) % 3 + 1 for j in range(world)] for r in range(world)]
+
+
+def _all_to_all_checks(rank: int, world: int) -> None:
+    values = [_input(r, (world * 2, 3), torch.float64) for r in range(world)]
+    output = torch.empty((world * 2, 3), dtype=torch.float64, device="tpu")
+    dist.all_to_all_single(output, values[rank].to("tpu"))
+    _equal(output, torch.cat([v[rank * 2 : rank * 2 + 2] for v in values]), "all_to_all_single")
+    splits = _splits(world)
+    values = [_input(r, (sum(splits[r]), 2), torch.int64) for r in range(world)]
+    outs = [splits[j][rank] for j in range(world)]
+    output = torch.empty((sum(outs), 2), dtype=torch.int64, device="tpu")
+    dist.all_to_all_single(output, values[rank].to("tpu"), outs, splits[rank])
+    expected = torch.cat([values[j].split(splits[j])[rank] for j in range(world)])
+    _equal(output, expected, "all_to_all_single with uneven splits")
+    inputs = [_input(rank * world + j, (j + 1, 2), torch.float32) for j in range(world)]
+    outputs = [torch.empty((rank + 1, 2), dtype=torch.float32, device="tpu") for _ in range(world)]
+    dist.all_to_all(outputs, [t.to("tpu") for t in inputs])
+    for j in range(world):
+        _equal(outputs[j], _input(j * world + rank, (rank + 1, 2), torch.float32), f"all_to_all from rank {j}")
+
+
+def _rooted_checks(rank: int, world: int) -> None:
+    root = world - 1
+    values = [_input(r, (4,), torch.float64) for r in range(world)]
+    tensor = values[rank].to("tpu")
+    dist.reduce(tensor, dst=root, op=dist.ReduceOp.MAX)
+    _equal(tensor, _reference(dist.ReduceOp.MAX, values) if rank == root else values[rank], "reduce")
+    outputs = [torch.empty(4, dtype=torch.float64, device="tpu") for _ in range(world)] if rank == root else None
+    dist.gather(values[rank].to("tpu"), outputs, dst=root)
+    for r in range(world if rank == root else 0):
+        _equal(outputs[r], values[r], f"gather from rank {r}")
+    parts = [_input(100 + r, (2, 2), torch.int32) for r in range(world)]
+    output = torch.empty((2, 2), dtype=torch.int32, device="tpu")
+    dist.scatter(output, [p.to("tpu") for p in parts] if rank == root else None, src=root)
+    _equal(output, parts[rank], "scatter")
+    message = _input(55, (3, 2), torch.float32)
+    if rank == 0:
+        dist.send(message.to("tpu"), dst=1)
+    elif rank == 1:
+        received = torch.zeros((3, 2), dtype=torch.float32, device="tpu")
+        dist.recv(received, src=0)
+        _equal(received, message, "send/recv")
+
+
 def _cpu_and_errors(rank: int, world: int) -> None:
     values = [_input(r, (3,), torch.float32) for r in range(world)]
     tensor = values[rank].clone()
@@ -187,6 +234,8 @@ def collectives() -> None:
     _all_reduce_checks(rank, world)
     _no_recompiles(world)
     _gather_scatter_checks(rank, world)
+    _all_to_all_checks(rank, world)
+    _rooted_checks(rank, world)
     _cpu_and_errors(rank, world)
     dist.barrier()
     dist.destroy_process_group()

@@ -90,6 +90,12 @@ def _body(kind: str, op: str, size: int, root: int) -> Callable[[jax.Array], jax
             result = jax.lax.dynamic_slice_in_dim(reduced, jax.lax.axis_index(AXIS) * rows, rows)
         elif kind == "all_to_all":  # (size * n, ...): row block j goes to rank j
             result = jax.lax.all_to_all(local, AXIS, split_axis=0, concat_axis=0, tiled=True)
+        elif kind == "scatter":  # root's (size * n, ...): row block j goes to rank j
+            result = jax.lax.all_to_all(local, AXIS, split_axis=0, concat_axis=0, tiled=True)
+            rows = local.shape[0] // size
+            result = jax.lax.dynamic_slice_in_dim(result, root * rows, rows)
+        elif kind == "send":  # from position `root` of a two-rank mesh to the other
+            result = jax.lax.ppermute(local, AXIS, [(root, 1 - root)])
         else:
             raise ValueError(f"tpu_dist: unknown collective {kind!r}")
         return result[None]

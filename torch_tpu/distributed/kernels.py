@@ -183,7 +183,123 @@ def reduce_scatter_(output_tensors, input_tensors, process_group, reduce_op, asy
     return output_tensors, _done(output_tensors)
 
 
+def _pad_rows(array: jax.Array, splits: list[int], rows: int) -> jax.Array:
+    """`array`'s row blocks of `splits` each padded to `rows` rows (an even all-to-all)."""
+    blocks, start = [], 0
+    for split in splits:
+        block = array[start : start + split]
+        blocks.append(jnp.pad(block, [(0, rows - split)] + [(0, 0)] * (array.ndim - 1)))
+        start += split
+    return jnp.concatenate(blocks)
+
+
+def alltoall_base_(output, input, process_group, output_split_sizes, input_split_sizes, async_op=True, timeout=-1):  # noqa: A002, ANN001, ANN201
+    _check_tpu("all_to_all_single", [output, input])
+    ranks = _ranks(process_group)
+    size = len(ranks)
+    local = _read(input)
+    if not input_split_sizes and not output_split_sizes:
+        if input.shape[0] % size:
+            raise ValueError(f"tpu_dist: all_to_all_single input dim 0 ({input.shape[0]}) is not divisible by {size}")
+        result = collectives.run("all_to_all", ranks, local)
+    else:
+        ins = list(input_split_sizes) or [input.shape[0] // size] * size
+        outs = list(output_split_sizes) or [output.shape[0] // size] * size
+        if len(ins) != size or len(outs) != size or sum(ins) != input.shape[0] or sum(outs) != output.shape[0]:
+            raise ValueError(
+                f"tpu_dist: all_to_all_single split sizes {ins} / {outs} do not fit input dim 0 "
+                f"{input.shape[0]} / output dim 0 {output.shape[0]} for {size} ranks"
+            )
+        # Uneven splits: every block padded to the largest split of any rank, agreed on first.
+        largest = jnp.asarray(max(ins + outs), jnp.int64)
+        rows = int(collectives.run("all_reduce", ranks, jax.device_put(largest, local.devices().pop()), "max"))
+        exchanged = collectives.run("all_to_all", ranks, _pad_rows(local, ins, rows))
+        result = jnp.concatenate([exchanged[j * rows : j * rows + outs[j]] for j in range(size)])
+    storage.write(output, result.reshape(tuple(output.shape)))
+    return _done(output)
+
+
+def alltoall_(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
+    _check_tpu("all_to_all", [*output_tensors, *input_tensors])
+    flat_in = torch.cat([tensor.reshape(-1) for tensor in input_tensors])
+    flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype, device="tpu")
+    ins, outs = [t.numel() for t in input_tensors], [t.numel() for t in output_tensors]
+    alltoall_base_(flat_out, flat_in, process_group, outs, ins)
+    for tensor, part in zip(output_tensors, flat_out.split(outs), strict=True):
+        storage.write(tensor, _read(part).reshape(tuple(tensor.shape)))
+    return output_tensors, _done(output_tensors)
+
+
+def _group_rank(ranks: tuple[int, ...]) -> int:
+    return ranks.index(dist.get_rank())
+
+
+def reduce_(tensors, process_group, reduce_op, root_rank, root_tensor, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
+    _check_tpu("reduce", tensors)
+    ranks = _ranks(process_group)
+    for tensor in tensors:
+        result = _reduced("reduce", "all_reduce", ranks, tensor, reduce_op)
+        if _group_rank(ranks) == root_rank:
+            storage.write(tensor, result)
+    return _done(tensors)
+
+
+def gather_(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
+    ranks = _ranks(process_group)
+    (tensor,) = input_tensors
+    _check_tpu("gather", [tensor, *(t for outputs in output_tensors for t in outputs)])
+    gathered = _gathered(ranks, tensor)
+    if _group_rank(ranks) == root_rank:
+        (outputs,) = output_tensors
+        for index, output in enumerate(outputs):
+            storage.write(output, gathered[index])
+    return _done(output_tensors)
+
+
+def scatter_(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
+    ranks = _ranks(process_group)
+    (output,) = output_tensors
+    _check_tpu("scatter", [output, *(t for inputs in input_tensors for t in inputs)])
+    if _group_rank(ranks) == root_rank:
+        local = _read(torch.cat([t.reshape(1, -1) for t in input_tensors[0]]).reshape(-1))
+    else:
+        local = _read(torch.zeros(len(ranks) * output.numel(), dtype=output.dtype, device="tpu"))
+    result = collectives.run("scatter", ranks, local, root=root_rank)
+    storage.write(output, result.reshape(tuple(output.shape)))
+    return output_tensors, _done(output_tensors)
+
+
+def _point_to_point(tensor: torch.Tensor, process_group: Any, src: int, dst: int) -> jax.Array:
+    """The program both ends run: a two-rank mesh (in global-rank order) that moves src's tensor to dst."""
+    ranks = _ranks(process_group)
+    pair = tuple(sorted((ranks[src], ranks[dst])))
+    return collectives.run("send", pair, _read(tensor), root=pair.index(ranks[src]))
+
+
+def send(tensors, process_group, dst, tag):  # noqa: ANN001, ANN201
+    _check_tpu("send", tensors)
+    ranks = _ranks(process_group)
+    for tensor in tensors:
+        _point_to_point(tensor, process_group, _group_rank(ranks), dst)
+    return _done(tensors)
+
+
+def recv_(tensors, process_group, src, tag):  # noqa: ANN001, ANN201
+    _check_tpu("recv", tensors)
+    ranks = _ranks(process_group)
+    for tensor in tensors:
+        storage.write(tensor, _point_to_point(tensor, process_group, src, _group_rank(ranks)))
+    return _done(tensors)
+
+
 _KERNELS = (
+    alltoall_base_,
+    alltoall_,
+    reduce_,
+    gather_,
+    scatter_,
+    send,
+    recv_,
     allreduce_,
     allreduce_coalesced_,
     broadcast_,
