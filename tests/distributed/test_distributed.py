@@ -15,3 +15,9 @@ def test_ddp_trains_equal_to_one_process_on_the_full_batch():
     results = launch.launch("ddp")
     launch.check(results)
     assert all("ddp parameters match" in r.output for r in results)
+
+
+def test_init_after_a_tpu_tensor_raises():
+    results = launch.launch("init_after_a_tensor", nprocs=1)
+    launch.check(results)
+    assert "raised" in results[0].output

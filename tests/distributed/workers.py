@@ -272,3 +272,15 @@ def ddp() -> None:
         torch.testing.assert_close(got.detach().cpu(), expected.detach(), rtol=1e-12, atol=1e-14, msg=name)
     print("ddp parameters match", os.environ["RANK"], flush=True)
     dist.destroy_process_group()
+
+
+def init_after_a_tensor() -> None:
+    """JAX's multi-process runtime cannot start once its backend exists: a clear error, not a wrong device."""
+    torch.ones(2, device="tpu")
+    try:
+        dist.init_process_group("tpu_dist", timeout=_TIMEOUT)
+    except RuntimeError as error:
+        assert "init_process_group must run before the first tpu tensor" in str(error), error
+        print("raised", flush=True)
+    else:
+        raise AssertionError("init_process_group after a tpu tensor did not raise")
