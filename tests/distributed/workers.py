@@ -100,6 +100,14 @@ def _all_reduce_checks(rank: int, world: int) -> None:
         tensor = values[rank].to("tpu")
         dist.all_reduce(tensor, op=op)
         _equal(tensor, _reference(op, values), f"all_reduce {op} bool")
+    # 0-d tensors.
+    values = [_input(r, (), torch.float64) for r in range(world)]
+    tensor = values[rank].to("tpu")
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    _equal(tensor, _reference(dist.ReduceOp.MIN, values), "all_reduce of a 0-d tensor")
+    outputs = [torch.empty((), dtype=torch.float64, device="tpu") for _ in range(world)]
+    dist.all_gather(outputs, values[rank].to("tpu"))
+    _equal(torch.stack(outputs), torch.stack(values), "all_gather of 0-d tensors")
     # Into a non-contiguous view: the column lands in the base, the rest of the base is untouched.
     base = _input(rank, (3, 4), torch.float32)
     on_tpu = base.to("tpu")

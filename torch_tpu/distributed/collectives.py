@@ -74,10 +74,9 @@ def _broadcast(block: jax.Array, root: int) -> jax.Array:
 
 
 def _body(kind: str, op: str, size: int, root: int) -> Callable[[jax.Array], jax.Array]:
-    """The per-shard function: one rank's block (1, *shape) in, its block of the result out."""
+    """The per-shard function: one rank's array in, its result out (the global arrays concatenate them)."""
 
-    def body(block: jax.Array) -> jax.Array:
-        local = block[0]
+    def body(local: jax.Array) -> jax.Array:
         if kind == "all_reduce":
             result = _reduce(local, op, size)
         elif kind == "broadcast":
@@ -98,7 +97,7 @@ def _body(kind: str, op: str, size: int, root: int) -> Callable[[jax.Array], jax
             result = jax.lax.ppermute(local, AXIS, [(root, 1 - root)])
         else:
             raise ValueError(f"tpu_dist: unknown collective {kind!r}")
-        return result[None]
+        return result
 
     return body
 
@@ -120,12 +119,16 @@ def program(kind: str, ranks: tuple[int, ...], shape: tuple[int, ...], dtype: np
 
 
 def run(kind: str, ranks: tuple[int, ...], local: jax.Array, op: str = "", root: int = 0) -> jax.Array:
-    """This rank's result of collective `kind` over `ranks`, given its `local` array."""
+    """This rank's result of collective `kind` over `ranks`, given its `local` array.
+
+    The global array is the ranks' arrays concatenated along dimension 0, so no reshape is needed on either
+    side (a 0-d array travels as shape (1,)).
+    """
+    scalar = local.ndim == 0
+    if scalar:
+        local = local.reshape((1,))
     shape = tuple(local.shape)
-    group_mesh = mesh(ranks)
-    sharding = NamedSharding(group_mesh, P(AXIS))
-    block = local.reshape((1, *shape))
-    whole = jax.make_array_from_single_device_arrays((len(ranks), *shape), sharding, [block])
-    result = program(kind, ranks, shape, local.dtype, op, root)(whole)
-    out = result.addressable_data(0)
-    return out.reshape(out.shape[1:])
+    sharding = NamedSharding(mesh(ranks), P(AXIS))
+    whole = jax.make_array_from_single_device_arrays((len(ranks) * shape[0], *shape[1:]), sharding, [local])
+    out = program(kind, ranks, shape, local.dtype, op, root)(whole).addressable_data(0)
+    return out.reshape(out.shape[:-1]) if scalar else out
