@@ -218,6 +218,22 @@ def _rooted_checks(rank: int, world: int) -> None:
         _equal(received, message, "send/recv")
 
 
+def _subgroup_checks(rank: int, world: int) -> None:
+    values = [_input(r, (3,), torch.float32) for r in range(world)]
+    everyone = dist.new_group(list(range(world)))
+    tensor = values[rank].to("tpu")
+    dist.all_reduce(tensor, group=everyone)
+    _equal(tensor, _reference(dist.ReduceOp.SUM, values), "all_reduce on a new_group of every rank")
+    last = dist.new_group([world - 1])  # every rank creates it; only its member runs collectives on it
+    if rank == world - 1:
+        tensor = values[rank].to("tpu")
+        dist.all_reduce(tensor, group=last)
+        _equal(tensor, values[rank], "all_reduce on a one-rank group")
+        output = torch.empty((1, 3), dtype=torch.float32, device="tpu")
+        dist.all_gather_into_tensor(output, values[rank].to("tpu"), group=last)
+        _equal(output, values[rank][None], "all_gather_into_tensor on a one-rank group")
+
+
 def _cpu_and_errors(rank: int, world: int) -> None:
     values = [_input(r, (3,), torch.float32) for r in range(world)]
     tensor = values[rank].clone()
@@ -244,6 +260,7 @@ def collectives() -> None:
     _gather_scatter_checks(rank, world)
     _all_to_all_checks(rank, world)
     _rooted_checks(rank, world)
+    _subgroup_checks(rank, world)
     _cpu_and_errors(rank, world)
     dist.barrier()
     dist.destroy_process_group()
@@ -272,12 +289,16 @@ def ddp() -> None:
     targets = torch.randn(4 * world, 2, generator=generator, dtype=torch.float64)
     reference = _model()
     _train(reference, inputs, targets, steps=3)
-    model = nn.parallel.DistributedDataParallel(_model().to("tpu"), bucket_cap_mb=1e-4)  # several buckets
     mine = slice(4 * rank, 4 * rank + 4)
-    _train(model, inputs[mine].to("tpu"), targets[mine].to("tpu"), steps=3)
-    for (name, got), expected in zip(model.module.named_parameters(), reference.parameters(), strict=True):
-        # The mean over the full batch against the mean of the ranks' means: float64 rounding, not exact.
-        torch.testing.assert_close(got.detach().cpu(), expected.detach(), rtol=1e-12, atol=1e-14, msg=name)
+    for as_view in (False, True):
+        model = nn.parallel.DistributedDataParallel(
+            _model().to("tpu"), bucket_cap_mb=1e-4, gradient_as_bucket_view=as_view
+        )  # several buckets
+        _train(model, inputs[mine].to("tpu"), targets[mine].to("tpu"), steps=3)
+        for (name, got), expected in zip(model.module.named_parameters(), reference.parameters(), strict=True):
+            # The mean over the full batch against the mean of the ranks' means: float64 rounding, not exact.
+            message = f"{name} (gradient_as_bucket_view={as_view})"
+            torch.testing.assert_close(got.detach().cpu(), expected.detach(), rtol=1e-12, atol=1e-14, msg=message)
     print("ddp parameters match", os.environ["RANK"], flush=True)
     dist.destroy_process_group()
 
