@@ -85,6 +85,37 @@ def launch(worker: str, nprocs: int = 2, timeout: float = 150, env: dict[str, st
         return results
 
 
+def torchrun(worker: str, nprocs: int = 2, timeout: float = 150) -> Rank:
+    """Run `workers.<worker>()` under `torchrun --nproc-per-node nprocs` (its own rendezvous and agent)."""
+    with tempfile.TemporaryDirectory(prefix="tpu_dist_test_") as scratch:
+        environment = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)]),
+            "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": os.path.join(scratch, "cache"),
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={nprocs}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={free_port()}",
+            str(HERE / "run_worker.py"),
+            worker,
+        ]
+        with open(os.path.join(scratch, "torchrun.log"), "w+") as log:
+            process = subprocess.Popen(
+                command, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
+            )
+            try:
+                code = process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                code = None
+            _kill(process)
+            log.seek(0)
+            return Rank(0, code, log.read())
+
+
 def check(results: list[Rank]) -> None:
     """Assert that every rank exited 0, showing the output of those that did not."""
     failed = [r for r in results if r.returncode != 0]

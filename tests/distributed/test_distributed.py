@@ -4,7 +4,8 @@ import launch
 
 
 def test_each_rank_owns_its_device_and_its_cache_entries():
-    launch.check(launch.launch("rank_devices"))
+    """Under torchrun (its agent, its store on MASTER_PORT: JAX's coordinator must take another port)."""
+    launch.check([launch.torchrun("rank_devices")])
 
 
 def test_collectives_exact_against_a_local_computation():
