@@ -104,7 +104,7 @@ def test_damaged_entry_is_never_deserialized(tmp_path, monkeypatch, damage):
     )
     calls = []
     real = serialize_executable.deserialize_and_load
-    monkeypatch.setattr(serialize_executable, "deserialize_and_load", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(serialize_executable, "deserialize_and_load", lambda *a, **k: calls.append(a) or real(*a, **k))
     discarded = persistent.stats.discarded
     with pytest.warns(UserWarning, match="discarding unreadable compile-cache entry"):
         compiled, from_disk = persistent.compile_lowered(lowered)

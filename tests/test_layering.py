@@ -1,4 +1,4 @@
-"""The package's layering, checked: imports run one way, runtime -> ops -> eager -> compile -> kit.
+"""The package's layering, checked: imports run one way, runtime -> ops -> eager -> compile -> distributed -> kit.
 
 Every import of a torch_tpu module counts, at module level or inside a function (a lazy import is a dependency
 all the same). A module may import its own layer and the layers below it, never one above."""
@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "torch_tpu"
-LAYERS = ("runtime", "ops", "eager", "compile", "kit")
+LAYERS = ("runtime", "ops", "eager", "compile", "distributed", "kit")
 
 # The modules outside the layer packages, and why each sits where it does.
 TOP_LEVEL = {

@@ -67,9 +67,10 @@ def _register() -> None:
     from torch_tpu.runtime import modules
 
     modules.install()
-    from torch_tpu import amp
+    from torch_tpu import amp, distributed
 
     amp.install()
+    distributed.register()  # the `tpu_dist` c10d backend; JAX's multi-process runtime starts with a group
 
 
 _register()

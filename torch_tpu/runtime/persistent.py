@@ -62,10 +62,13 @@ def enabled() -> bool:
 
 @functools.cache
 def environment() -> str:
-    """What an executable depends on besides its program: versions, platform, device kind."""
+    """What an executable depends on besides its program: versions, platform, device kind, and in a
+    multi-process job the process count and the device's id (an executable is bound to its device assignment,
+    so rank 1 must not load rank 0's)."""
     device = platform.device()
     parts = [f"{name}={version(name)}" for name in ("torch", "jax", "jaxlib", "torch_tpu")]
     parts += [f"platform={platform.platform()}", f"device={device.device_kind}", f"format={_FORMAT}"]
+    parts += [f"processes={jax.process_count()}", f"device_id={device.id}"]
     return ";".join(parts)
 
 
@@ -185,7 +188,8 @@ def _verified_body(data: bytes) -> bytes:
 
 
 def _deserialize(payload: tuple) -> Any:
-    compiled = serialize_executable.deserialize_and_load(*payload)
+    # Onto this process's device only: by default it is loaded onto every device of the job.
+    compiled = serialize_executable.deserialize_and_load(*payload, execution_devices=[platform.device()])
     _footprints[compiled] = len(payload[0])
     return compiled
 

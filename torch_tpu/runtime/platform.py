@@ -20,15 +20,17 @@ def requested() -> str:
 
 
 def _devices_of(platform: str) -> list[jax.Device]:
+    # This process's own devices: in a multi-process job jax.devices() lists every process's, and a program
+    # placed on another process's device cannot run here ("spans non-addressable devices").
     try:
-        return jax.devices(platform)
+        return jax.local_devices(backend=platform)
     except RuntimeError:
         return []
 
 
 @functools.cache
 def devices() -> tuple[jax.Device, ...]:
-    """The JAX devices of the chosen platform; the first call configures JAX (x64, default device)."""
+    """This process's JAX devices of the chosen platform; the first call configures JAX (x64, default device)."""
     choice = requested()
     order = ("tpu", "gpu", "cpu") if choice == "auto" else (choice,)
     for platform in order:

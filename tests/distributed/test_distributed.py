@@ -1,0 +1,24 @@
+"""torch.distributed on tpu with 2 processes on loopback (`launch.py`): each worker compares with CPU PyTorch."""
+
+import launch
+
+
+def test_each_rank_owns_its_device_and_its_cache_entries():
+    """Under torchrun (its agent, its store on MASTER_PORT: JAX's coordinator must take another port)."""
+    launch.check([launch.torchrun("rank_devices")])
+
+
+def test_collectives_exact_against_a_local_computation():
+    launch.check(launch.launch("collectives"))
+
+
+def test_ddp_trains_equal_to_one_process_on_the_full_batch():
+    results = launch.launch("ddp")
+    launch.check(results)
+    assert all("ddp parameters match" in r.output for r in results)
+
+
+def test_init_after_a_tpu_tensor_raises():
+    results = launch.launch("init_after_a_tensor", nprocs=1)
+    launch.check(results)
+    assert "raised" in results[0].output

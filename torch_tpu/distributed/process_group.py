@@ -1,0 +1,128 @@
+"""The `tpu_dist` c10d backend: torch's rendezvous starts JAX's multi-controller runtime, one device per process.
+
+The creator torch calls for every group returns a real C++ gloo Backend (CPU tensors and barriers go to it, and
+every DTensor/FSDP2/funcol path finds a C++ backend on the group); the `c10d::*` ops get PrivateUse1 kernels
+(`distributed.kernels`) that run collectives on tpu tensors as XLA programs. The first (default) group also
+initialises JAX: rank 0 publishes a coordinator address on a free port through the c10d store, every rank calls
+`jax.distributed.initialize` with torch's world size and rank before JAX's backend exists, with fail-fast
+settings (no preemption service, a short heartbeat, XLA:CPU collectives timing out at the group's timeout).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import os
+import socket
+from typing import Any
+
+import jax
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroupGloo
+
+NAME = "tpu_dist"
+ALIAS = "tpu"
+_COORDINATOR_KEY = "tpu_dist/jax_coordinator"
+# Seconds without a heartbeat before JAX's coordination service declares a process dead (JAX's default: 100).
+HEARTBEAT_TIMEOUT_S = 10
+
+
+def register() -> None:
+    """Register `tpu_dist` and its alias `tpu` with torch.distributed (no JAX state is touched)."""
+    for name in (NAME, ALIAS):
+        if name.upper() not in dist.Backend._plugins:
+            # CPU as well: one gloo backend serves the group's CPU tensors, so a CPU tensor in a tpu job works.
+            dist.Backend.register_backend(name, _create_backend, devices=["cpu", "tpu"])
+    c10d = dist.distributed_c10d
+    if not getattr(c10d.init_process_group, "_tpu_dist", False):
+        dist.init_process_group = c10d.init_process_group = _default_to_tpu_dist(c10d.init_process_group)
+
+
+def _default_to_tpu_dist(init_process_group: Any) -> Any:
+    """`init_process_group()` with no backend means `tpu_dist` on a tpu job. torch would make an "undefined"
+    group: its accelerator's backend alone (no CPU tensors) under a default backend type (gloo) that a
+    third-party backend is never registered as, which DDP's logger then fails to find."""
+
+    @functools.wraps(init_process_group)
+    def init(backend: str | None = None, *args: Any, **kwargs: Any) -> None:
+        device_id = kwargs.get("device_id")
+        on_tpu = device_id is None or torch.device(device_id).type == "tpu"
+        if backend is None and not args and on_tpu and torch._C._get_accelerator().type == "tpu":
+            backend = NAME
+        return init_process_group(backend, *args, **kwargs)
+
+    init._tpu_dist = True
+    return init
+
+
+def _backend_initialized() -> bool:
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def _coordinator(store: dist.Store, rank: int) -> str:
+    """Rank 0 picks the address (MASTER_PORT is torch's store; JAX needs a port of its own) and publishes it."""
+    if rank == 0:
+        host = os.environ.get("MASTER_ADDR") or socket.gethostname()
+        address = f"{host}:{_free_port(host if host != 'localhost' else '127.0.0.1')}"
+        store.set(_COORDINATOR_KEY, address)
+        return address
+    return store.get(_COORDINATOR_KEY).decode()
+
+
+def _set_collective_timeout(seconds: int) -> None:
+    """XLA:CPU waits for a peer's collective `--xla_cpu_collective_timeout_seconds` (read at backend start)."""
+    flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split() if "xla_cpu_collective_timeout" not in flag]
+    os.environ["XLA_FLAGS"] = " ".join([*flags, f"--xla_cpu_collective_timeout_seconds={seconds}"])
+
+
+def initialize_jax(store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta) -> None:
+    """`jax.distributed.initialize` from torch's rendezvous, once per process, before JAX's backend starts."""
+    from jax._src import distributed as jax_distributed
+
+    if jax_distributed.global_state.client is not None:
+        if jax.process_count() != world_size or jax.process_index() != rank:
+            raise RuntimeError(
+                f"tpu_dist: JAX is already initialised as process {jax.process_index()} of {jax.process_count()}, "
+                f"but torch.distributed has rank {rank} of {world_size}"
+            )
+        return
+    if _backend_initialized():
+        raise RuntimeError(
+            "tpu_dist: init_process_group must run before the first tpu tensor or JAX computation in the "
+            "process (JAX's multi-process runtime cannot start once its backend exists)"
+        )
+    address = _coordinator(store, rank)
+    seconds = max(1, int(timeout.total_seconds()))
+    _set_collective_timeout(seconds)
+    # Under torchrun, JAX's preemption service would swallow SIGTERM (a 30 s teardown instead of 1 s).
+    jax.config.update("jax_enable_preemption_service", False)
+    jax.distributed.initialize(
+        address,
+        num_processes=world_size,
+        process_id=rank,
+        initialization_timeout=seconds,
+        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S,
+        # At exit JAX waits for every process; a rank that failed must not wait longer than a collective would.
+        shutdown_timeout_seconds=seconds,
+    )
+
+
+def _create_backend(
+    store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta
+) -> torch._C._distributed_c10d.Backend:
+    """torch's creator for a group: JAX started (the default group), tpu kernels installed, a gloo backend."""
+    from torch_tpu.distributed import kernels
+
+    if not dist.is_initialized():  # the default group is being made: rank and world size are global
+        initialize_jax(store, rank, world_size, timeout)
+    kernels.install()
+    return ProcessGroupGloo(store, rank, world_size, timeout)
