@@ -36,7 +36,7 @@ def rank_devices() -> None:
     """The three rank > 0 defects: device choice, cache keys, deserialising onto every device."""
     dist.init_process_group("tpu_dist", timeout=_TIMEOUT)
     rank, world = dist.get_rank(), dist.get_world_size()
-    from torch_tpu.compile import cache
+    from torch_tpu.runtime import persistent as cache
     from torch_tpu.runtime import platform
 
     assert jax.process_count() == world and jax.process_index() == rank, (jax.process_count(), jax.process_index())
