@@ -325,6 +325,18 @@ def test_integer_overflow_and_pow():
     check_op(torch.pow, base.to(torch.int32), exponent.to(torch.int32))
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int8, torch.uint8, torch.bool])
+def test_integer_to_negative_number_power_raises(dtype):
+    """CPU refuses a negative Python int exponent of an integer tensor (a device-side check); a tensor exponent
+    follows powi, a float one promotes."""
+    base = torch.tensor([2, 1, 0], dtype=dtype)
+    raises_as_cpu(lambda x: x**-1, base)
+    raises_as_cpu(lambda x: torch.pow(x, -3), base)
+    check_op(lambda x: x**2, base)
+    check_op(lambda x: x**-1.0, base)
+    check_op(lambda x: x ** torch.tensor(-1), base)
+
+
 def test_float_pow_special_values():
     x = torch.tensor([0.0, -0.0, 1.0, -1.0, 2.0, -2.0, float("inf"), float("nan"), 0.5])
     for exponent in (2, 3, 0.5, -1, -2, 0, -0.5, 1.5):

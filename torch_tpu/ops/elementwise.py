@@ -229,6 +229,8 @@ def _integer_pow(base, exponent):
 @lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def pow(self, exponent):
     scalar_exponent = _is_number(exponent)
+    if scalar_exponent and _is_integral(self) and _is_integral(exponent):  # a tensor exponent follows powi instead
+        checks.require(exponent >= 0, RuntimeError, "Integers to negative integer powers are not allowed.")
     base, exponent = _common(self, exponent)
     if _is_integral(base) and base.dtype != np.bool_:
         return _integer_pow(base, exponent)
