@@ -1,12 +1,13 @@
 """Pointwise ops against CPU PyTorch: values, dtypes, gradients, in-place and out= variants, integer edge cases."""
 
 import math
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from torch_tpu.testing.compare import check_op
+from torch_tpu.testing.compare import check_op, to_tpu
 
 FLOAT = torch.float32
 SHAPE = (3, 4)
@@ -252,6 +253,55 @@ def test_integer_division_semantics():
     check_op(torch.lcm, a, b)
 
 
+def raises_as_cpu(fn, *args):
+    """`fn` raises on `tpu` what it raises on CPU (class and message) by the next synchronisation, in Strict
+    and in Fused mode."""
+    with pytest.raises(Exception) as cpu:
+        fn(*args)
+    for fused in (False, True):
+        with pytest.raises(cpu.type, match=f"^{re.escape(str(cpu.value))}$"):
+            if fused:
+                with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+                    fn(*to_tpu(args)).cpu()
+            else:
+                fn(*to_tpu(args))
+                torch.tpu.synchronize()
+
+
+INTEGER_DIVISIONS = {
+    "floor_divide": lambda x, y: x // y,
+    "remainder": lambda x, y: x % y,
+    "fmod": torch.fmod,
+    "div_trunc": lambda x, y: torch.div(x, y, rounding_mode="trunc"),
+    "div_floor": lambda x, y: torch.div(x, y, rounding_mode="floor"),
+}
+
+
+@pytest.mark.parametrize("name", INTEGER_DIVISIONS)
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_integer_division_by_zero_raises(name, dtype):
+    """CPU's RuntimeError: ZeroDivisionError, from a tensor or a Python zero divisor (a device-side check)."""
+    fn = INTEGER_DIVISIONS[name]
+    a, b = torch.tensor([5, 3, 7], dtype=dtype), torch.tensor([2, 0, 1], dtype=dtype)
+    raises_as_cpu(fn, a, b)
+    raises_as_cpu(lambda x: fn(x, 0), a)
+    check_op(fn, a, b.clamp(min=1))
+
+
+def test_remainder_of_a_number_by_zero_raises():
+    raises_as_cpu(lambda y: torch.remainder(5, y), torch.tensor([3, 0]))
+
+
+def test_division_by_zero_of_floats_does_not_raise():
+    """True division of integers, and every float division, give IEEE inf/nan as on CPU."""
+    a, zero = torch.tensor([5, -3, 0]), torch.tensor([0, 0, 0])
+    for fn in (*INTEGER_DIVISIONS.values(), torch.div, torch.remainder):
+        check_op(fn, a.float(), zero.float())
+        check_op(lambda x, f=fn: f(x, 0.0), a)
+    check_op(torch.div, a, zero)
+    check_op(lambda x: x / 0, a)
+
+
 def test_float_division_semantics():
     a = torch.tensor([-7.5, 7.5, -7.0, 7.0, 0.0, -0.0, 1.0, -1.0, float("inf"), 5.0, -0.25])
     b = torch.tensor([2.0, -2.0, -2.0, 3.5, -3.0, 3.0, 0.0, 0.0, 2.0, float("inf"), 0.5])
@@ -273,6 +323,18 @@ def test_integer_overflow_and_pow():
     check_op(lambda e: 3**e, exponent.clamp(min=0))
     check_op(lambda x: x**0.5, base.abs())
     check_op(torch.pow, base.to(torch.int32), exponent.to(torch.int32))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int8, torch.uint8, torch.bool])
+def test_integer_to_negative_number_power_raises(dtype):
+    """CPU refuses a negative Python int exponent of an integer tensor (a device-side check); a tensor exponent
+    follows powi, a float one promotes."""
+    base = torch.tensor([2, 1, 0], dtype=dtype)
+    raises_as_cpu(lambda x: x**-1, base)
+    raises_as_cpu(lambda x: torch.pow(x, -3), base)
+    check_op(lambda x: x**2, base)
+    check_op(lambda x: x**-1.0, base)
+    check_op(lambda x: x ** torch.tensor(-1), base)
 
 
 def test_float_pow_special_values():

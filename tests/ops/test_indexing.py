@@ -440,16 +440,15 @@ def test_mask_writes_that_fit_match_cpu():
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="PyTorch's Python meta kernel of aten.index.Tensor accepts int8 instead of uint8 masks, and the "
-    "dispatcher asks it for the output dtype before the lowering runs (eager/dispatch.py _meta_outputs)",
-)
 @pytest.mark.filterwarnings("ignore:indexing with dtype torch.uint8 is now deprecated")
 def test_uint8_mask_indexes_as_bool():
-    mask = torch.tensor([[1, 0, 1, 0], [0, 0, 1, 1], [1, 1, 0, 0]], dtype=torch.uint8)
+    """CPU reads a uint8 index as a bool mask (any nonzero value selects), alone or beside other indices."""
+    mask = torch.tensor([[1, 0, 2, 0], [0, 0, 1, 1], [1, 255, 0, 0]], dtype=torch.uint8)
     check_op(lambda x, m: x[m], make(3, 4), mask)
+    check_op(lambda x, m: x[:, m[0]], make(3, 4), mask)
+    check_op(lambda x, m: x[m[1], 1:], make(4, 3), mask)
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        check_op(lambda x, m: (x * 2)[m] + 1, make(3, 4), mask)
 
 
 def test_boolean_index_put_accumulates():

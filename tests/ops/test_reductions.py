@@ -195,6 +195,19 @@ def test_mean_of_ints_raises():
         torch.mean(torch.arange(4).to("tpu"))
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint8, torch.bool])
+@pytest.mark.parametrize("fn", [torch.std, torch.var, lambda t: t.std(1), lambda t: t.var(0, keepdim=True)])
+def test_std_var_of_integers_raise_as_cpu(fn, dtype):
+    x = make((3, 4), dtype)
+    with pytest.raises(RuntimeError) as cpu:
+        fn(x)
+    for fused in (False, True):
+        with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE if fused else torch.tpu.EagerMode.DEFER_NEVER):
+            with pytest.raises(RuntimeError) as tpu:
+                fn(x.to("tpu")).cpu()
+            assert str(tpu.value) == str(cpu.value)  # (JAX adds a note on its traceback: not the message)
+
+
 def test_out_and_inplace_variants():
     x = torch.randn(3, 4)
     out = torch.empty(3, device="tpu")

@@ -419,14 +419,27 @@ def _fill(template: Any, values: tuple) -> Any:
     return template
 
 
-def _to_meta(value: Any) -> Any:
+def _to_meta(value: Any, mask_dtype: torch.dtype | None = None) -> Any:
+    """`value` with its `tpu` tensors (and devices) on `meta`; `mask_dtype` replaces uint8."""
     if isinstance(value, torch.Tensor) and value.device.type == "tpu":
-        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        dtype = mask_dtype if mask_dtype is not None and value.dtype == torch.uint8 else value.dtype
+        return torch.empty_strided(value.shape, value.stride(), dtype=dtype, device="meta")
     if isinstance(value, (torch.device, str)) and str(value).startswith("tpu"):
         return torch.device("meta")
     if isinstance(value, (list, tuple)):
-        return type(value)(_to_meta(v) for v in value)
+        return type(value)(_to_meta(v, mask_dtype) for v in value)
     return value
+
+
+_INDEX = torch.ops.aten.index.Tensor
+
+
+def _meta_args(op: OpOverload, args: tuple) -> tuple:
+    """`args` for `op`'s meta kernel. aten.index.Tensor's (a Python one) rejects a uint8 index, which CPU reads as
+    a (deprecated) bool mask, as the lowering does: it is shown a bool mask instead."""
+    if op is not _INDEX or len(args) < 2:
+        return _to_meta(args)
+    return (_to_meta(args[0]), _to_meta(args[1], torch.bool), *_to_meta(args[2:]))
 
 
 # what a RuntimeError says (lowercased) when the op has no meta kernel or its output shape depends on data
@@ -437,7 +450,7 @@ def _meta_outputs(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     """Outputs by PyTorch's own meta kernel (shapes, type promotion, and PyTorch's errors for bad input)."""
     try:
         with torch._C._DisableTorchDispatch():
-            return op(*_to_meta(args), **{k: _to_meta(v) for k, v in kwargs.items()})
+            return op(*_meta_args(op, args), **{k: _to_meta(v) for k, v in kwargs.items()})
     except (NotImplementedError, torch._subclasses.fake_tensor.UnsupportedOperatorException):
         return None
     except AttributeError:  # a meta kernel that mishandles an absent optional (_thnn_fused_lstm_cell's biases)

@@ -13,7 +13,7 @@ from jax.scipy import special
 
 from torch_tpu import precision
 from torch_tpu.ops.registry import aten, lower
-from torch_tpu.runtime import dtypes
+from torch_tpu.runtime import checks, dtypes
 
 _BOOL, _INTEGER, _FLOATING, _COMPLEX = range(4)
 
@@ -143,10 +143,18 @@ def true_divide(a, b):
     return a / b
 
 
+def _check_divisor(b) -> None:
+    """CPU's integer division and remainder raise for a zero divisor: a device-side check (float divisors give
+    IEEE inf/nan, unchecked)."""
+    if _category(jnp.result_type(b)) == _INTEGER:
+        checks.require(b != 0, RuntimeError, "ZeroDivisionError")
+
+
 def _floor_divide(a, b, narrow=lambda v: v):
     """Python floor division, PyTorch's way (floats: fmod-based, IEEE result for a zero divisor); `narrow` rounds
     each step's result as CPU's 16-bit kernels do (`_quotient_rounding`)."""
     if _is_integral(a):
+        _check_divisor(b)
         a, b = jnp.broadcast_arrays(a, b)
         quotient = lax.div(a, b)
         return jnp.where((lax.rem(a, b) != 0) & ((a < 0) != (b < 0)), quotient - 1, quotient)
@@ -171,34 +179,34 @@ def _quotient_rounding(self, other):
 
 @lower(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div(self, other, *, rounding_mode=None):
-    """NOTE: integer division by zero gives -1 (XLA) instead of raising ZeroDivisionError."""
     if rounding_mode is None:
         return true_divide(*_floating(self, other, exact_numbers=True))
     narrow = _quotient_rounding(self, other)
     a, b = _common(self, other, exact_numbers=True)  # a 16-bit float divides by the number's float32 value
     if rounding_mode == "floor":
         return _floor_divide(a, b, narrow)
+    _check_divisor(b)
     return lax.div(*jnp.broadcast_arrays(a, b)) if _is_integral(a) else jnp.trunc(narrow(true_divide(a, b)))
 
 
 @lower(aten.floor_divide.default, aten.floor_divide.Scalar)
 def floor_divide(self, other):
-    """NOTE: integer division by zero gives -1 (XLA) instead of raising ZeroDivisionError."""
     return _floor_divide(*_common(self, other, exact_numbers=True), _quotient_rounding(self, other))
 
 
 @lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
 def remainder(self, other):
-    """NOTE: integer remainder by zero gives `self` (XLA) instead of raising ZeroDivisionError."""
     a, b = _common(self, other)
+    _check_divisor(b)
     mod = jnp.fmod(a, b)
     return jnp.where((mod != 0) & ((mod < 0) != (b < 0)), mod + b, mod)
 
 
 @lower(aten.fmod.Tensor, aten.fmod.Scalar)
 def fmod(self, other):
-    """NOTE: integer fmod by zero gives `self` (XLA) instead of raising ZeroDivisionError."""
-    return jnp.fmod(*_common(self, other))
+    a, b = _common(self, other)
+    _check_divisor(b)
+    return jnp.fmod(a, b)
 
 
 def _integer_pow(base, exponent):
@@ -221,6 +229,8 @@ def _integer_pow(base, exponent):
 @lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def pow(self, exponent):
     scalar_exponent = _is_number(exponent)
+    if scalar_exponent and _is_integral(self) and _is_integral(exponent):  # a tensor exponent follows powi instead
+        checks.require(exponent >= 0, RuntimeError, "Integers to negative integer powers are not allowed.")
     base, exponent = _common(self, exponent)
     if _is_integral(base) and base.dtype != np.bool_:
         return _integer_pow(base, exponent)

@@ -181,13 +181,21 @@ def _moments(x, dim, correction, keepdim):
     return variance, centre if keepdim else jnp.squeeze(centre, axes)
 
 
+def _require_inexact(x):
+    """CPU's std and var refuse integer and bool tensors (their meta kernel does not; std_mean's does)."""
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        raise RuntimeError("std and var only support floating point and complex dtypes")
+
+
 @lower(aten.var.correction)
 def var(self, dim=None, *, correction=None, keepdim=False):
+    _require_inexact(self)
     return _moments(self, dim, correction, keepdim)[0]
 
 
 @lower(aten.std.correction)
 def std(self, dim=None, *, correction=None, keepdim=False):
+    _require_inexact(self)
     return jnp.sqrt(_moments(self, dim, correction, keepdim)[0])
 
 
