@@ -151,7 +151,7 @@ def test_pending_checks_stay_bounded_without_synchronisation():
 
 _WARM_SCRIPT = """
 import torch
-from torch_tpu.compile import cache
+from torch_tpu.runtime import persistent as cache
 lookup = torch.compile(lambda table, ids: torch.nn.functional.embedding(ids, table) * 2, backend="tpu")
 table = torch.arange(12.0).reshape(4, 3).to("tpu")
 assert lookup(table, torch.tensor([3, 0], device="tpu")).cpu().tolist() == [[18.0, 20.0, 22.0], [0.0, 2.0, 4.0]]
