@@ -254,7 +254,8 @@ def test_integer_advanced_indexing_compiles_and_matches_cpu():
     assert torch.equal(out.cpu(), gather(x, rows, cols))  # a gather and a doubling: exact
 
 
-def test_boolean_mask_index_in_a_graph_is_refused_clearly(monkeypatch):
-    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)  # else a graph break
-    with pytest.raises(Exception, match=r"aten.index.Tensor' has a data-dependent output shape.*test_compile\.py"):
-        torch.compile(lambda x: x[x > 0] * 2, backend="tpu")(torch.randn(6, device="tpu"))
+def test_boolean_mask_index_in_a_graph_is_refused_clearly():
+    # Dynamo's own patch (monkeypatch's undo deletes the key from Dynamo's config module)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):  # else a graph break
+        with pytest.raises(Exception, match=r"aten.index.Tensor' has a data-dependent output shape.*test_compile\.py"):
+            torch.compile(lambda x: x[x > 0] * 2, backend="tpu")(torch.randn(6, device="tpu"))
