@@ -19,8 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torch_tpu.runtime import checks, dtypes, platform
-from torch_tpu.runtime import deferred as fused  # the deferred values of eager's Fused mode
+from torch_tpu.runtime import checks, deferred, dtypes, platform
 
 _ATTR = "_tpu_buffer"
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -29,8 +28,8 @@ _create_empty = torch._C._acc.create_empty_tensor
 _construct_storage = torch._C._construct_storage_from_data_pointer
 _DEVICE = torch.device("tpu", 0)
 _JAX_DTYPE = dtypes._TORCH_TO_JAX
-_Pending = fused.Pending
-_pending_buffers = fused.buffers
+_Pending = deferred.Pending
+_pending_buffers = deferred.buffers
 _weakref = weakref.ref
 
 
@@ -96,7 +95,7 @@ class DeviceBuffer:
         self.nbytes = nbytes
         self.dtype = dtype
         self.shape = shape if shape is not None or array is None else array.shape
-        if type(array) is _Pending:  # fused.track(self), inlined: Fused mode makes a pending buffer per op
+        if type(array) is _Pending:  # deferred.track(self), inlined: Fused mode makes a pending buffer per op
             _pending_buffers[id(self)] = _weakref(self)
         stats = memory
         stats.allocated += nbytes
@@ -122,7 +121,7 @@ class DeviceBuffer:
         self.dtype = value.dtype
         self.shape = value.shape
         if type(value) is _Pending:
-            fused.track(self)
+            deferred.track(self)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -197,7 +196,7 @@ def wrap(array: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A new contiguous `tpu` tensor owning `array` (cast to `dtype` if given)."""
     if dtype is not None and array.dtype != _JAX_DTYPE.get(dtype):
         target = dtypes.to_jax(dtype)
-        array = fused.apply(("astype", target), lambda a: a.astype(target), array)
+        array = deferred.apply(("astype", target), lambda a: a.astype(target), array)
     return wrap_as(array, layout(array.shape, array.dtype))
 
 
@@ -269,9 +268,9 @@ def value(tensor: torch.Tensor) -> jax.Array:
     """The tensor's logical value: `read` with PyTorch's lazy conjugate and negative bits applied."""
     array = read(tensor)
     if tensor.is_conj():
-        array = fused.apply(("conj",), jnp.conj, array)
+        array = deferred.apply(("conj",), jnp.conj, array)
     if tensor.is_neg():
-        array = fused.apply(("neg",), jnp.negative, array)
+        array = deferred.apply(("neg",), jnp.negative, array)
     return array
 
 
@@ -291,14 +290,14 @@ def write(tensor: torch.Tensor, value: jax.Array) -> None:
     ):  # an in-place op's common case: the tensor is its whole buffer and `value` replaces the array as is
         buffer._array = value
         if type(value) is _Pending:
-            fused.track(buffer)
+            deferred.track(buffer)
         return
     jdtype = dtypes.to_jax(tensor.dtype)
     shape = tuple(shape)
     if tensor.is_conj():
-        value = fused.apply(("conj",), jnp.conj, value)
+        value = deferred.apply(("conj",), jnp.conj, value)
     if tensor.is_neg():
-        value = fused.apply(("neg",), jnp.negative, value)
+        value = deferred.apply(("neg",), jnp.negative, value)
     if _covers(tensor, buffer):
         if getattr(value, "shape", None) != shape or value.dtype != jdtype:
             value = _call(_fit, (value,), (shape, jdtype))
@@ -312,7 +311,7 @@ def write(tensor: torch.Tensor, value: jax.Array) -> None:
 
 def _call(helper: Any, arrays: tuple, statics: tuple) -> Any:
     """A jitted storage helper on `arrays` (then its static arguments): now, or recorded in Fused mode."""
-    return fused.apply((helper.__name__, *statics), lambda *values: helper(*values, *statics), *arrays)
+    return deferred.apply((helper.__name__, *statics), lambda *values: helper(*values, *statics), *arrays)
 
 
 _zero_arrays: dict[tuple[tuple[int, ...], np.dtype], jax.Array] = {}
@@ -481,7 +480,7 @@ def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:
 
 def to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     """Copy a device array to a new CPU tensor of `dtype` (waits for the value)."""
-    host = np.asarray(fused.concrete(array))
+    host = np.asarray(deferred.concrete(array))
     checks.raise_pending()  # a value reaches the host: the device-side checks of the ops before it are due
     carrier = dtypes.host_carrier(dtype)
     if carrier:
