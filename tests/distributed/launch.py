@@ -42,8 +42,15 @@ def _kill(process: subprocess.Popen) -> None:
     process.wait()
 
 
+def _call(worker: str) -> str:
+    """Python source that runs `worker`: a function of workers.py, or `module.function` of another worker module."""
+    module, _, function = worker.rpartition(".")
+    module = module or "workers"
+    return f"import {module}; {module}.{function}()"
+
+
 def launch(worker: str, nprocs: int = 2, timeout: float = 150, env: dict[str, str] | None = None) -> list[Rank]:
-    """Run `workers.<worker>()` on `nprocs` ranks; every rank's exit status and output (None: killed at timeout)."""
+    """Run `worker` (see `_call`) on `nprocs` ranks; every rank's exit status and output (None: killed at timeout)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="tpu_dist_test_") as scratch:
         base = {
@@ -61,7 +68,7 @@ def launch(worker: str, nprocs: int = 2, timeout: float = 150, env: dict[str, st
         for rank in range(nprocs):
             log = open(os.path.join(scratch, f"rank{rank}.log"), "w+")  # noqa: SIM115  (closed below)
             environment = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-            command = [sys.executable, "-c", f"import workers; workers.{worker}()"]
+            command = [sys.executable, "-c", _call(worker)]
             processes.append(
                 subprocess.Popen(
                     command, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
