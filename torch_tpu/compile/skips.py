@@ -1,10 +1,19 @@
-"""Dynamo must never trace torch_tpu's own frames, nor JAX's: our eager kernels are Python under the dispatcher,
-and when a compiled region runs eager ops (a graph break in a module hook, `.tolist()`), Dynamo would otherwise
-try to compile the kernel's frames (and fail on the `no_dispatch` and NumPy inside them), whatever the backend.
+"""What PyTorch's compile stack must know about torch_tpu whatever the backend, registered at torch_tpu's import.
 
-The supported registration is `torch._dynamo.trace_rules.add(module)`, which appends to Dynamo's skip
-directories. Importing Dynamo costs a second or more, so torch_tpu does not import it: `install()` registers at
-once when Dynamo is already loaded, else when it is (a one-shot post-import hook, removed once it has run).
+1. Dynamo must never trace torch_tpu's own frames, nor JAX's: our eager kernels are Python under the dispatcher,
+   and when a compiled region runs eager ops (a graph break in a module hook, `.tolist()`), Dynamo would otherwise
+   try to compile the kernel's frames (and fail on the `no_dispatch` and NumPy inside them). The supported
+   registration is `torch._dynamo.trace_rules.add(module)`, which appends to Dynamo's skip directories.
+2. The factory functions `runtime.pinned` wraps (`torch.arange`, `torch.full_like`, ...: a Python function in
+   place of the C builtin, for `pin_memory=True`) are cache-safe: the wrapper's behaviour is its arguments'. In a
+   Dynamo graph PyTorch's AOTAutograd cache sees a Python function in `torch` it cannot vouch for and bypasses the
+   graph ("Unsupported call_function target"), so every model with a `torch.arange` (positions) or an AdamW step
+   (Dynamo's `_foreach_lerp_` uses `torch.full_like`) redid AOTAutograd in every process, under every backend.
+   `torch._inductor.config.unsafe_marked_cacheable_functions`, PyTorch's registration of functions known to be
+   cacheable, names them.
+
+Importing Dynamo or Inductor's config costs seconds, so torch_tpu imports neither: `install()` registers at once
+with a module already loaded, else when it is (a one-shot post-import hook, removed once it has run).
 """
 
 from __future__ import annotations
@@ -14,9 +23,13 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
+from collections.abc import Callable
+
+import torch
 
 _SKIPPED = ("torch_tpu", "jax", "jaxlib", "ml_dtypes", "opt_einsum")
 _TRACE_RULES = "torch._dynamo.trace_rules"
+_INDUCTOR_CONFIG = "torch._inductor.config"
 
 
 def _add_skips(trace_rules: types.ModuleType) -> None:
@@ -24,14 +37,32 @@ def _add_skips(trace_rules: types.ModuleType) -> None:
         trace_rules.add(module)
 
 
+def _cacheable_factories() -> dict[str, str]:
+    """The names (as PyTorch's cache check spells a graph's call target: module.name) of the factories
+    `runtime.pinned` wraps, each with the version that keys the entries it appears in."""
+    from torch_tpu import __version__
+    from torch_tpu.runtime import pinned
+
+    factories = (getattr(torch, name) for name in pinned.FACTORIES)
+    return {f"{factory.__module__}.{factory.__name__}": f"torch_tpu {__version__}" for factory in factories}
+
+
+def _mark_cacheable(config: types.ModuleType) -> None:
+    # Assigned, not updated in place: a config module re-hashes (for cache keys) and patches assigned values only.
+    config.unsafe_marked_cacheable_functions = {**config.unsafe_marked_cacheable_functions, **_cacheable_factories()}
+
+
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when Dynamo's trace rules are first imported, it wraps their loader so that the
-    skips are added once the module has executed, and takes itself off `sys.meta_path`."""
+    """Finds nothing itself: when `name` is first imported, it wraps its loader so that `then(module)` runs once
+    the module has executed, and takes itself off `sys.meta_path`."""
+
+    def __init__(self, name: str, then: Callable[[types.ModuleType], None]) -> None:
+        self.name, self.then = name, then
 
     def find_spec(
         self, fullname: str, path: object = None, target: object = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _TRACE_RULES:
+        if fullname != self.name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(fullname)
@@ -41,15 +72,21 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: types.ModuleType) -> None:
             execute(module)
-            _add_skips(module)
+            self.then(module)
 
         spec.loader.exec_module = exec_module
         return spec
 
 
+def _after_import(name: str, then: Callable[[types.ModuleType], None]) -> None:
+    if name in sys.modules:
+        then(sys.modules[name])
+    elif not any(isinstance(finder, _AfterImport) and finder.name == name for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
 def install() -> None:
-    """Keep Dynamo out of torch_tpu's and JAX's frames (once per process; torch_tpu's import calls it)."""
-    if _TRACE_RULES in sys.modules:
-        _add_skips(sys.modules[_TRACE_RULES])
-    elif not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
+    """Keep Dynamo out of torch_tpu's and JAX's frames and mark the wrapped factories cacheable (once per
+    process; torch_tpu's import calls it)."""
+    _after_import(_TRACE_RULES, _add_skips)
+    _after_import(_INDUCTOR_CONFIG, _mark_cacheable)
