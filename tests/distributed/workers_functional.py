@@ -1,0 +1,125 @@
+"""What each rank runs in tests/distributed/test_functional.py (launched by `launch.py`); every check raises on
+failure. Every rank knows every rank's input (`workers._input`), so each result is compared with the same
+computation done locally on CPU PyTorch, bit for bit (the collectives' arithmetic is exact for two ranks)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from workers import _TIMEOUT, _equal, _input
+
+_COLLECTIVES_HLO = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter", "stablehlo.all_to_all")
+
+
+def _graph_entries(name: str) -> int:
+    """How many executables of compiled graphs named `name` the cache holds."""
+    stats = torch.tpu._get_cache_stats()["per_entry_stats"]
+    return sum(entry["name"].startswith(f"{name}:") for entry in stats)
+
+
+def _step(x: torch.Tensor, group: dist.ProcessGroup) -> tuple[torch.Tensor, ...]:
+    """Every functional collective, chained, with ordinary ops between them."""
+    summed = funcol.all_reduce(x * 2, "sum", group)
+    biggest = funcol.all_reduce(x, "max", group)
+    mean = funcol.all_reduce(x, "avg", group)
+    gathered = funcol.all_gather_tensor(summed + 1, 0, group)
+    scattered = funcol.reduce_scatter_tensor(gathered * x[0, 0], "sum", 0, group)
+    smallest = funcol.reduce_scatter_tensor(gathered, "min", 0, group)
+    exchanged = funcol.all_to_all_single(gathered, None, None, group)
+    from_last = funcol.broadcast(torch.sin(x), dist.get_world_size(group) - 1, group)
+    return summed, biggest, mean, gathered, scattered, smallest, exchanged, from_last
+
+
+def _expected_step(rank: int, world: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    """`_step` computed locally from every rank's known input."""
+    xs = [_input(r, shape, torch.float64) for r in range(world)]
+    summed = sum(x * 2 for x in xs[1:]) + xs[0] * 2 if world > 1 else xs[0] * 2
+    biggest = torch.stack(xs).amax(0)
+    mean = sum(xs[1:], xs[0]) / world
+    gathered = torch.cat([summed + 1] * world)
+    rows = shape[0]
+    blocks = [(gathered * x[0, 0])[rank * rows : (rank + 1) * rows] for x in xs]
+    scattered = sum(blocks[1:], blocks[0])
+    smallest = gathered[rank * rows : (rank + 1) * rows]
+    exchanged = torch.cat([gathered[rank * rows : (rank + 1) * rows]] * world)
+    from_last = torch.sin(xs[world - 1])
+    return summed, biggest, mean, gathered, scattered, smallest, exchanged, from_last
+
+
+_NAMES = (
+    "all_reduce sum",
+    "all_reduce max",
+    "all_reduce avg",
+    "all_gather",
+    "reduce_scatter sum",
+    "reduce_scatter min",
+    "all_to_all_single",
+    "broadcast",
+)
+
+
+def _compiled_checks(rank: int, world: int) -> None:
+    """One compiled graph holding every functional collective: one XLA program with the collectives in its HLO,
+    equal to the local computation, no graph break, no recompile over later steps."""
+    texts: list[str] = []
+    group = dist.group.WORLD
+    step = torch.compile(
+        _step, backend="tpu", fullgraph=True, options={"name": "funcol", "debug_callback": lambda _, t: texts.append(t)}
+    )
+    shape = (2, 3)
+    x = _input(rank, shape, torch.float64)
+    for turn in range(3):
+        results = step(x.to("tpu"), group)
+        for name, got, expected in zip(_NAMES, results, _expected_step(rank, world, shape), strict=True):
+            _equal(got, expected, f"compiled {name} (call {turn})")
+    assert len(texts) == 1, f"{len(texts)} programs lowered for one graph"
+    missing = [op for op in _COLLECTIVES_HLO if op not in texts[0]]
+    assert not missing, f"the compiled graph's HLO lacks {missing}"
+    assert _graph_entries("funcol") == 1, torch.tpu._get_cache_stats()["per_entry_stats"]
+
+
+def compiled() -> None:
+    dist.init_process_group("tpu", timeout=_TIMEOUT)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    _compiled_checks(rank, world)
+    dist.barrier()
+    print("functional checks passed", os.environ["RANK"], flush=True)
+    dist.destroy_process_group()
+
+
+def _handshake_checks(rank: int) -> None:
+    """Rank 1 compiles a graph with one more collective: every rank raises before running it, naming both sides'
+    fingerprints and collective counts; a graph they agree on runs afterwards."""
+    from torch_tpu.distributed.spmd import MismatchError
+
+    def differs(x: torch.Tensor) -> torch.Tensor:
+        y = funcol.all_reduce(x, "sum", dist.group.WORLD)
+        if rank == 1:
+            y = funcol.all_reduce(y * 3, "max", dist.group.WORLD)
+        return y + 1
+
+    compiled_fn = torch.compile(differs, backend="tpu", fullgraph=True, options={"name": "differs"})
+    try:
+        compiled_fn(torch.ones(4, device="tpu"))
+    except MismatchError as error:
+        message = str(error)
+    else:
+        raise AssertionError("ranks compiled different graphs and no handshake error was raised")
+    fingerprints = re.findall(r"fingerprint ([0-9a-f]{16})", message)
+    assert len(set(fingerprints)) == 2, message
+    assert "1 collectives" in message and "2 collectives" in message, message
+    assert "all_reduce(float32[4], max)" in message and "graph 'differs:inference'" in message, message
+    print("mismatch fingerprints", *sorted(fingerprints), flush=True)
+    agreed = torch.compile(lambda x: funcol.all_reduce(x, "sum", dist.group.WORLD) * 2, backend="tpu")
+    _equal(agreed(torch.ones(3, device="tpu")), torch.full((3,), 4.0), "a graph compiled after a mismatch")
+
+
+def handshake() -> None:
+    dist.init_process_group("tpu", timeout=_TIMEOUT)
+    _handshake_checks(dist.get_rank())
+    dist.barrier()
+    dist.destroy_process_group()
