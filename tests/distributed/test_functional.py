@@ -5,8 +5,8 @@ compiled graphs' handshake (`workers_functional.py` holds what each rank runs)."
 import launch
 
 
-def test_compiled_collectives_are_one_spmd_program_exact_against_a_local_computation():
-    results = launch.launch("workers_functional.compiled", timeout=90)
+def test_functional_collectives_compiled_and_eager_exact_against_a_local_computation():
+    results = launch.launch("workers_functional.functional", timeout=90)
     launch.check(results)
     assert all("functional checks passed" in r.output for r in results)
 

@@ -82,10 +82,89 @@ def _compiled_checks(rank: int, world: int) -> None:
     assert _graph_entries("funcol") == 1, torch.tpu._get_cache_stats()["per_entry_stats"]
 
 
-def compiled() -> None:
+def _pending(tensor: torch.Tensor) -> bool:
+    from torch_tpu.runtime import deferred, storage
+
+    if isinstance(tensor, funcol.AsyncCollectiveTensor):  # what eager functional collectives return
+        tensor = tensor.elem
+    return deferred.is_pending(storage.buffer_of(tensor)._array)
+
+
+def _fused_clusters() -> int:
+    stats = torch.tpu._get_cache_stats()["per_entry_stats"]
+    return sum(entry["name"].startswith("fused cluster") for entry in stats)
+
+
+def _eager_checks(rank: int, world: int) -> None:
+    """The same functional collectives in eager: Strict, Fused (each collective ends the cluster), and Fused
+    under `spmd_safe` (the collectives recorded into one cluster with the ops around them)."""
+    group, shape = dist.group.WORLD, (2, 3)
+    x = _input(rank, shape, torch.float64)
+    expected = _expected_step(rank, world, shape)
+    for name, got, want in zip(_NAMES, _step(x.to("tpu"), group), expected, strict=True):
+        _equal(got, want, f"eager {name}")
+    # uneven splits and coalesced collectives (eager runs torch's own kernels: a clone and the c10d collective)
+    splits = [[(r + j) % 3 + 1 for j in range(world)] for r in range(world)]
+    values = [_input(r, (sum(splits[r]), 2), torch.int64) for r in range(world)]
+    outs = [splits[j][rank] for j in range(world)]
+    got = funcol.all_to_all_single(values[rank].to("tpu"), outs, splits[rank], group)
+    _equal(got, torch.cat([values[j].split(splits[j])[rank] for j in range(world)]), "eager uneven all_to_all_single")
+    pair = (
+        [_input(10 + r, (3,), torch.float32) for r in range(world)],
+        [_input(20 + r, (2, 2), torch.int32) for r in range(world)],
+    )
+    got = funcol.all_reduce_coalesced([pair[0][rank].to("tpu"), pair[1][rank].to("tpu")], "sum", group)
+    for tensor, inputs in zip(got, pair, strict=True):
+        _equal(tensor, sum(inputs[1:], inputs[0]), "eager all_reduce_coalesced")
+
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        results = _step(x.to("tpu"), group)
+        for name, got, want in zip(_NAMES, results, expected, strict=True):
+            _equal(got, want, f"fused {name}")
+        doubled = x.to("tpu") * 2
+        assert _pending(doubled), "an op was not recorded in Fused mode"
+        summed = funcol.all_reduce(doubled, "sum", group)
+        assert not _pending(doubled) and not _pending(summed), "a collective did not end the cluster"
+        _equal(summed, expected[0], "fused all_reduce of a recorded value")
+        doubled = x.to("tpu") * 2
+        summed = torch.tpu.distributed.spmd_safe(funcol.all_reduce)(doubled, "sum", group)
+        assert _pending(doubled) and _pending(summed), "spmd_safe: the collective was not recorded into the cluster"
+        _equal(summed, expected[0], "fused spmd_safe all_reduce of a recorded value")
+
+        safe_step = torch.tpu.distributed.spmd_safe(_step)
+        for turn in range(3):
+            before = _fused_clusters()
+            results = safe_step(x.to("tpu"), group)
+            for name, got, want in zip(_NAMES, results, expected, strict=True):
+                _equal(got, want, f"fused spmd_safe {name} (call {turn})")
+            made = _fused_clusters() - before
+            assert made == (1 if turn == 0 else 0), f"call {turn}: {made} new clusters, expected one cluster once"
+
+
+def _group_checks(rank: int, world: int) -> None:
+    """Graphs over a new group of every rank (another name, the same ranks: the same mesh), and over a one-rank
+    group (no SPMD program: its collectives are the identity), compiled in every rank's process."""
+    x = _input(rank, (4,), torch.float32)
+    xs = [_input(r, (4,), torch.float32) for r in range(world)]
+    everyone = dist.new_group(list(range(world)))
+    fn = torch.compile(lambda t: funcol.all_reduce(t, "sum", everyone) + 1, backend="tpu", fullgraph=True)
+    _equal(fn(x.to("tpu")), sum(xs[1:], xs[0]) + 1, "compiled all_reduce over a new group")
+    alone = [dist.new_group([r]) for r in range(world)][rank]
+    fn = torch.compile(
+        lambda t: funcol.all_gather_tensor(funcol.all_reduce(t, "max", alone), 0, alone) * 2,
+        backend="tpu",
+        fullgraph=True,
+    )
+    _equal(fn(x.to("tpu")), x * 2, "compiled collectives over a one-rank group")
+
+
+def functional() -> None:
+    """Every check of this module that expects no error, in one launch."""
     dist.init_process_group("tpu", timeout=_TIMEOUT)
     rank, world = dist.get_rank(), dist.get_world_size()
     _compiled_checks(rank, world)
+    _group_checks(rank, world)
+    _eager_checks(rank, world)
     dist.barrier()
     print("functional checks passed", os.environ["RANK"], flush=True)
     dist.destroy_process_group()

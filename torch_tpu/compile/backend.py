@@ -24,9 +24,9 @@ from torch_tpu.runtime import checks, platform, storage
 from torch_tpu.runtime import persistent as cache
 
 _OPTIONS = {"async_compile", "num_dynamic_buckets", "bucket_size", "serializable", "debug_callback", "name"}
-# Installed by torch_tpu.distributed (a layer above): `spmd(gm)` is None for a graph without collectives, else
+# Installed by torch_tpu.distributed (a layer above): `spmd_plan(gm)` is None for a graph without collectives, else
 # the program over the group's devices it runs as (`distributed.spmd.GraphProgram`: `lower`, `call`, `agree`).
-spmd: Callable[[torch.fx.GraphModule], Any] | None = None
+spmd_plan: Callable[[torch.fx.GraphModule], Any] | None = None
 
 
 class CompiledGraph:
@@ -51,7 +51,7 @@ class CompiledGraph:
         self.bucket_options = bucket_options
         self.buckets: list[tuple[int, ...]] = []
         self.fn, self.mutations = graph.to_jax(gm)
-        self.spmd = spmd(gm) if spmd is not None else None
+        self.spmd = spmd_plan(gm) if spmd_plan is not None else None
         output_node = next(n for n in gm.graph.nodes if n.op == "output")
         self.host_outputs = [
             isinstance(v := getattr(o, "meta", {}).get("val"), torch.Tensor) and v.device.type == "cpu"

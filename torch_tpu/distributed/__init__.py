@@ -6,13 +6,23 @@ the backend with torch.distributed: no JAX state is touched until a group is cre
 `torch.tpu.distributed`, whose public names are `__all__`.
 """
 
+import sys
+
+from torch_tpu.distributed import functional_eager as _functional_eager
 from torch_tpu.distributed import process_group as _process_group
 from torch_tpu.distributed import spmd as _spmd
+from torch_tpu.distributed.functional_eager import spmd_safe as spmd_safe
 
-__all__: list[str] = []
+__all__ = ["spmd_safe"]
 
 
-def register() -> None:
-    """Register the backend with torch.distributed, and make compiled graphs with collectives run SPMD."""
+def _register() -> None:
+    """Register the backend with torch.distributed, the functional collectives' eager kernels, and the hook that
+    makes compiled graphs with collectives run SPMD; this package becomes `torch.tpu.distributed`."""
+    from torch_tpu import tpu
+
     _process_group.register()
+    _functional_eager.install()
     _spmd.install()
+    tpu.distributed = sys.modules[__name__]
+    sys.modules["torch.tpu.distributed"] = sys.modules[__name__]

@@ -14,23 +14,35 @@ do not run (a deadlock or garbage). A rank that never reaches the handshake fail
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import torch
 import torch.distributed as dist
+from jax._src.lax.lax import _convert_element_type
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from torch_tpu import precision
 from torch_tpu.distributed import collectives, functional
 from torch_tpu.runtime import platform
 
 _KEY = "tpu_dist/spmd/{ranks}/{sequence}/{rank}"
 # Per group (its ranks): how many programs over it this process has agreed on; every rank counts alike.
 _sequence: dict[tuple[int, ...], int] = {}
+
+
+_HLO_COLLECTIVES = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter", "stablehlo.all_to_all")
+
+
+def _arrays(values: Sequence[Any]) -> list[Any]:
+    """Python numbers as (weakly typed) arrays: a Fused cluster's leaves are all run-time values."""
+    return [jnp.asarray(v) if isinstance(v, (bool, int, float, complex)) else v for v in values]
 
 
 class MismatchError(RuntimeError):
@@ -47,16 +59,18 @@ class Program:
         self.sharding = NamedSharding(self.mesh, P(collectives.AXIS))
         self.scalar_outputs: dict[tuple, list[bool]] = {}  # per compiled-in ints, which outputs are 0-d
 
-    def lower(self, fn: Callable, values: Sequence[Any]) -> jax.stages.Lowered:
-        """`fn(*values)` (this rank's arrays, and Python ints compiled in) jitted under `shard_map`, lowered."""
+    def _mapped(self, fn: Callable, values: Sequence[Any]) -> tuple[Callable, list[int]]:
+        """`fn(*values)` under `shard_map` as a function of the array values (which positions those are); Python
+        ints are compiled in, and 0-d or weakly typed arrays reach `fn` as they were."""
         static = tuple(v for v in values if isinstance(v, int))
         positions = [i for i, v in enumerate(values) if not isinstance(v, int)]
-        scalars = [values[i].ndim == 0 for i in positions]
+        kinds = [(values[i].ndim == 0, getattr(values[i], "weak_type", False)) for i in positions]
 
         def body(*arrays: Any) -> Any:
             merged = list(values)
-            for position, array, scalar in zip(positions, arrays, scalars, strict=True):
-                merged[position] = array.reshape(()) if scalar else array
+            for position, array, (scalar, weak) in zip(positions, arrays, kinds, strict=True):
+                array = array.reshape(()) if scalar else array
+                merged[position] = _convert_element_type(array, weak_type=True) if weak else array
             previous, functional.tracing.ranks = functional.tracing.ranks, self.ranks
             try:
                 outputs = fn(*merged)
@@ -68,7 +82,36 @@ class Program:
 
         specs = tuple(P(collectives.AXIS) for _ in positions)
         mapped = jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=P(collectives.AXIS), check_vma=False)
+        return mapped, positions
+
+    def lower(self, fn: Callable, values: Sequence[Any]) -> jax.stages.Lowered:
+        """`fn(*values)` (this rank's arrays, and Python ints compiled in) jitted under `shard_map`, lowered."""
+        mapped, positions = self._mapped(fn, values)
         return jax.jit(mapped).lower(*self._global(values[i] for i in positions))
+
+    def output_avals(self, fn: Callable, values: Sequence[Any]) -> Any:
+        """The shapes and dtypes of this rank's outputs of `fn(*values)` (abstract evaluation, nothing runs)."""
+        mapped, positions = self._mapped(fn, values)
+        size = len(self.ranks)
+        blocks = [values[i] for i in positions]
+        avals = [jax.ShapeDtypeStruct((size * (x.shape[0] if x.ndim else 1), *x.shape[1:]), x.dtype) for x in blocks]
+        leaves, tree = jax.tree_util.tree_flatten(jax.eval_shape(mapped, *avals))
+        scalars = self.scalar_outputs[tuple(v for v in values if isinstance(v, int))]
+        local = [
+            jax.ShapeDtypeStruct(() if scalar else (x.shape[0] // size, *x.shape[1:]), x.dtype)
+            for x, scalar in zip(leaves, scalars, strict=True)
+        ]
+        return jax.tree_util.tree_unflatten(tree, local)
+
+    def compile(self, fn: Callable, leaves: Sequence[Any]) -> Callable:
+        """A Fused-mode cluster's executable: agreed on with the other ranks (by its StableHLO), compiled, and
+        called with this rank's leaves (Python numbers among them travel as weakly typed arrays)."""
+        lowered = self.lower(fn, _arrays(leaves))
+        text = lowered.as_text()
+        found = [f"{name} x{text.count(name)}" for name in _HLO_COLLECTIVES if name in text]
+        agree(self.ranks, "a fused cluster", hashlib.sha256(text.encode()).hexdigest()[:16], found)
+        executable = lowered.compile(precision.compiler_options())
+        return lambda *values: self.call(executable, _arrays(values))
 
     def call(self, executable: Callable, values: Sequence[Any]) -> Any:
         """Run `lower`'s executable on this rank's `values`; its outputs as this rank's arrays."""
@@ -92,6 +135,12 @@ class Program:
             shape = (size * local.shape[0], *local.shape[1:])
             result.append(jax.make_array_from_single_device_arrays(shape, self.sharding, [local]))
         return result
+
+
+@functools.cache
+def program(ranks: tuple[int, ...]) -> Program:
+    """The `Program` over `ranks` (a Fused cluster's; compiled graphs have their own, `GraphProgram`)."""
+    return Program(ranks)
 
 
 def _describe(node: torch.fx.Node) -> str:
@@ -172,4 +221,4 @@ def install() -> None:
     """Compiled graphs holding collectives run as `plan` says (the compile layer's hook)."""
     from torch_tpu.compile import backend
 
-    backend.spmd = plan
+    backend.spmd_plan = plan
