@@ -197,8 +197,59 @@ def _handshake_checks(rank: int) -> None:
     _equal(agreed(torch.ones(3, device="tpu")), torch.full((3,), 4.0), "a graph compiled after a mismatch")
 
 
+def _fused_handshake_checks(rank: int) -> None:
+    """Under spmd_safe, rank 1 records one more op into its cluster: both ranks raise when the cluster runs."""
+    from torch_tpu.distributed.spmd import MismatchError
+
+    @torch.tpu.distributed.spmd_safe
+    def differs(x: torch.Tensor) -> torch.Tensor:
+        y = funcol.all_reduce(x * 2, "sum", dist.group.WORLD)
+        return y * 3 if rank == 1 else y
+
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        try:
+            differs(torch.ones(5, device="tpu")).cpu()
+        except MismatchError as error:
+            message = str(error)
+        else:
+            raise AssertionError("ranks recorded different clusters and no handshake error was raised")
+    assert len(set(re.findall(r"fingerprint ([0-9a-f]{16})", message))) == 2, message
+    assert "a fused cluster" in message and "stablehlo.all_reduce x1" in message, message
+
+
 def handshake() -> None:
     dist.init_process_group("tpu", timeout=_TIMEOUT)
     _handshake_checks(dist.get_rank())
+    _fused_handshake_checks(dist.get_rank())
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def subgroups() -> None:
+    """4 ranks in two pairs: each pair's compiled graph runs over its own mesh (groups resolve to their ranks);
+    a graph with collectives over two different groups is a clear error."""
+    dist.init_process_group("tpu", timeout=_TIMEOUT)
+    rank = dist.get_rank()
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates both
+    mine = pairs[rank // 2]
+    step = torch.compile(
+        lambda t: funcol.all_gather_tensor(funcol.all_reduce(t, "sum", mine) * 2, 0, mine),
+        backend="tpu",
+        fullgraph=True,
+    )
+    low, high = (_input(r, (3,), torch.float64) for r in (rank & ~1, rank | 1))
+    for turn in range(2):
+        _equal(step(_input(rank, (3,), torch.float64).to("tpu")), torch.cat([(low + high) * 2] * 2), f"pair {turn}")
+    mixed = torch.compile(
+        lambda t: funcol.all_reduce(t, "sum", mine) + funcol.all_reduce(t, "sum", dist.group.WORLD),
+        backend="tpu",
+        fullgraph=True,
+    )
+    try:
+        mixed(torch.ones(2, device="tpu"))
+    except Exception as error:  # Dynamo wraps the backend's error
+        assert "every collective of one graph must be over the same group" in str(error), error
+    else:
+        raise AssertionError("a graph over two groups did not raise")
     dist.barrier()
     dist.destroy_process_group()
