@@ -132,6 +132,9 @@ def _eager_checks(rank: int, world: int) -> None:
         _equal(summed, expected[0], "fused spmd_safe all_reduce of a recorded value")
 
         safe_step = torch.tpu.distributed.spmd_safe(_step)
+        # a second cluster over the same group, with a 0-d output, run between: each keeps its own outputs
+        total = torch.tpu.distributed.spmd_safe(lambda t: funcol.all_reduce(t.sum(), "sum", group))
+        counts = [_input(r, (5,), torch.int64) for r in range(world)]
         for turn in range(3):
             before = _fused_clusters()
             results = safe_step(x.to("tpu"), group)
@@ -139,6 +142,7 @@ def _eager_checks(rank: int, world: int) -> None:
                 _equal(got, want, f"fused spmd_safe {name} (call {turn})")
             made = _fused_clusters() - before
             assert made == (1 if turn == 0 else 0), f"call {turn}: {made} new clusters, expected one cluster once"
+            _equal(total(counts[rank].to("tpu")), sum(c.sum() for c in counts), f"fused spmd_safe 0-d (call {turn})")
 
 
 def _group_checks(rank: int, world: int) -> None:

@@ -50,19 +50,18 @@ class MismatchError(RuntimeError):
 
 
 class Program:
-    """How a function whose collectives are over `ranks` runs as one SPMD program over their devices: `lower` it
-    for this rank's values, `call` its executable with them."""
+    """How a function whose collectives are over `ranks` runs as one SPMD program over their devices: `_lower` it
+    for this rank's values, `_call` its executable with them (a Fused cluster: `compile`)."""
 
     def __init__(self, ranks: tuple[int, ...]) -> None:
         self.ranks = ranks
         self.mesh = collectives.mesh(ranks)
         self.sharding = NamedSharding(self.mesh, P(collectives.AXIS))
-        self.scalar_outputs: dict[tuple, list[bool]] = {}  # per compiled-in ints, which outputs are 0-d
 
-    def _mapped(self, fn: Callable, values: Sequence[Any]) -> tuple[Callable, list[int]]:
+    def _mapped(self, fn: Callable, values: Sequence[Any], scalars: list[bool]) -> tuple[Callable, list[int]]:
         """`fn(*values)` under `shard_map` as a function of the array values (which positions those are); Python
-        ints are compiled in, and 0-d or weakly typed arrays reach `fn` as they were."""
-        static = tuple(v for v in values if isinstance(v, int))
+        ints are compiled in, and 0-d or weakly typed arrays reach `fn` as they were. Tracing fills `scalars`:
+        which outputs are 0-d (they travel as blocks of one)."""
         positions = [i for i, v in enumerate(values) if not isinstance(v, int)]
         kinds = [(values[i].ndim == 0, getattr(values[i], "weak_type", False)) for i in positions]
 
@@ -77,26 +76,28 @@ class Program:
             finally:
                 functional.tracing.ranks = previous
             leaves, tree = jax.tree_util.tree_flatten(outputs)
-            self.scalar_outputs[static] = [leaf.ndim == 0 for leaf in leaves]
+            scalars[:] = [leaf.ndim == 0 for leaf in leaves]
             return jax.tree_util.tree_unflatten(tree, [x.reshape((1,)) if x.ndim == 0 else x for x in leaves])
 
         specs = tuple(P(collectives.AXIS) for _ in positions)
         mapped = jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=P(collectives.AXIS), check_vma=False)
         return mapped, positions
 
-    def lower(self, fn: Callable, values: Sequence[Any]) -> jax.stages.Lowered:
-        """`fn(*values)` (this rank's arrays, and Python ints compiled in) jitted under `shard_map`, lowered."""
-        mapped, positions = self._mapped(fn, values)
-        return jax.jit(mapped).lower(*self._global(values[i] for i in positions))
+    def _lower(self, fn: Callable, values: Sequence[Any]) -> tuple[jax.stages.Lowered, list[bool]]:
+        """`fn(*values)` (this rank's arrays, and Python ints compiled in) jitted under `shard_map`, lowered; and
+        which of its outputs are 0-d."""
+        scalars: list[bool] = []
+        mapped, positions = self._mapped(fn, values, scalars)
+        return jax.jit(mapped).lower(*self._global(values[i] for i in positions)), scalars
 
     def output_avals(self, fn: Callable, values: Sequence[Any]) -> Any:
         """The shapes and dtypes of this rank's outputs of `fn(*values)` (abstract evaluation, nothing runs)."""
-        mapped, positions = self._mapped(fn, values)
+        scalars: list[bool] = []
+        mapped, positions = self._mapped(fn, values, scalars)
         size = len(self.ranks)
         blocks = [values[i] for i in positions]
         avals = [jax.ShapeDtypeStruct((size * (x.shape[0] if x.ndim else 1), *x.shape[1:]), x.dtype) for x in blocks]
         leaves, tree = jax.tree_util.tree_flatten(jax.eval_shape(mapped, *avals))
-        scalars = self.scalar_outputs[tuple(v for v in values if isinstance(v, int))]
         local = [
             jax.ShapeDtypeStruct(() if scalar else (x.shape[0] // size, *x.shape[1:]), x.dtype)
             for x, scalar in zip(leaves, scalars, strict=True)
@@ -106,20 +107,18 @@ class Program:
     def compile(self, fn: Callable, leaves: Sequence[Any]) -> Callable:
         """A Fused-mode cluster's executable: agreed on with the other ranks (by its StableHLO), compiled, and
         called with this rank's leaves (Python numbers among them travel as weakly typed arrays)."""
-        lowered = self.lower(fn, _arrays(leaves))
+        lowered, scalars = self._lower(fn, _arrays(leaves))
         text = lowered.as_text()
         found = [f"{name} x{text.count(name)}" for name in _HLO_COLLECTIVES if name in text]
         agree(self.ranks, "a fused cluster", hashlib.sha256(text.encode()).hexdigest()[:16], found)
         executable = lowered.compile(precision.compiler_options())
-        return lambda *values: self.call(executable, _arrays(values))
+        return lambda *values: self._call(executable, _arrays(values), scalars)
 
-    def call(self, executable: Callable, values: Sequence[Any]) -> Any:
-        """Run `lower`'s executable on this rank's `values`; its outputs as this rank's arrays."""
-        static = tuple(v for v in values if isinstance(v, int))
+    def _call(self, executable: Callable, values: Sequence[Any], scalars: list[bool]) -> Any:
+        """Run `_lower`'s executable on this rank's `values`; its outputs as this rank's arrays."""
         outputs = executable(*self._global(v for v in values if not isinstance(v, int)))
         leaves, tree = jax.tree_util.tree_flatten(outputs)
         local = [leaf.addressable_data(0) for leaf in leaves]
-        scalars = self.scalar_outputs[static]
         return jax.tree_util.tree_unflatten(
             tree, [x.reshape(()) if s else x for x, s in zip(local, scalars, strict=True)]
         )
@@ -162,6 +161,16 @@ class GraphProgram(Program):
             parts.append(f"{node.op} {node.target} {getattr(value, 'shape', '')} {getattr(value, 'dtype', '')}")
         self.graph = "\n".join(parts)
         self.collectives = [_describe(node) for node in collective_nodes]
+        self.scalar_outputs: dict[tuple, list[bool]] = {}  # per compiled-in sizes, which outputs are 0-d
+
+    def lower(self, fn: Callable, values: Sequence[Any]) -> jax.stages.Lowered:
+        """The graph's function `fn` lowered for these values (the RNG key, the inputs, compiled-in sizes)."""
+        lowered, self.scalar_outputs[tuple(v for v in values if isinstance(v, int))] = self._lower(fn, values)
+        return lowered
+
+    def call(self, executable: Callable, values: Sequence[Any]) -> Any:
+        """Run `lower`'s executable on this rank's values; its outputs as this rank's arrays."""
+        return self._call(executable, values, self.scalar_outputs[tuple(v for v in values if isinstance(v, int))])
 
     def agree(self, what: str, inputs: Sequence[Any]) -> None:
         """The handshake before the graph's first run with these inputs (their shapes and compiled-in sizes)."""
