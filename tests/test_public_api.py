@@ -8,7 +8,7 @@ import torch
 import torch_tpu
 import torch_tpu.tpu
 
-# TorchTPU 0.2.0's `torch.tpu` names that exist here (not yet: compiler, pallas, ops, distributed) ...
+# TorchTPU 0.2.0's `torch.tpu` names that exist here (not yet: compiler, pallas, ops) ...
 TORCHTPU_TPU = {
     "device_count",
     "current_device",
@@ -35,7 +35,10 @@ TORCHTPU_TPU = {
     "Precision",
     "precision",
     "allow_excess_precision",
+    "distributed",
 }
+# TorchTPU 0.2.0's `torch.tpu.distributed` names that exist here (not yet: topology_aware_mesh, set_tpu_launch_env).
+TORCHTPU_DISTRIBUTED = {"spmd_safe"}
 # ... and ours, as torch.cuda names them.
 OURS_TPU = {
     "DeviceProperties",
@@ -82,6 +85,16 @@ def test_torch_tpu_device_module_all():
     assert sorted(torch.tpu.__all__) == sorted(TORCHTPU_TPU | OURS_TPU)
     assert all(hasattr(torch.tpu, name) for name in torch.tpu.__all__)
     assert _defined_public(torch_tpu.tpu) <= set(torch.tpu.__all__)
+
+
+def test_torch_tpu_distributed_all():
+    import torch.tpu.distributed as tpu_distributed
+    from torch.tpu.distributed import spmd_safe
+
+    assert tpu_distributed is torch.tpu.distributed and spmd_safe is torch.tpu.distributed.spmd_safe
+    assert sorted(torch.tpu.distributed.__all__) == sorted(TORCHTPU_DISTRIBUTED)
+    assert all(hasattr(torch.tpu.distributed, name) for name in torch.tpu.distributed.__all__)
+    assert _defined_public(torch.tpu.distributed) <= set(torch.tpu.distributed.__all__)
 
 
 def test_star_import_binds_every_name():

@@ -70,7 +70,7 @@ def _register() -> None:
     from torch_tpu import amp, distributed
 
     amp.install()
-    distributed.register()  # the `tpu_dist` c10d backend; JAX's multi-process runtime starts with a group
+    distributed._register()  # the `tpu_dist` c10d backend (JAX starts with a group); `torch.tpu.distributed`
 
 
 _register()

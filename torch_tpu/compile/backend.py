@@ -24,6 +24,9 @@ from torch_tpu.runtime import checks, platform, storage
 from torch_tpu.runtime import persistent as cache
 
 _OPTIONS = {"async_compile", "num_dynamic_buckets", "bucket_size", "serializable", "debug_callback", "name"}
+# Installed by torch_tpu.distributed (a layer above): `spmd_plan(gm)` is None for a graph without collectives, else
+# the program over the group's devices it runs as (`distributed.spmd.GraphProgram`: `lower`, `call`, `agree`).
+spmd_plan: Callable[[torch.fx.GraphModule], Any] | None = None
 
 
 class CompiledGraph:
@@ -48,6 +51,7 @@ class CompiledGraph:
         self.bucket_options = bucket_options
         self.buckets: list[tuple[int, ...]] = []
         self.fn, self.mutations = graph.to_jax(gm)
+        self.spmd = spmd_plan(gm) if spmd_plan is not None else None
         output_node = next(n for n in gm.graph.nodes if n.op == "output")
         self.host_outputs = [
             isinstance(v := getattr(o, "meta", {}).get("val"), torch.Tensor) and v.device.type == "cpu"
@@ -68,15 +72,22 @@ class CompiledGraph:
         sizes = tuple(i + 1 for i, value in enumerate(inputs) if isinstance(value, int))
 
         def lower() -> jax.stages.Lowered:
-            lowered = jax.jit(fresh, static_argnums=sizes).lower(key, *inputs)
+            if self.spmd is None:
+                lowered = jax.jit(fresh, static_argnums=sizes).lower(key, *inputs)
+            else:
+                lowered = self.spmd.lower(fresh, [key, *inputs])
             if self.debug_callback is not None:
                 self.debug_callback(self.gm.code, lowered.as_text())
             return lowered
 
-        executable, from_disk = warm.executable(
-            self.gm, self.fn.sizes, [key, *inputs], lower, usable=self.debug_callback is None
-        )
-        outputs = jax.block_until_ready(executable(key, *[value for value in inputs if not isinstance(value, int)]))
+        if self.spmd is None:
+            executable, from_disk = warm.executable(
+                self.gm, self.fn.sizes, [key, *inputs], lower, usable=self.debug_callback is None
+            )
+        else:  # its ranks agree first; a program over several processes' devices is compiled in each, never stored
+            self.spmd.agree(self.name, inputs)
+            executable, from_disk = lower().compile(precision.compiler_options()), False
+        outputs = jax.block_until_ready(self._run(executable, key, inputs))
         entry = Entry(
             self.name,
             cache.fast_call(executable),
@@ -85,6 +96,11 @@ class CompiledGraph:
             source="disk" if from_disk else "compiled",
         )
         return outputs, entry
+
+    def _run(self, executable: Callable, key: jax.Array, inputs: list[Any]) -> Any:
+        if self.spmd is not None:
+            return self.spmd.call(executable, [key, *inputs])
+        return executable(key, *[value for value in inputs if not isinstance(value, int)])
 
     def _inputs(self, args: Sequence[Any]) -> list[Any]:
         fused.flush()  # a compiled graph runs on computed values
@@ -108,7 +124,7 @@ class CompiledGraph:
             outputs, entry = self._compile(key, inputs)
             executables.insert(cache_key, entry)
         else:
-            outputs = entry.executable(key, *[value for value in inputs if not isinstance(value, int)])
+            outputs = self._run(entry.executable, key, inputs)
         outputs = list(checks.take(outputs))  # device-side checks left pending (runtime/checks.py)
         if self.plan is None:
             for position, size in self.fn.sizes.get(shape_key, {}).items():

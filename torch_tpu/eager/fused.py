@@ -41,6 +41,10 @@ from torch_tpu.runtime.deferred import concrete as concrete  # re-exported: the 
 from torch_tpu.runtime.deferred import is_pending as is_pending  # re-exported: the dispatcher's name for it
 
 MAX_CLUSTER_OPS = int(os.environ.get("TORCH_TPU_FUSED_MAX_OPS", "1024"))
+# Installed by torch_tpu.distributed (a layer above), which records collectives into clusters (under
+# `spmd_safe`) and sets `recorder.ranks`: `spmd(ranks).compile(fn, leaves)` is such a cluster's executable, one
+# SPMD program over those ranks' devices taking and returning this rank's values.
+spmd: Callable[[tuple[int, ...]], Any] | None = None
 
 
 class Trace:
@@ -76,10 +80,11 @@ class _Recorder:
         self.node_table: list[tuple[Callable, list]] = []
         self.first = -1  # the trace id of the cluster's first op
         self.checks: list[tuple[tuple, Pending]] = []  # per node that makes device-side checks: those, its flags
+        self.ranks: tuple[int, ...] | None = None  # the cluster's collectives are over these ranks' devices
 
-    def reset(self) -> tuple[list, list, list, list]:
-        taken = self.plan, self.leaves, list(self.buffers.values()), self.checks
-        self.plan, self.leaves, self.checks = [], [], []
+    def reset(self) -> tuple[list, list, list, list, tuple[int, ...] | None]:
+        taken = self.plan, self.leaves, list(self.buffers.values()), self.checks, self.ranks
+        self.plan, self.leaves, self.checks, self.ranks = [], [], [], None
         self.buffers.clear()
         return taken
 
@@ -157,7 +162,7 @@ def _record_helper(key: Hashable, fn: Callable, inputs: list) -> Any:
 
 def flush(extra: list[Pending] = ()) -> None:
     """Run the recorded cluster for the values live storages (and `extra`) hold."""
-    plan, leaves, references, flagged = recorder.reset()
+    plan, leaves, references, flagged, ranks = recorder.reset()
     if not plan:
         return
     buffers = [b for b in (r() for r in references) if b is not None]
@@ -165,13 +170,15 @@ def flush(extra: list[Pending] = ()) -> None:
     wanted = {p.ref: p for p in [b._array for b in buffers] + list(extra) + flags if is_pending(p)}
     if wanted:
         out_refs = tuple(sorted(wanted))
-        fingerprint = ("fused", tuple(plan), out_refs, precision.cache_token())
+        fingerprint = ("fused", tuple(plan), out_refs, precision.cache_token(), ranks)
         entry = executables.lookup(fingerprint)
         if entry is None:
             start = time.perf_counter()
-            # compiled as every executable is: XLA options (excess precision) and the persistent tier
-            lowered = jax.jit(_replay([recorder.node_table[n] for n in plan], out_refs)).lower(*leaves)
-            executable = persistent.fast_call(persistent.compile_lowered(lowered)[0])
+            replay = _replay([recorder.node_table[n] for n in plan], out_refs)
+            if ranks is None:  # compiled as every executable is: XLA options (excess precision), persistent tier
+                executable = persistent.fast_call(persistent.compile_lowered(jax.jit(replay).lower(*leaves))[0])
+            else:
+                executable = spmd(ranks).compile(replay, leaves)
             results = jax.block_until_ready(executable(*leaves))
             name = f"fused cluster of {len(plan)} ops"
             executables.insert(fingerprint, Entry(name, executable, None, time.perf_counter() - start, "fused"))

@@ -1,0 +1,226 @@
+"""Functional collectives (`torch.distributed._functional_collectives`, the `_c10d_functional::*` ops) on tpu.
+
+Each op is a lowering like any other, registered in the one registry (`ops.registry.lower_in_graphs`): a JAX
+function of this rank's array that calls the collective (`psum`, `all_gather`, `psum_scatter`, `all_to_all`)
+over the axis of the group's 1-D mesh. It runs where a program is SPMD over that mesh (`distributed.spmd`): a
+compiled graph holding collectives, a Fused-mode cluster recorded under `spmd_safe`, or, alone, an eager call.
+`wait_tensor` is the identity: a collective's value is ready when its program has run.
+
+In eager mode (`distributed.eager_functional` installs the kernels) each collective runs alone, so ranks whose
+code diverges fail on that collective instead of deadlocking inside a larger program; under `spmd_safe` the
+caller promises every rank records the same ops, and Fused mode then records collectives into its cluster.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+import torch.distributed as dist
+
+from torch_tpu.distributed.collectives import AXIS
+from torch_tpu.ops.registry import lower_in_graphs
+
+ops = torch.ops._c10d_functional
+_UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
+_FOLDS = {"product": jnp.multiply, "band": jnp.bitwise_and, "bor": jnp.bitwise_or, "bxor": jnp.bitwise_xor}
+_BOOL_OPS = {"sum": "max", "max": "max", "bor": "max", "product": "min", "min": "min", "band": "min", "bxor": "bxor"}
+REDUCE_OPS = ("sum", "avg", "max", "min", *_FOLDS)
+
+
+def group_name(group: Any) -> str:
+    """A collective's group argument as its name (graphs carry the name; eager callers may pass the group)."""
+    return group if isinstance(group, str) else dist.ProcessGroup.unbox(group).group_name
+
+
+@functools.cache
+def group_ranks(name: str) -> tuple[int, ...]:
+    """The global ranks of the group called `name`, in group-rank order (a group's name never changes)."""
+    return tuple(dist.get_process_group_ranks(dist.distributed_c10d._resolve_process_group(name)))
+
+
+class _Tracing(threading.local):
+    """The ranks of the SPMD program being traced on this thread (None: not inside one)."""
+
+    ranks: tuple[int, ...] | None = None
+
+
+tracing = _Tracing()
+
+
+def _size(group: Any, collective: str) -> int:
+    """The group's size, checked against the mesh of the program being traced: its axis is the group's ranks."""
+    ranks = group_ranks(group_name(group))
+    if len(ranks) > 1 and tracing.ranks != ranks:
+        where = "outside an SPMD program" if tracing.ranks is None else f"in a program over ranks {tracing.ranks}"
+        raise NotImplementedError(
+            f"torch_tpu: {collective} over ranks {ranks} traced {where}; every collective of one compiled graph or "
+            f"fused cluster must be over the same group"
+        )
+    return len(ranks)
+
+
+def _op(reduce_op: str, dtype: Any, collective: str) -> str:
+    op = reduce_op.lower()
+    if op not in REDUCE_OPS:
+        raise NotImplementedError(f"torch_tpu: {collective} does not support reduce_op {reduce_op!r}")
+    floating = jnp.issubdtype(dtype, jnp.inexact)
+    if op in ("band", "bor", "bxor") and floating:
+        raise RuntimeError(f"torch_tpu: {collective} with reduce_op {op!r} needs an integer or bool dtype, got {dtype}")
+    if op == "avg" and not floating:
+        raise RuntimeError(f"torch_tpu: {collective} with reduce_op 'avg' needs a floating dtype, got {dtype}")
+    return _BOOL_OPS[op] if dtype == jnp.bool_ else op
+
+
+def _reduce(block: jax.Array, op: str, size: int) -> jax.Array:
+    """Every rank's `block` reduced with `op` (rank order for the folds, as a local loop over the ranks)."""
+    if size == 1:
+        return block
+    if op == "sum":
+        return jax.lax.psum(block, AXIS)
+    if op == "avg":
+        return jax.lax.psum(block, AXIS) / jnp.asarray(size, block.dtype)
+    if op == "max":
+        return jax.lax.pmax(block, AXIS)
+    if op == "min":
+        return jax.lax.pmin(block, AXIS)
+    gathered = jax.lax.all_gather(block, AXIS)
+    result = gathered[0]
+    for index in range(1, size):
+        result = _FOLDS[op](result, gathered[index])
+    return result
+
+
+def _reduced(block: jax.Array, reduce_op: str, size: int, collective: str) -> jax.Array:
+    op = _op(reduce_op, block.dtype, collective)
+    if block.dtype == jnp.bool_:  # a logical or/and as the maximum/minimum of bytes
+        return _reduce(block.astype(jnp.uint8), op, size).astype(jnp.bool_)
+    return _reduce(block, op, size)
+
+
+@lower_in_graphs(ops.all_reduce.default)
+def all_reduce(input: jax.Array, reduce_op: str, group: Any) -> jax.Array:  # noqa: A002
+    return _reduced(input, reduce_op, _size(group, "all_reduce"), "all_reduce")
+
+
+@lower_in_graphs(ops.all_reduce_coalesced.default)
+def all_reduce_coalesced(inputs: list[jax.Array], reduce_op: str, group: Any) -> list[jax.Array]:
+    return [all_reduce(x, reduce_op, group) for x in inputs]
+
+
+def _check_group_size(group_size: int, group: Any, collective: str) -> int:
+    size = _size(group, collective)
+    if group_size != size:
+        raise ValueError(f"torch_tpu: {collective} got group_size={group_size} for a group of {size} ranks")
+    return size
+
+
+@lower_in_graphs(ops.all_gather_into_tensor.default)
+def all_gather_into_tensor(input: jax.Array, group_size: int, group: Any) -> jax.Array:  # noqa: A002
+    """Every rank's input concatenated along dim 0 in group-rank order."""
+    if _check_group_size(group_size, group, "all_gather_into_tensor") == 1:
+        return input
+    if input.ndim == 0:
+        return jax.lax.all_gather(input, AXIS)
+    return jax.lax.all_gather(input, AXIS, tiled=True)
+
+
+@lower_in_graphs(ops.all_gather_into_tensor_coalesced.default)
+def all_gather_into_tensor_coalesced(inputs: list[jax.Array], group_size: int, group: Any) -> list[jax.Array]:
+    return [all_gather_into_tensor(x, group_size, group) for x in inputs]
+
+
+@lower_in_graphs(ops.reduce_scatter_tensor.default)
+def reduce_scatter_tensor(input: jax.Array, reduce_op: str, group_size: int, group: Any) -> jax.Array:  # noqa: A002
+    """Rank r's result: block r (of dim 0 split in group_size) of every rank's input, reduced."""
+    size = _check_group_size(group_size, group, "reduce_scatter_tensor")
+    if input.ndim == 0 or input.shape[0] % size:
+        raise ValueError(
+            f"torch_tpu: reduce_scatter_tensor input dim 0 ({input.shape[:1]}) is not divisible by {size} ranks"
+        )
+    op = _op(reduce_op, input.dtype, "reduce_scatter_tensor")
+    if size == 1:
+        return input
+    if op == "sum" and input.dtype != jnp.bool_:
+        return jax.lax.psum_scatter(input, AXIS, tiled=True)
+    reduced = _reduced(input, reduce_op, size, "reduce_scatter_tensor")
+    rows = input.shape[0] // size
+    return jax.lax.dynamic_slice_in_dim(reduced, jax.lax.axis_index(AXIS) * rows, rows)
+
+
+@lower_in_graphs(ops.reduce_scatter_tensor_coalesced.default)
+def reduce_scatter_tensor_coalesced(
+    inputs: list[jax.Array], reduce_op: str, group_size: int, group: Any
+) -> list[jax.Array]:
+    return [reduce_scatter_tensor(x, reduce_op, group_size, group) for x in inputs]
+
+
+@lower_in_graphs(ops.all_to_all_single.default)
+def all_to_all_single(
+    input: jax.Array,  # noqa: A002
+    output_split_sizes: list[int],
+    input_split_sizes: list[int],
+    group: Any,
+) -> jax.Array:
+    """Block j of dim 0 goes to rank j; blocks must be even (uneven splits need every rank's sizes)."""
+    size = _size(group, "all_to_all_single")
+    rows = input.shape[0] // size if input.ndim else 0
+    even = [rows] * size
+    if input.ndim == 0 or input.shape[0] % size or list(input_split_sizes or even) != even:
+        raise NotImplementedError(
+            f"torch_tpu: all_to_all_single with splits {list(input_split_sizes)} of dim 0 "
+            f"({input.shape[:1]}) in a compiled program: only even splits over {size} ranks are supported"
+        )
+    if list(output_split_sizes or even) != even:
+        raise NotImplementedError(
+            f"torch_tpu: all_to_all_single with output splits {list(output_split_sizes)} in a compiled program: "
+            f"only even splits over {size} ranks are supported"
+        )
+    if size == 1:
+        return input
+    return jax.lax.all_to_all(input, AXIS, split_axis=0, concat_axis=0, tiled=True)
+
+
+@lower_in_graphs(ops.broadcast.default)
+def broadcast(input: jax.Array, src: int, group: Any) -> jax.Array:  # noqa: A002
+    """Group rank `src`'s input on every rank, bit for bit: a psum of its bits, every other rank adding zeros."""
+    size = _size(group, "broadcast")
+    if not 0 <= src < size:
+        raise ValueError(f"torch_tpu: broadcast from group rank {src} of a group of {size} ranks")
+    if size == 1:
+        return input
+    unsigned = _UNSIGNED.get(input.dtype.itemsize)
+    if unsigned is None or jnp.issubdtype(input.dtype, jnp.complexfloating) or input.dtype == jnp.bool_:
+        return jax.lax.all_gather(input, AXIS)[src]
+    bits = jax.lax.bitcast_convert_type(input, unsigned)
+    mine = jax.lax.axis_index(AXIS) == src
+    summed = jax.lax.psum(jnp.where(mine, bits, jnp.zeros_like(bits)), AXIS)
+    return jax.lax.bitcast_convert_type(summed, input.dtype)
+
+
+@lower_in_graphs(ops.wait_tensor.default)
+def wait_tensor(tensor: jax.Array) -> jax.Array:
+    """The identity: inside one program a collective's value is ready where it is used."""
+    return tensor
+
+
+COLLECTIVES = {
+    ops.all_reduce.default: "all_reduce",
+    ops.all_reduce_coalesced.default: "all_reduce_coalesced",
+    ops.all_gather_into_tensor.default: "all_gather_into_tensor",
+    ops.all_gather_into_tensor_coalesced.default: "all_gather_into_tensor_coalesced",
+    ops.reduce_scatter_tensor.default: "reduce_scatter_tensor",
+    ops.reduce_scatter_tensor_coalesced.default: "reduce_scatter_tensor_coalesced",
+    ops.all_to_all_single.default: "all_to_all_single",
+    ops.broadcast.default: "broadcast",
+}
+"""The ops that communicate, by name; their last argument is the group."""
+
+
+def group_argument(op: Any, args: tuple) -> Any:
+    """The group (name or object) a collective `op` is called with: its last argument."""
+    return args[len(op._schema.arguments) - 1]

@@ -1,0 +1,233 @@
+"""Programs holding collectives run SPMD over their group's devices, after the ranks agree on what they run.
+
+A compiled graph (or a Fused-mode cluster) is one jitted program on this rank's device; a collective inside it
+needs the program to span the group. `Program` runs the same function under `jax.shard_map` over the group's
+1-D mesh (`collectives.mesh`, the eager collectives' mesh): each rank's array is its block of a global array
+(dim 0 concatenated in group-rank order, a 0-d array as a block of one), so the body sees this rank's arrays
+as they are and the collectives' HLO (all-reduce, all-gather, reduce-scatter, all-to-all) is in the program.
+
+Before a program's first run its ranks agree on it (`agree`, TorchTPU's compile-time handshake): each publishes
+its fingerprint and collective count through the c10d store under the program's sequence number, and a rank
+that finds another's different raises, naming both, on every rank — rather than entering a program the others
+do not run (a deadlock or garbage). A rank that never reaches the handshake fails it at the store's timeout.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+import torch.distributed as dist
+from jax._src.lax.lax import _convert_element_type
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from torch_tpu import precision
+from torch_tpu.distributed import collectives, functional
+from torch_tpu.runtime import platform
+
+_KEY = "tpu_dist/spmd/{ranks}/{sequence}/{rank}"
+# Per group (its ranks): how many programs over it this process has agreed on; every rank counts alike.
+_sequence: dict[tuple[int, ...], int] = {}
+
+
+_HLO_COLLECTIVES = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter", "stablehlo.all_to_all")
+
+
+def _arrays(values: Sequence[Any]) -> list[Any]:
+    """Python numbers as (weakly typed) arrays: a Fused cluster's leaves are all run-time values."""
+    return [jnp.asarray(v) if isinstance(v, (bool, int, float, complex)) else v for v in values]
+
+
+class MismatchError(RuntimeError):
+    """Ranks about to run different SPMD programs (a different graph, or different collectives)."""
+
+
+class Program:
+    """How a function whose collectives are over `ranks` runs as one SPMD program over their devices: `_lower` it
+    for this rank's values, `_call` its executable with them (a Fused cluster: `compile`)."""
+
+    def __init__(self, ranks: tuple[int, ...]) -> None:
+        self.ranks = ranks
+        self.mesh = collectives.mesh(ranks)
+        self.sharding = NamedSharding(self.mesh, P(collectives.AXIS))
+
+    def _mapped(self, fn: Callable, values: Sequence[Any], scalars: list[bool]) -> tuple[Callable, list[int]]:
+        """`fn(*values)` under `shard_map` as a function of the array values (which positions those are); Python
+        ints are compiled in, and 0-d or weakly typed arrays reach `fn` as they were. Tracing fills `scalars`:
+        which outputs are 0-d (they travel as blocks of one)."""
+        positions = [i for i, v in enumerate(values) if not isinstance(v, int)]
+        kinds = [(values[i].ndim == 0, getattr(values[i], "weak_type", False)) for i in positions]
+
+        def body(*arrays: Any) -> Any:
+            merged = list(values)
+            for position, array, (scalar, weak) in zip(positions, arrays, kinds, strict=True):
+                array = array.reshape(()) if scalar else array
+                merged[position] = _convert_element_type(array, weak_type=True) if weak else array
+            previous, functional.tracing.ranks = functional.tracing.ranks, self.ranks
+            try:
+                outputs = fn(*merged)
+            finally:
+                functional.tracing.ranks = previous
+            leaves, tree = jax.tree_util.tree_flatten(outputs)
+            scalars[:] = [leaf.ndim == 0 for leaf in leaves]
+            return jax.tree_util.tree_unflatten(tree, [x.reshape((1,)) if x.ndim == 0 else x for x in leaves])
+
+        specs = tuple(P(collectives.AXIS) for _ in positions)
+        mapped = jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=P(collectives.AXIS), check_vma=False)
+        return mapped, positions
+
+    def _lower(self, fn: Callable, values: Sequence[Any]) -> tuple[jax.stages.Lowered, list[bool]]:
+        """`fn(*values)` (this rank's arrays, and Python ints compiled in) jitted under `shard_map`, lowered; and
+        which of its outputs are 0-d."""
+        scalars: list[bool] = []
+        mapped, positions = self._mapped(fn, values, scalars)
+        return jax.jit(mapped).lower(*self._global(values[i] for i in positions)), scalars
+
+    def output_avals(self, fn: Callable, values: Sequence[Any]) -> Any:
+        """The shapes and dtypes of this rank's outputs of `fn(*values)` (abstract evaluation, nothing runs)."""
+        scalars: list[bool] = []
+        mapped, positions = self._mapped(fn, values, scalars)
+        size = len(self.ranks)
+        blocks = [values[i] for i in positions]
+        avals = [jax.ShapeDtypeStruct((size * (x.shape[0] if x.ndim else 1), *x.shape[1:]), x.dtype) for x in blocks]
+        leaves, tree = jax.tree_util.tree_flatten(jax.eval_shape(mapped, *avals))
+        local = [
+            jax.ShapeDtypeStruct(() if scalar else (x.shape[0] // size, *x.shape[1:]), x.dtype)
+            for x, scalar in zip(leaves, scalars, strict=True)
+        ]
+        return jax.tree_util.tree_unflatten(tree, local)
+
+    def compile(self, fn: Callable, leaves: Sequence[Any]) -> Callable:
+        """A Fused-mode cluster's executable: agreed on with the other ranks (by its StableHLO), compiled, and
+        called with this rank's leaves (Python numbers among them travel as weakly typed arrays)."""
+        lowered, scalars = self._lower(fn, _arrays(leaves))
+        text = lowered.as_text()
+        found = [f"{name} x{text.count(name)}" for name in _HLO_COLLECTIVES if name in text]
+        agree(self.ranks, "a fused cluster", hashlib.sha256(text.encode()).hexdigest()[:16], found)
+        executable = lowered.compile(precision.compiler_options())
+        return lambda *values: self._call(executable, _arrays(values), scalars)
+
+    def _call(self, executable: Callable, values: Sequence[Any], scalars: list[bool]) -> Any:
+        """Run `_lower`'s executable on this rank's `values`; its outputs as this rank's arrays."""
+        outputs = executable(*self._global(v for v in values if not isinstance(v, int)))
+        leaves, tree = jax.tree_util.tree_flatten(outputs)
+        local = [leaf.addressable_data(0) for leaf in leaves]
+        return jax.tree_util.tree_unflatten(
+            tree, [x.reshape(()) if s else x for x, s in zip(local, scalars, strict=True)]
+        )
+
+    def _global(self, arrays: Any) -> list[jax.Array]:
+        """This rank's arrays as its blocks of global arrays (dim 0 concatenated; 0-d as a block of one)."""
+        size = len(self.ranks)
+        result = []
+        for array in arrays:
+            if not isinstance(array, jax.Array):  # a host array (the RNG key)
+                array = jax.device_put(array, platform.device())
+            local = array.reshape((1,)) if array.ndim == 0 else array
+            shape = (size * local.shape[0], *local.shape[1:])
+            result.append(jax.make_array_from_single_device_arrays(shape, self.sharding, [local]))
+        return result
+
+
+@functools.cache
+def program(ranks: tuple[int, ...]) -> Program:
+    """The `Program` over `ranks` (a Fused cluster's; compiled graphs have their own, `GraphProgram`)."""
+    return Program(ranks)
+
+
+def _describe(node: torch.fx.Node) -> str:
+    value = node.meta.get("val")
+    shape = f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}" if isinstance(value, torch.Tensor) else ""
+    statics = [a for a in node.args[1:-1] if not isinstance(a, torch.fx.Node)]  # the group: the ranks, named
+    return f"{functional.COLLECTIVES[node.target]}({shape}{', ' if statics else ''}{', '.join(map(str, statics))})"
+
+
+class GraphProgram(Program):
+    """A compiled graph's `Program`, with what its ranks agree on: a fingerprint of the graph (its code and every
+    node's op, shapes and dtypes) and its collectives."""
+
+    def __init__(self, ranks: tuple[int, ...], gm: torch.fx.GraphModule, collective_nodes: list) -> None:
+        super().__init__(ranks)
+        parts = [gm.code]
+        for node in gm.graph.nodes:
+            value = node.meta.get("val")
+            parts.append(f"{node.op} {node.target} {getattr(value, 'shape', '')} {getattr(value, 'dtype', '')}")
+        self.graph = "\n".join(parts)
+        self.collectives = [_describe(node) for node in collective_nodes]
+        self.scalar_outputs: dict[tuple, list[bool]] = {}  # per compiled-in sizes, which outputs are 0-d
+
+    def lower(self, fn: Callable, values: Sequence[Any]) -> jax.stages.Lowered:
+        """The graph's function `fn` lowered for these values (the RNG key, the inputs, compiled-in sizes)."""
+        lowered, self.scalar_outputs[tuple(v for v in values if isinstance(v, int))] = self._lower(fn, values)
+        return lowered
+
+    def call(self, executable: Callable, values: Sequence[Any]) -> Any:
+        """Run `lower`'s executable on this rank's values; its outputs as this rank's arrays."""
+        return self._call(executable, values, self.scalar_outputs[tuple(v for v in values if isinstance(v, int))])
+
+    def agree(self, what: str, inputs: Sequence[Any]) -> None:
+        """The handshake before the graph's first run with these inputs (their shapes and compiled-in sizes)."""
+        avals = [v if isinstance(v, int) else (tuple(v.shape), str(v.dtype)) for v in inputs]
+        fingerprint = hashlib.sha256(f"{self.graph}\n{avals}".encode()).hexdigest()[:16]
+        agree(self.ranks, f"graph '{what}'", fingerprint, self.collectives)
+
+
+def plan(gm: torch.fx.GraphModule) -> GraphProgram | None:
+    """The program a graph must run as: None when it holds no collective over more than one rank."""
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in functional.COLLECTIVES]
+    groups = {functional.group_ranks(functional.group_name(functional.group_argument(n.target, n.args))) for n in nodes}
+    spanning = {ranks for ranks in groups if len(ranks) > 1}
+    if not spanning:
+        return None
+    if len(spanning) > 1:
+        raise NotImplementedError(
+            f"torch_tpu: a compiled graph with collectives over several groups {sorted(spanning)}: every collective "
+            f"of one graph must be over the same group (split the graph, e.g. with torch._dynamo.graph_break())"
+        )
+    (ranks,) = spanning
+    if dist.get_rank() not in ranks:
+        raise RuntimeError(f"torch_tpu: rank {dist.get_rank()} runs a graph with collectives over ranks {ranks}")
+    return GraphProgram(ranks, gm, nodes)
+
+
+def agree(ranks: tuple[int, ...], what: str, fingerprint: str, collective_list: list[str]) -> None:
+    """Check that every rank of `ranks` is about to run the same program, else raise `MismatchError` on each."""
+    store = dist.distributed_c10d._get_default_store()
+    sequence = _sequence.get(ranks, 0)
+    _sequence[ranks] = sequence + 1
+    mine = {"fingerprint": fingerprint, "collectives": collective_list}
+    group = ",".join(map(str, ranks))
+    rank = dist.get_rank()
+    store.set(_KEY.format(ranks=group, sequence=sequence, rank=rank), json.dumps(mine))
+    for peer in ranks:
+        if peer == rank:
+            continue
+        key = _KEY.format(ranks=group, sequence=sequence, rank=peer)
+        try:
+            theirs = json.loads(store.get(key))
+        except dist.DistStoreError as error:
+            raise MismatchError(
+                f"torch_tpu: {what} (fingerprint {fingerprint}, {len(collective_list)} collectives) waited for rank "
+                f"{peer} to agree on SPMD program #{sequence} over ranks {ranks}, and it never reached it: {error}"
+            ) from error
+        if theirs != mine:
+            raise MismatchError(
+                f"torch_tpu: ranks differ on SPMD program #{sequence} over ranks {ranks} before its first run: "
+                f"rank {rank} has {what} with fingerprint {fingerprint} and {len(collective_list)} collectives "
+                f"{collective_list}; rank {peer} has fingerprint {theirs['fingerprint']} and "
+                f"{len(theirs['collectives'])} collectives {theirs['collectives']}"
+            )
+
+
+def install() -> None:
+    """Compiled graphs holding collectives run as `plan` says (the compile layer's hook)."""
+    from torch_tpu.compile import backend
+
+    backend.spmd_plan = plan
