@@ -57,7 +57,7 @@ def rank_main(repeats: int) -> None:
         }
         tensors["tpu_unchecked"] = tensors["tpu"]
         samples: dict[str, list[float]] = {name: [] for name in VARIANTS}
-        count = repeats if nbytes < (16 << 20) else max(4, repeats // 4)
+        count = repeats * (10 if nbytes < (1 << 20) else 2 if nbytes < (16 << 20) else 1)  # noise: samples are cheap
         for turn in range(count + 1):  # the first round compiles (tpu) and connects (gloo): not timed
             for name in VARIANTS:
                 handshake.enabled = name != "tpu_unchecked"
@@ -148,7 +148,7 @@ def report(result: dict) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nprocs", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--rank-of-job", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_of_job:

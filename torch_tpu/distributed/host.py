@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch._C._distributed_c10d import AllreduceOptions, BroadcastOptions, ReduceOp
 
-from torch_tpu.runtime import deferred, platform, storage
+from torch_tpu.runtime import deferred, dtypes, platform, storage
 
 # What ProcessGroupGloo reduces (bool travels as uint8).
 DTYPES = frozenset(
@@ -40,15 +40,15 @@ _GLOO_OPS = {
     "bxor": ReduceOp.BXOR,
 }
 _FOLDS = {
-    "sum": torch.add,
-    "avg": torch.add,
-    "premul_sum": torch.add,
-    "max": torch.maximum,
-    "min": torch.minimum,
-    "product": torch.mul,
-    "band": torch.bitwise_and,
-    "bor": torch.bitwise_or,
-    "bxor": torch.bitwise_xor,
+    "sum": np.add,
+    "avg": np.add,
+    "premul_sum": np.add,
+    "max": np.maximum,
+    "min": np.minimum,
+    "product": np.multiply,
+    "band": np.bitwise_and,
+    "bor": np.bitwise_or,
+    "bxor": np.bitwise_xor,
 }
 _take = jax.jit(lambda array: array, donate_argnums=0)
 
@@ -136,34 +136,36 @@ def broadcast(tensor: torch.Tensor, owned: jax.Array | None, gloo: object, root:
         storage.write(tensor, jax.dlpack.from_dlpack(host))
 
 
-def _rows(rows: np.ndarray, tensor: torch.Tensor) -> list[torch.Tensor]:
-    dtype = torch.uint8 if tensor.dtype == torch.bool else tensor.dtype
-    shaped = torch.from_numpy(rows).view(dtype)
-    return [shaped[index].view(tensor.shape) for index in range(rows.shape[0])]
+def _rows(rows: np.ndarray, tensor: torch.Tensor) -> np.ndarray:
+    return rows.view(np.uint8 if tensor.dtype == torch.bool else dtypes.to_jax(tensor.dtype))
 
 
-def _store(tensor: torch.Tensor, owned: jax.Array | None, result: torch.Tensor) -> None:
-    """Write `result` (CPU, the tensor's shape; bool as uint8) into `tensor`: into `owned` (`claim`) if not
-    None, which costs a memcpy (a fresh jax.Array would cost a transfer, several times dearer)."""
-    if tensor.dtype == torch.bool:
-        result = result.view(torch.bool)
+def _store(tensor: torch.Tensor, owned: jax.Array | None, result: np.ndarray) -> None:
+    """Write `result` (the tensor's dtype, bool as uint8) into `tensor`: into `owned` (`claim`) if not None,
+    a memcpy (a fresh jax.Array would cost a transfer, several times dearer)."""
+    result = np.ascontiguousarray(result)
     if owned is not None:
         owned.block_until_ready()
-        ctypes.memmove(owned.unsafe_buffer_pointer(), result.contiguous().data_ptr(), result.nbytes)
-    else:
-        storage.write(tensor, jax.dlpack.from_dlpack(result.clone()))
+        ctypes.memmove(owned.unsafe_buffer_pointer(), result.ctypes.data, result.nbytes)
+        return
+    if tensor.dtype == torch.bool:
+        result = result.view(np.bool_)
+    storage.write(tensor, jax.device_put(result.reshape(tuple(tensor.shape)).copy(), platform.device()))
 
 
 def reduce_rows(tensor: torch.Tensor, owned: jax.Array | None, rows: np.ndarray, op: str, factor: float) -> None:
-    """Write into `tensor` the reduction, in group-rank order, of every rank's data gathered in `rows`."""
+    """Write into `tensor` the reduction, in group-rank order, of every rank's data gathered in `rows`: NumPy's
+    arithmetic, which rounds as CPU PyTorch's does (16-bit floats in float32 where PyTorch computes so)."""
     values = _rows(rows, tensor)
     if op == "premul_sum":
-        values = [value * factor for value in values]
+        compute = np.dtype(np.float32) if values.dtype.itemsize == 2 else values.dtype
+        values = (values.astype(compute) * compute.type(factor)).astype(values.dtype)
     fold = _FOLDS[op]
-    result = values[0].clone()
+    result = values[0]
     for value in values[1:]:
         result = fold(result, value)
-    _finish(result, op, len(values))
+    if op == "avg":
+        result = np.true_divide(result, len(values)).astype(values.dtype)
     _store(tensor, owned, result)
 
 
