@@ -118,6 +118,12 @@ def program(kind: str, ranks: tuple[int, ...], shape: tuple[int, ...], dtype: np
     return found
 
 
+@functools.cache
+def _sharding(ranks: tuple[int, ...]) -> NamedSharding:
+    """Dimension 0 split over the ranks' mesh (made once: ~35 us a call otherwise, a tenth of a 4 B all_reduce)."""
+    return NamedSharding(mesh(ranks), P(AXIS))
+
+
 def run(kind: str, ranks: tuple[int, ...], local: jax.Array, op: str = "", root: int = 0) -> jax.Array:
     """This rank's result of collective `kind` over `ranks`, given its `local` array.
 
@@ -128,7 +134,6 @@ def run(kind: str, ranks: tuple[int, ...], local: jax.Array, op: str = "", root:
     if scalar:
         local = local.reshape((1,))
     shape = tuple(local.shape)
-    sharding = NamedSharding(mesh(ranks), P(AXIS))
-    whole = jax.make_array_from_single_device_arrays((len(ranks) * shape[0], *shape[1:]), sharding, [local])
+    whole = jax.make_array_from_single_device_arrays((len(ranks) * shape[0], *shape[1:]), _sharding(ranks), [local])
     out = program(kind, ranks, shape, local.dtype, op, root)(whole).addressable_data(0)
     return out.reshape(out.shape[:-1]) if scalar else out

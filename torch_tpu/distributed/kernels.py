@@ -2,51 +2,73 @@
 
 `dist.all_reduce(t)` (and DDP's reducer, DTensor, funcol) dispatch `c10d::allreduce_` on the tensors' device;
 torch's own PrivateUse1 kernel would hand them to the group's C++ backend (gloo, which cannot read a tpu
-storage), so these replace it: each reads the local tensors' arrays, runs the collective as an XLA program over
-the group's devices (`distributed.collectives`), writes the results into the output tensors in place (views and
-their bases too) and returns a completed Work.
+storage), so these replace it. Each first checks that every rank makes the same call (`handshake`), then runs
+the collective -- on the XLA CPU platform all_reduce and broadcast go to gloo on the device buffers as host
+memory (`host`), everything else is an XLA program over the group's devices (`collectives`) -- and writes the
+results into the output tensors in place (views and their bases too), returning a completed Work.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from torch_tpu.distributed import collectives
+from torch_tpu.distributed import collectives, handshake, host
 from torch_tpu.eager import fused
 from torch_tpu.runtime import storage
 
+_RedOpType = dist.ReduceOp.RedOpType
 _OPS = {
-    dist.ReduceOp.RedOpType.SUM: "sum",
-    dist.ReduceOp.RedOpType.AVG: "avg",
-    dist.ReduceOp.RedOpType.MAX: "max",
-    dist.ReduceOp.RedOpType.MIN: "min",
-    dist.ReduceOp.RedOpType.PRODUCT: "product",
-    dist.ReduceOp.RedOpType.BAND: "band",
-    dist.ReduceOp.RedOpType.BOR: "bor",
-    dist.ReduceOp.RedOpType.BXOR: "bxor",
+    _RedOpType.SUM: "sum",
+    _RedOpType.AVG: "avg",
+    _RedOpType.MAX: "max",
+    _RedOpType.MIN: "min",
+    _RedOpType.PRODUCT: "product",
+    _RedOpType.BAND: "band",
+    _RedOpType.BOR: "bor",
+    _RedOpType.BXOR: "bxor",
+    _RedOpType.PREMUL_SUM: "premul_sum",
 }
 _BITWISE = ("band", "bor", "bxor")
 # Bool reductions run on uint8: a sum or maximum is a logical or, a product or minimum a logical and.
 _BOOL_OPS = {"sum": "max", "max": "max", "bor": "max", "product": "min", "min": "min", "band": "min", "bxor": "bxor"}
+# PREMUL_SUM's factor, for the call in progress on this thread (see `_keeping_premul_factor`).
+_premul = threading.local()
 
 
-@functools.cache
-def _group_ranks(name: str) -> tuple[int, ...]:
-    """The global ranks of the group called `name`, in group-rank order (a group's name never changes)."""
-    group = dist.distributed_c10d._resolve_process_group(name)
-    return tuple(dist.get_process_group_ranks(group))
+def _state(process_group: Any) -> handshake.Group:
+    return handshake.group(dist.ProcessGroup.unbox(process_group))
 
 
 def _ranks(process_group: Any) -> tuple[int, ...]:
-    return _group_ranks(dist.ProcessGroup.unbox(process_group).group_name)
+    return _state(process_group).ranks
+
+
+def _describe(tensor: torch.Tensor) -> str:
+    return f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}"
+
+
+def _check(state: handshake.Group, description: str, tensors: list[torch.Tensor], data: Any = None) -> Any:
+    """Every rank's `data` once every rank of the group makes this call (None when the check is off).
+
+    With TORCH_DISTRIBUTED_DEBUG=DETAIL the description also lists every tensor of the call (`tensors`: those
+    whose shapes must agree across ranks) and the group's ranks.
+    """
+    if not handshake.enabled:
+        return None
+    if handshake.detail():
+        description += f" | tensors {', '.join(map(_describe, tensors))} | ranks {list(state.ranks)}"
+    return handshake.agree(state, description, data)
 
 
 def _done(result: Any) -> Any:
@@ -65,9 +87,27 @@ def _check_tpu(name: str, tensors: list[torch.Tensor]) -> None:
             raise RuntimeError(f"tpu_dist: {name} got a tensor on {tensor.device}; all tensors must be on tpu")
 
 
-def _op_name(collective: str, reduce_op: Any, dtype: torch.dtype) -> str:
+def _red_op_type(reduce_op: Any) -> _RedOpType:
     kind = reduce_op.op() if hasattr(reduce_op, "op") else reduce_op
-    kind = dist.ReduceOp.RedOpType(kind) if isinstance(kind, int) else kind
+    return _RedOpType(kind) if isinstance(kind, int) else kind
+
+
+def _op_text(collective: str, reduce_op: Any) -> tuple[str, float | None]:
+    """How the call's op is described to the other ranks, and PREMUL_SUM's factor."""
+    kind = _red_op_type(reduce_op)
+    if kind != _RedOpType.PREMUL_SUM:
+        return kind.name, None
+    factor = getattr(_premul, "factor", None)
+    if factor is None:
+        raise RuntimeError(
+            f"tpu_dist: {collective} with ReduceOp.PREMUL_SUM got no factor (make the op with "
+            "dist._make_nccl_premul_sum(factor) and call it through torch.distributed)"
+        )
+    return f"PREMUL_SUM({factor!r})", factor
+
+
+def _op_name(collective: str, reduce_op: Any, dtype: torch.dtype) -> str:
+    kind = _red_op_type(reduce_op)
     if kind not in _OPS:
         raise NotImplementedError(f"tpu_dist: {collective} does not support ReduceOp.{kind.name} yet")
     op = _OPS[kind]
@@ -76,26 +116,62 @@ def _op_name(collective: str, reduce_op: Any, dtype: torch.dtype) -> str:
         raise RuntimeError(
             f"tpu_dist: {collective} with ReduceOp.{kind.name} needs an integer or bool dtype, got {dtype}"
         )
-    if op == "avg" and not floating:
-        raise RuntimeError(f"tpu_dist: {collective} with ReduceOp.AVG needs a floating dtype, got {dtype}")
+    if op in ("avg", "premul_sum") and not floating:
+        raise RuntimeError(f"tpu_dist: {collective} with ReduceOp.{kind.name} needs a floating dtype, got {dtype}")
     if op in ("max", "min") and dtype.is_complex:
         raise RuntimeError(f"tpu_dist: {collective} with ReduceOp.{kind.name} is not defined for {dtype}")
     return _BOOL_OPS[op] if dtype == torch.bool else op
 
 
+def _premultiplied(local: jax.Array, factor: float) -> jax.Array:
+    """`local * factor` rounded as CPU PyTorch does: 16-bit floats compute in float32, the factor is not rounded
+    to the tensor's dtype first."""
+    compute = jnp.float32 if local.dtype.itemsize == 2 else local.dtype
+    return (local.astype(compute) * np.asarray(factor, compute)).astype(local.dtype)
+
+
 def _reduced(collective: str, kind: str, ranks: tuple[int, ...], tensor: torch.Tensor, reduce_op: Any) -> jax.Array:
     op = _op_name(collective, reduce_op, tensor.dtype)
     local = _read(tensor)
+    if op == "premul_sum":
+        local, op = _premultiplied(local, _op_text(collective, reduce_op)[1]), "sum"
     if tensor.dtype == torch.bool:
         return collectives.run(kind, ranks, local.astype(jnp.uint8), op).astype(jnp.bool_)
     return collectives.run(kind, ranks, local, op)
 
 
+def _on_host(tensor: torch.Tensor) -> tuple[bool, bool]:
+    """Whether this collective goes to gloo on host memory, and whether its data travels in the check's message."""
+    fast = host.available() and host.supports(tensor.dtype)
+    return fast, fast and handshake.enabled and tensor.numel() * tensor.element_size() <= handshake.INLINE
+
+
+def _all_reduce(collective: str, state: handshake.Group, tensor: torch.Tensor, reduce_op: Any, root: int = -1) -> None:
+    """all_reduce of `tensor` in place; with a group rank `root` (reduce), only the root's tensor is written."""
+    text, factor = _op_text(collective, reduce_op)
+    target = f" to rank {state.ranks[root]}" if root >= 0 else ""
+    fast, inline = _on_host(tensor)
+    write = root < 0 or state.rank == root
+    data = host.data(tensor) if inline else None
+    owned = host.claim(tensor) if fast and write else None
+    rows = _check(state, f"{collective} {_describe(tensor)} {text}{target}", [tensor], data)
+    op = _op_name(collective, reduce_op, tensor.dtype)
+    if rows is not None:
+        if write:
+            host.reduce_rows(tensor, owned, rows, op, factor)
+    elif fast:
+        host.all_reduce(tensor, owned, state.gloo, op, factor, write)
+    else:
+        result = _reduced(collective, "all_reduce", state.ranks, tensor, reduce_op)
+        if write:
+            storage.write(tensor, result)
+
+
 def allreduce_(tensors, process_group, reduce_op, sparse_indices, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
     _check_tpu("all_reduce", tensors)
-    ranks = _ranks(process_group)
+    state = _state(process_group)
     for tensor in tensors:
-        storage.write(tensor, _reduced("all_reduce", "all_reduce", ranks, tensor, reduce_op))
+        _all_reduce("all_reduce", state, tensor, reduce_op)
     return tensors, _done(tensors)
 
 
@@ -106,12 +182,21 @@ def allreduce_coalesced_(tensors, process_group, reduce_op, async_op=True, timeo
 
 def broadcast_(tensors, process_group, root_rank, root_tensor, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
     _check_tpu("broadcast", tensors)
-    ranks = _ranks(process_group)
+    state = _state(process_group)
     for tensor in tensors:
-        local = _read(tensor)
-        if tensor.dtype == torch.bool:
-            local = local.astype(jnp.uint8)
-        storage.write(tensor, collectives.run("broadcast", ranks, local, root=root_rank).astype(local.dtype))
+        fast, inline = _on_host(tensor)
+        data = host.data(tensor) if inline else None
+        owned = host.claim(tensor) if fast else None
+        rows = _check(state, f"broadcast {_describe(tensor)} from rank {state.ranks[root_rank]}", [tensor], data)
+        if rows is not None:
+            host.broadcast_rows(tensor, owned, rows, root_rank)
+        elif fast:
+            host.broadcast(tensor, owned, state.gloo, root_rank)
+        else:
+            local = _read(tensor)
+            if tensor.dtype == torch.bool:
+                local = local.astype(jnp.uint8)
+            storage.write(tensor, collectives.run("broadcast", state.ranks, local, root=root_rank).astype(local.dtype))
     return tensors, _done(tensors)
 
 
@@ -121,8 +206,10 @@ def _gathered(ranks: tuple[int, ...], tensor: torch.Tensor) -> jax.Array:
 
 def allgather_(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
     _check_tpu("all_gather", [*input_tensors, *(t for outputs in output_tensors for t in outputs)])
-    ranks = _ranks(process_group)
+    state = _state(process_group)
+    ranks = state.ranks
     for outputs, tensor in zip(output_tensors, input_tensors, strict=True):
+        _check(state, f"all_gather {_describe(tensor)} into {len(outputs)} tensors", [tensor, *outputs])
         if len(outputs) != len(ranks):
             raise ValueError(f"tpu_dist: all_gather needs {len(ranks)} output tensors, got {len(outputs)}")
         gathered = _gathered(ranks, tensor)
@@ -133,7 +220,10 @@ def allgather_(output_tensors, input_tensors, process_group, async_op=True, time
 
 def _allgather_base_(output_tensor, input_tensor, process_group, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
     _check_tpu("all_gather_into_tensor", [output_tensor, input_tensor])
-    ranks = _ranks(process_group)
+    state = _state(process_group)
+    ranks = state.ranks
+    description = f"all_gather_into_tensor {_describe(input_tensor)} into {_describe(output_tensor)}"
+    _check(state, description, [output_tensor, input_tensor])
     if output_tensor.numel() != input_tensor.numel() * len(ranks):
         raise ValueError(
             f"tpu_dist: all_gather_into_tensor output has {output_tensor.numel()} elements; expected "
@@ -150,8 +240,12 @@ def allgather_into_tensor_coalesced_(outputs, inputs, process_group, async_op=Tr
     return _done(outputs)
 
 
-def _reduce_scatter_flat(ranks, output, whole, reduce_op, collective):  # noqa: ANN001, ANN202
+def _reduce_scatter_flat(state, output, whole, reduce_op, collective, inputs):  # noqa: ANN001, ANN202
     """Reduce `whole` (a tensor of len(ranks) x output's elements) and write this rank's part into `output`."""
+    ranks = state.ranks
+    what = f"{len(inputs)} x {_describe(inputs[0])}" if collective == "reduce_scatter" else _describe(whole)
+    description = f"{collective} {what} into {_describe(output)} {_op_text(collective, reduce_op)[0]}"
+    _check(state, description, [output, *inputs])
     if whole.numel() != output.numel() * len(ranks):
         raise ValueError(
             f"tpu_dist: {collective} input has {whole.numel()} elements; expected {len(ranks)} x {output.numel()}"
@@ -162,7 +256,8 @@ def _reduce_scatter_flat(ranks, output, whole, reduce_op, collective):  # noqa: 
 
 def _reduce_scatter_base_(output_tensor, input_tensor, process_group, reduce_op, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
     _check_tpu("reduce_scatter_tensor", [output_tensor, input_tensor])
-    _reduce_scatter_flat(_ranks(process_group), output_tensor, input_tensor, reduce_op, "reduce_scatter_tensor")
+    state = _state(process_group)
+    _reduce_scatter_flat(state, output_tensor, input_tensor, reduce_op, "reduce_scatter_tensor", [input_tensor])
     return output_tensor, _done(output_tensor)
 
 
@@ -173,13 +268,13 @@ def reduce_scatter_tensor_coalesced_(outputs, inputs, process_group, reduce_op, 
 
 
 def reduce_scatter_(output_tensors, input_tensors, process_group, reduce_op, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
-    ranks = _ranks(process_group)
+    state = _state(process_group)
     for output, inputs in zip(output_tensors, input_tensors, strict=True):
         _check_tpu("reduce_scatter", [output, *inputs])
-        if len(inputs) != len(ranks):
-            raise ValueError(f"tpu_dist: reduce_scatter needs {len(ranks)} input tensors, got {len(inputs)}")
+        if len(inputs) != len(state.ranks):
+            raise ValueError(f"tpu_dist: reduce_scatter needs {len(state.ranks)} input tensors, got {len(inputs)}")
         whole = torch.stack([tensor.reshape(-1) for tensor in inputs])
-        _reduce_scatter_flat(ranks, output, whole, reduce_op, "reduce_scatter")
+        _reduce_scatter_flat(state, output, whole, reduce_op, "reduce_scatter", inputs)
     return output_tensors, _done(output_tensors)
 
 
@@ -195,7 +290,17 @@ def _pad_rows(array: jax.Array, splits: list[int], rows: int) -> jax.Array:
 
 def alltoall_base_(output, input, process_group, output_split_sizes, input_split_sizes, async_op=True, timeout=-1):  # noqa: A002, ANN001, ANN201
     _check_tpu("all_to_all_single", [output, input])
-    ranks = _ranks(process_group)
+    state = _state(process_group)
+    if input_split_sizes or output_split_sizes:  # the ranks' shapes may differ: only dtypes and rows must agree
+        rows = f"{str(input.dtype).removeprefix('torch.')} rows of {list(input.shape[1:])} with split sizes"
+        _check(state, f"all_to_all_single {rows}", [])
+    else:
+        _check(state, f"all_to_all_single {_describe(input)} into {_describe(output)}", [output, input])
+    _all_to_all_single(state.ranks, output, input, output_split_sizes, input_split_sizes)
+    return _done(output)
+
+
+def _all_to_all_single(ranks, output, input, output_split_sizes, input_split_sizes):  # noqa: A002, ANN001, ANN202
     size = len(ranks)
     local = _read(input)
     if not input_split_sizes and not output_split_sizes:
@@ -216,40 +321,37 @@ def alltoall_base_(output, input, process_group, output_split_sizes, input_split
         exchanged = collectives.run("all_to_all", ranks, _pad_rows(local, ins, rows))
         result = jnp.concatenate([exchanged[j * rows : j * rows + outs[j]] for j in range(size)])
     storage.write(output, result.reshape(tuple(output.shape)))
-    return _done(output)
 
 
 def alltoall_(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
     _check_tpu("all_to_all", [*output_tensors, *input_tensors])
+    state = _state(process_group)
+    dtype = str(input_tensors[0].dtype).removeprefix("torch.")
+    _check(state, f"all_to_all {len(input_tensors)} {dtype} tensors into {len(output_tensors)}", [])
     flat_in = torch.cat([tensor.reshape(-1) for tensor in input_tensors])
     flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype, device="tpu")
     ins, outs = [t.numel() for t in input_tensors], [t.numel() for t in output_tensors]
-    alltoall_base_(flat_out, flat_in, process_group, outs, ins)
+    _all_to_all_single(state.ranks, flat_out, flat_in, outs, ins)
     for tensor, part in zip(output_tensors, flat_out.split(outs), strict=True):
         storage.write(tensor, _read(part).reshape(tuple(tensor.shape)))
     return output_tensors, _done(output_tensors)
 
 
-def _group_rank(ranks: tuple[int, ...]) -> int:
-    return ranks.index(dist.get_rank())
-
-
 def reduce_(tensors, process_group, reduce_op, root_rank, root_tensor, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
     _check_tpu("reduce", tensors)
-    ranks = _ranks(process_group)
+    state = _state(process_group)
     for tensor in tensors:
-        result = _reduced("reduce", "all_reduce", ranks, tensor, reduce_op)
-        if _group_rank(ranks) == root_rank:
-            storage.write(tensor, result)
+        _all_reduce("reduce", state, tensor, reduce_op, root=root_rank)
     return _done(tensors)
 
 
 def gather_(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
-    ranks = _ranks(process_group)
+    state = _state(process_group)
     (tensor,) = input_tensors
     _check_tpu("gather", [tensor, *(t for outputs in output_tensors for t in outputs)])
-    gathered = _gathered(ranks, tensor)
-    if _group_rank(ranks) == root_rank:
+    _check(state, f"gather {_describe(tensor)} to rank {state.ranks[root_rank]}", [tensor])
+    gathered = _gathered(state.ranks, tensor)
+    if state.rank == root_rank:
         (outputs,) = output_tensors
         for index, output in enumerate(outputs):
             storage.write(output, gathered[index])
@@ -257,10 +359,12 @@ def gather_(output_tensors, input_tensors, process_group, root_rank, async_op=Tr
 
 
 def scatter_(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
-    ranks = _ranks(process_group)
+    state = _state(process_group)
+    ranks = state.ranks
     (output,) = output_tensors
     _check_tpu("scatter", [output, *(t for inputs in input_tensors for t in inputs)])
-    if _group_rank(ranks) == root_rank:
+    _check(state, f"scatter {_describe(output)} from rank {ranks[root_rank]}", [output])
+    if state.rank == root_rank:
         local = _read(torch.cat([t.reshape(1, -1) for t in input_tensors[0]]).reshape(-1))
     else:
         local = _read(torch.zeros(len(ranks) * output.numel(), dtype=output.dtype, device="tpu"))
@@ -278,17 +382,17 @@ def _point_to_point(tensor: torch.Tensor, process_group: Any, src: int, dst: int
 
 def send(tensors, process_group, dst, tag):  # noqa: ANN001, ANN201
     _check_tpu("send", tensors)
-    ranks = _ranks(process_group)
+    rank = _state(process_group).rank
     for tensor in tensors:
-        _point_to_point(tensor, process_group, _group_rank(ranks), dst)
+        _point_to_point(tensor, process_group, rank, dst)
     return _done(tensors)
 
 
 def recv_(tensors, process_group, src, tag):  # noqa: ANN001, ANN201
     _check_tpu("recv", tensors)
-    ranks = _ranks(process_group)
+    rank = _state(process_group).rank
     for tensor in tensors:
-        storage.write(tensor, _point_to_point(tensor, process_group, src, _group_rank(ranks)))
+        storage.write(tensor, _point_to_point(tensor, process_group, src, rank))
     return _done(tensors)
 
 
@@ -310,7 +414,37 @@ _KERNELS = (
     reduce_scatter_tensor_coalesced_,
     reduce_scatter_,
 )
+# The ProcessGroup methods whose options carry a ReduceOp: allreduce, reduce, reduce_scatter_single, ...
+_REDUCING = tuple(name for name in dir(dist.ProcessGroup) if "reduce" in name and not name.startswith("__"))
 _library: torch.library.Library | None = None
+
+
+def _premul_factor(values: Any) -> float | None:
+    for value in values:
+        op = getattr(value, "reduceOp", value)
+        if isinstance(op, dist.ReduceOp) and op.op == _RedOpType.PREMUL_SUM:
+            factor = op.factor
+            return factor.item() if isinstance(factor, torch.Tensor) else float(factor)
+    return None
+
+
+def _keeping_premul_factor(method: Callable) -> Callable:
+    """`method` keeping PREMUL_SUM's factor for the kernels it reaches: the ReduceOp that a `c10d::*` op receives
+    exposes its kind to Python but not the factor (`dist._make_nccl_premul_sum(factor)`)."""
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        factor = _premul_factor((*args, *kwargs.values()))
+        if factor is None:
+            return method(self, *args, **kwargs)
+        _premul.factor = factor
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            _premul.factor = None
+
+    call._tpu_dist = True
+    return call
 
 
 def install() -> None:
@@ -318,6 +452,10 @@ def install() -> None:
     global _library
     if _library is not None:
         return
+    for name in _REDUCING:
+        method = getattr(dist.ProcessGroup, name)
+        if not getattr(method, "_tpu_dist", False):
+            setattr(dist.ProcessGroup, name, _keeping_premul_factor(method))
     library = torch.library.Library("c10d", "IMPL")
     with warnings.catch_warnings():  # "Overriding a previously registered kernel": torch's, on purpose
         warnings.filterwarnings("ignore", "Warning only once for all operators")

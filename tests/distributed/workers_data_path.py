@@ -1,0 +1,256 @@
+"""What each rank runs in test_data_path.py: the eager data path (gloo on host memory on the CPU platform), the
+mismatch check and PREMUL_SUM. Every rank knows every rank's input, so each result is compared with the same
+computation done locally on CPU PyTorch, in rank order; every check raises on failure.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from workers import _equal, _input, _reference
+
+from torch_tpu.distributed import handshake, host
+
+_TIMEOUT = datetime.timedelta(seconds=60)
+# Above handshake.INLINE: the data goes through gloo's own collective, not the check's message.
+_LARGE = (3, 700)
+
+
+def _integral(rank: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Small integers: any summation order gives the same floats (gloo's ring order is not rank order)."""
+    return _input(rank, shape, torch.int64).to(dtype) if dtype != torch.bool else _input(rank, shape, dtype)
+
+
+def _all_reduce_values(rank: int, world: int) -> None:
+    ops = (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.AVG, dist.ReduceOp.PRODUCT)
+    for shape, make in (((2, 3), _input), (_LARGE, _integral)):
+        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.uint8, torch.bool):
+            for op in ops:
+                if op == dist.ReduceOp.AVG and not dtype.is_floating_point:
+                    continue
+                if op == dist.ReduceOp.PRODUCT and shape == _LARGE and dtype.is_floating_point:
+                    continue  # a product of 4 ranks' values rounds by association order
+                values = [make(r, shape, dtype) for r in range(world)]
+                tensor = values[rank].to("tpu")
+                dist.all_reduce(tensor, op=op)
+                _equal(tensor, _reference(op, values), f"all_reduce {op} {dtype}{list(shape)}")
+        for op in (dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR):
+            values = [make(r, shape, torch.int32) for r in range(world)]
+            tensor = values[rank].to("tpu")
+            dist.all_reduce(tensor, op=op)
+            _equal(tensor, _reference(op, values), f"all_reduce {op} int32{list(shape)}")
+
+
+def _in_place_is_safe(rank: int, world: int) -> None:
+    """gloo writes the device memory in place only where no other tensor or computation still reads it."""
+    for shape in ((4,), _LARGE):
+        values = [_integral(r, shape, torch.float32) for r in range(world)]
+        expected = _reference(dist.ReduceOp.SUM, values)
+        tensor = values[rank].to("tpu")
+        dist.all_reduce(tensor)  # the tensor's array is now its own
+        dist.all_reduce(tensor)  # in place
+        _equal(tensor, expected * world, f"in-place all_reduce {list(shape)}")
+        shared = torch.empty_like(tensor)
+        shared.copy_(tensor)  # may share the array
+        doubled = tensor * 2  # may still be running
+        dist.all_reduce(tensor)
+        _equal(tensor, expected * world * world, f"all_reduce after a copy {list(shape)}")
+        _equal(shared, expected * world, f"the copy of an all_reduce's input {list(shape)}")
+        _equal(doubled, expected * world * 2, f"a computation on an all_reduce's input {list(shape)}")
+    # Views (a column in the check's message, rows beside it): gloo works on a copy, which lands in the base.
+    for shape, index in (((3, 4), (slice(None), 1)), ((3, 800), slice(1, None))):
+        base = _integral(rank, shape, torch.float64)
+        on_tpu = base.to("tpu")
+        dist.all_reduce(on_tpu[index], op=dist.ReduceOp.MAX)
+        expected = base.clone()
+        expected[index] = _reference(
+            dist.ReduceOp.MAX, [_integral(r, shape, torch.float64)[index] for r in range(world)]
+        )
+        _equal(on_tpu, expected, f"all_reduce into a view of {list(shape)}")
+
+
+def _rooted_values(rank: int, world: int) -> None:
+    special = torch.tensor([-0.0, float("nan"), float("inf"), 1e-45, -3.5], dtype=torch.float32)
+    for root in range(world):
+        for source in (special, special.repeat(300), torch.complex(special, -special)):
+            tensor = (source if rank == root else torch.zeros_like(source)).to("tpu")
+            dist.broadcast(tensor, src=root)
+            got = torch.view_as_real(tensor.cpu()) if source.is_complex() else tensor.cpu()
+            want = torch.view_as_real(source) if source.is_complex() else source
+            _equal(
+                got.view(torch.int32), want.view(torch.int32), f"broadcast {source.dtype} {source.numel()} from {root}"
+            )
+        values = [_input(r, (5,), torch.bool) for r in range(world)]
+        tensor = values[rank].to("tpu")
+        dist.broadcast(tensor, src=root)
+        _equal(tensor, values[root], f"broadcast bool from {root}")
+    root = world - 1
+    for shape in ((4,), _LARGE):
+        values = [_integral(r, shape, torch.float64) for r in range(world)]
+        tensor = values[rank].to("tpu")
+        dist.reduce(tensor, dst=root, op=dist.ReduceOp.SUM)
+        expected = _reference(dist.ReduceOp.SUM, values) if rank == root else values[rank]
+        _equal(tensor, expected, f"reduce {list(shape)} to {root}")
+
+
+def _premul_sum(rank: int, world: int) -> None:
+    """PREMUL_SUM: each rank's input times the factor, then summed (as NCCL does), in rank order."""
+    for factor in (0.1, torch.tensor(0.3, dtype=torch.float64), torch.tensor([2.5], dtype=torch.float32)):
+        scale = factor if isinstance(factor, float) else factor.item()
+        for shape, make in (((2, 3), _input), (_LARGE, _integral)):
+            # Beyond 2 ranks gloo's ring adds in another order than rank order: its sums equal the local one's
+            # only where every partial sum is exact (float32 and float64, a factor of 2.5 on small integers); else
+            # float32 and float64 agree to rounding, and bfloat16's rounding at each addition is too coarse.
+            in_ring = shape == _LARGE and world > 2
+            in_order = not in_ring or scale == 2.5
+            for dtype in (torch.float32, torch.float64) if in_ring else (torch.float32, torch.float64, torch.bfloat16):
+                values = [make(r, shape, dtype) for r in range(world)]
+                tensor = values[rank].to("tpu")
+                dist.all_reduce(tensor, op=dist._make_nccl_premul_sum(factor))
+                expected = _reference(dist.ReduceOp.SUM, [v * scale for v in values])
+                if in_order:
+                    _equal(tensor, expected, f"premul_sum {factor} {dtype}{list(shape)}")
+                else:
+                    torch.testing.assert_close(tensor.cpu(), expected, msg=f"premul_sum {factor} {dtype} (gloo order)")
+    # The XLA programs' route: complex (gloo's host route does not take it) and reduce_scatter.
+    values = [
+        torch.complex(_integral(r, (3,), torch.float32), _integral(r + 9, (3,), torch.float32)) for r in range(world)
+    ]
+    tensor = values[rank].to("tpu")
+    dist.all_reduce(tensor, op=dist._make_nccl_premul_sum(0.5))
+    _equal(tensor, _reference(dist.ReduceOp.SUM, [v * 0.5 for v in values]), "premul_sum complex64")
+    wholes = [_integral(r, (world * 2, 3), torch.float32) for r in range(world)]
+    output = torch.empty((2, 3), dtype=torch.float32, device="tpu")
+    dist.reduce_scatter_tensor(output, wholes[rank].to("tpu"), op=dist._make_nccl_premul_sum(0.25))
+    expected = _reference(dist.ReduceOp.SUM, [w[rank * 2 : rank * 2 + 2] * 0.25 for w in wholes])
+    _equal(output, expected, "reduce_scatter_tensor premul_sum")
+    try:
+        dist.all_reduce(torch.ones(2, dtype=torch.int32, device="tpu"), op=dist._make_nccl_premul_sum(2.0))
+    except RuntimeError as error:
+        assert "ReduceOp.PREMUL_SUM needs a floating dtype, got torch.int32" in str(error), error
+    else:
+        raise AssertionError("premul_sum on int32 did not raise")
+
+
+def _unchecked(rank: int, world: int) -> None:
+    handshake.enabled = False
+    try:
+        for shape in ((4,), _LARGE):
+            values = [_integral(r, shape, torch.float32) for r in range(world)]
+            tensor = values[rank].to("tpu")
+            dist.all_reduce(tensor)
+            _equal(tensor, _reference(dist.ReduceOp.SUM, values), f"unchecked all_reduce {list(shape)}")
+    finally:
+        handshake.enabled = True
+
+
+def exact() -> None:
+    """Every value of the host route exact against a local computation; PREMUL_SUM; the check turned off."""
+    dist.init_process_group("tpu_dist", timeout=_TIMEOUT)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert host.available(), "the CPU platform's host route is off"
+    _all_reduce_values(rank, world)
+    _in_place_is_safe(rank, world)
+    _rooted_values(rank, world)
+    _premul_sum(rank, world)
+    _unchecked(rank, world)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _expect_mismatch(what: str, message: str, outputs: list[torch.Tensor], call) -> None:  # noqa: ANN001
+    """`call()` raises on this rank with `message` in its error, and writes none of `outputs`."""
+    before = [output.cpu().clone() for output in outputs]
+    try:
+        call()
+    except RuntimeError as error:
+        assert message in str(error), f"{what}: {error}"
+    else:
+        raise AssertionError(f"{what}: no error")
+    for output, was in zip(outputs, before, strict=True):
+        _equal(output, was, f"{what}: output after the error")
+
+
+def mismatches() -> None:
+    """Each kind of mismatch raises on every rank, naming each side, and leaves the outputs as they were."""
+    dist.init_process_group("tpu_dist", timeout=_TIMEOUT)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    odd = rank == 1
+    others = ", ".join(str(r) for r in range(world) if r != 1)
+    ranks = f"rank{'s' if world > 2 else ''} {others}"
+    tensor = torch.arange(4, dtype=torch.int32 if odd else torch.float32, device="tpu")
+    _expect_mismatch(
+        "dtype",
+        f"tpu_dist: all_reduce mismatch: {ranks} float32[4] SUM, rank 1 int32[4] SUM",
+        [tensor],
+        lambda: dist.all_reduce(tensor),
+    )
+    for length in (4, 1500):  # in the check's message, and beside it
+        tensor = torch.ones(length + odd, device="tpu")
+        _expect_mismatch(
+            f"shape {length}",
+            f"all_reduce mismatch: {ranks} float32[{length}] SUM, rank 1 float32[{length + 1}] SUM",
+            [tensor],
+            lambda tensor=tensor: dist.all_reduce(tensor),
+        )
+    tensor = torch.ones(4, device="tpu")
+    op = dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM
+    _expect_mismatch(
+        "op",
+        f"all_reduce mismatch: {ranks} float32[4] SUM, rank 1 float32[4] MAX",
+        [tensor],
+        lambda: dist.all_reduce(tensor, op=op),
+    )
+    factor = 0.5 if odd else 0.25
+    _expect_mismatch(
+        "premul factor",
+        f"all_reduce mismatch: {ranks} float32[4] PREMUL_SUM(0.25), rank 1 float32[4] PREMUL_SUM(0.5)",
+        [tensor],
+        lambda: dist.all_reduce(tensor, op=dist._make_nccl_premul_sum(factor)),
+    )
+    tensor = torch.ones(4, device="tpu")
+    gathered = torch.zeros(4 * world, device="tpu")
+    _expect_mismatch(
+        "kind",
+        f"tpu_dist: collective mismatch: {ranks} all_reduce float32[4] SUM, rank 1 all_gather_into_tensor float32[4] "
+        f"into float32[{4 * world}]",
+        [tensor, gathered],
+        lambda: dist.all_gather_into_tensor(gathered, tensor) if odd else dist.all_reduce(tensor),
+    )
+    _expect_mismatch(
+        "root",
+        f"broadcast mismatch: {ranks} float32[4] from rank 0, rank 1 float32[4] from rank 1",
+        [tensor],
+        lambda: dist.broadcast(tensor, src=1 if odd else 0),
+    )
+    # The group still works after them.
+    values = [_input(r, (3,), torch.float32) for r in range(world)]
+    tensor = values[rank].to("tpu")
+    dist.all_reduce(tensor)
+    _equal(tensor, _reference(dist.ReduceOp.SUM, values), "all_reduce after the mismatches")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def detail() -> None:
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL also compares every tensor of the call: all_gather's outputs here."""
+    assert os.environ["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL"
+    dist.init_process_group("tpu_dist", timeout=_TIMEOUT)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    shape = (2, 3) if rank == 1 else (6,)
+    outputs = [torch.zeros(shape, device="tpu") for _ in range(world)]
+    tensor = torch.ones(6, device="tpu")
+    _expect_mismatch(
+        "all_gather outputs",
+        f"float32[6] into {world} tensors | tensors float32[6], {', '.join(['float32[2, 3]'] * world)}",
+        outputs,
+        lambda: dist.all_gather(outputs, tensor),
+    )
+    values = [_input(r, (3,), torch.float32) for r in range(world)]
+    tensor = values[rank].to("tpu")
+    dist.all_reduce(tensor)
+    _equal(tensor, _reference(dist.ReduceOp.SUM, values), "all_reduce after the mismatch")
+    dist.destroy_process_group()

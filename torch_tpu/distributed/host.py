@@ -1,0 +1,174 @@
+"""Eager all_reduce and broadcast on the XLA CPU platform: the group's gloo backend on the device buffers as host
+memory, as torch's gloo runs on CPU tensors (XLA:CPU's collective program is 2-4x slower on the same data).
+
+On the CPU platform a rank's jax.Array is host memory: DLPack hands it to torch as a CPU tensor without a copy.
+When the tensor is its storage's whole buffer and nothing else holds the array, the array is donated to a no-op
+program (which waits for any computation still reading it and hands the same memory back as an array the storage
+alone owns) and gloo works on it in place: no copy. Otherwise (a view, an array shared with another tensor or a
+cache) gloo works on a copy, which becomes the storage's new array (DLPack again, no copy). A small collective's
+result is computed here, in rank order, from the data gathered by the mismatch check (`handshake.py`). Only
+eager goes this way: compiled graphs keep XLA's collectives.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import sys
+
+import jax
+import numpy as np
+import torch
+from torch._C._distributed_c10d import AllreduceOptions, BroadcastOptions, ReduceOp
+
+from torch_tpu.runtime import deferred, dtypes, platform, storage
+
+# What ProcessGroupGloo reduces (bool travels as uint8).
+DTYPES = frozenset(
+    (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32, torch.int64)
+)
+_GLOO_OPS = {
+    "sum": ReduceOp.SUM,
+    "avg": ReduceOp.SUM,
+    "premul_sum": ReduceOp.SUM,
+    "max": ReduceOp.MAX,
+    "min": ReduceOp.MIN,
+    "product": ReduceOp.PRODUCT,
+    "band": ReduceOp.BAND,
+    "bor": ReduceOp.BOR,
+    "bxor": ReduceOp.BXOR,
+}
+_FOLDS = {
+    "sum": np.add,
+    "avg": np.add,
+    "premul_sum": np.add,
+    "max": np.maximum,
+    "min": np.minimum,
+    "product": np.multiply,
+    "band": np.bitwise_and,
+    "bor": np.bitwise_or,
+    "bxor": np.bitwise_xor,
+}
+_take = jax.jit(lambda array: array, donate_argnums=0)
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the device buffers are host memory (the XLA CPU platform; TORCH_TPU_DIST_HOST=0 keeps XLA's
+    collective programs there too)."""
+    return platform.platform() == "cpu" and os.environ.get("TORCH_TPU_DIST_HOST", "1") != "0"
+
+
+def supports(dtype: torch.dtype) -> bool:
+    return dtype in DTYPES or dtype == torch.bool
+
+
+def _carrier(host: torch.Tensor) -> torch.Tensor:
+    return host.view(torch.uint8) if host.dtype == torch.bool else host
+
+
+def data(tensor: torch.Tensor) -> np.ndarray:
+    """The tensor's value as bytes: a copy, as a view of the device buffer would keep its array from `claim`."""
+    array = deferred.concrete(storage.value(tensor.detach()))
+    return np.asarray(array).reshape(-1).view(np.uint8).copy()
+
+
+def claim(tensor: torch.Tensor) -> jax.Array | None:
+    """Take `tensor`'s array for writing in place, when its memory is the storage's alone (None otherwise): it
+    is donated to a no-op program, which waits for any computation still reading it and hands the same memory
+    back as the storage's new array. Asynchronous: the caller's exchange with the other ranks overlaps it."""
+    buffer = storage.buffer_of(tensor)
+    if (
+        not isinstance(buffer._array, jax.Array)
+        or not storage._covers(tensor, buffer)
+        or tensor.is_conj()
+        or tensor.is_neg()
+        or sys.getrefcount(buffer._array) > 2  # the buffer's own reference and this call's argument
+    ):
+        return None
+    buffer._array = owned = _take(buffer._array)
+    return owned
+
+
+def _memory(owned: jax.Array, tensor: torch.Tensor) -> torch.Tensor:
+    owned.block_until_ready()
+    return torch.from_dlpack(owned).view(tensor.shape)
+
+
+def _copy(tensor: torch.Tensor) -> torch.Tensor:
+    array = deferred.concrete(storage.value(tensor.detach()))
+    array.block_until_ready()
+    return torch.from_dlpack(array).clone()
+
+
+def _finish(host: torch.Tensor, op: str, size: int) -> None:
+    if op == "avg":
+        host.div_(size)
+
+
+def all_reduce(
+    tensor: torch.Tensor, owned: jax.Array | None, gloo: object, op: str, factor: float | None, write: bool
+) -> None:
+    """Reduce `tensor` across the group with gloo, in `owned` (`claim`) if not None; `write=False` (reduce on a
+    non-root) leaves the tensor unchanged."""
+    in_place = owned is not None
+    host = _memory(owned, tensor) if in_place else _copy(tensor)
+    work = _carrier(host)
+    if op == "premul_sum":
+        work.mul_(factor)
+    options = AllreduceOptions()
+    options.reduceOp = _GLOO_OPS[op]
+    gloo.allreduce([work], options).wait()
+    _finish(work, op, gloo.size())
+    if write and not in_place:
+        storage.write(tensor, jax.dlpack.from_dlpack(host))
+
+
+def broadcast(tensor: torch.Tensor, owned: jax.Array | None, gloo: object, root: int) -> None:
+    """Group rank `root`'s `tensor` into every rank's, bit for bit (in `owned` if not None)."""
+    in_place = owned is not None
+    host = _memory(owned, tensor) if in_place else _copy(tensor)
+    options = BroadcastOptions()
+    options.rootRank = root
+    gloo.broadcast([host.reshape(-1).view(torch.uint8)], options).wait()
+    if not in_place:
+        storage.write(tensor, jax.dlpack.from_dlpack(host))
+
+
+def _rows(rows: np.ndarray, tensor: torch.Tensor) -> np.ndarray:
+    return rows.view(np.uint8 if tensor.dtype == torch.bool else dtypes.to_jax(tensor.dtype))
+
+
+def _store(tensor: torch.Tensor, owned: jax.Array | None, result: np.ndarray) -> None:
+    """Write `result` (the tensor's dtype, bool as uint8) into `tensor`: into `owned` (`claim`) if not None,
+    a memcpy (a fresh jax.Array would cost a transfer, several times dearer)."""
+    result = np.ascontiguousarray(result)
+    if owned is not None:
+        owned.block_until_ready()
+        ctypes.memmove(owned.unsafe_buffer_pointer(), result.ctypes.data, result.nbytes)
+        return
+    if tensor.dtype == torch.bool:
+        result = result.view(np.bool_)
+    storage.write(tensor, jax.device_put(result.reshape(tuple(tensor.shape)).copy(), platform.device()))
+
+
+def reduce_rows(tensor: torch.Tensor, owned: jax.Array | None, rows: np.ndarray, op: str, factor: float) -> None:
+    """Write into `tensor` the reduction, in group-rank order, of every rank's data gathered in `rows`: NumPy's
+    arithmetic, which rounds as CPU PyTorch's does (16-bit floats in float32 where PyTorch computes so)."""
+    values = _rows(rows, tensor)
+    if op == "premul_sum":
+        compute = np.dtype(np.float32) if values.dtype.itemsize == 2 else values.dtype
+        values = (values.astype(compute) * compute.type(factor)).astype(values.dtype)
+    fold = _FOLDS[op]
+    result = values[0]
+    for value in values[1:]:
+        result = fold(result, value)
+    if op == "avg":
+        result = np.true_divide(result, len(values)).astype(values.dtype)
+    _store(tensor, owned, result)
+
+
+def broadcast_rows(tensor: torch.Tensor, owned: jax.Array | None, rows: np.ndarray, root: int) -> None:
+    """Write into `tensor` group rank `root`'s data gathered in `rows`."""
+    _store(tensor, owned, _rows(rows, tensor)[root])
