@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from torch_tpu.distributed import watchdog
 from torch_tpu.runtime import platform
 
 AXIS = "ranks"
@@ -130,5 +131,5 @@ def run(kind: str, ranks: tuple[int, ...], local: jax.Array, op: str = "", root:
     shape = tuple(local.shape)
     sharding = NamedSharding(mesh(ranks), P(AXIS))
     whole = jax.make_array_from_single_device_arrays((len(ranks) * shape[0], *shape[1:]), sharding, [local])
-    out = program(kind, ranks, shape, local.dtype, op, root)(whole).addressable_data(0)
+    out = watchdog.guarded(kind, ranks, program(kind, ranks, shape, local.dtype, op, root), whole).addressable_data(0)
     return out.reshape(out.shape[:-1]) if scalar else out
