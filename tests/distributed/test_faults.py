@@ -70,6 +70,21 @@ def test_a_raising_rank_ends_the_torchrun_job_at_once(monkeypatch: pytest.Monkey
     assert elapsed < _REQUIRED_S, result.output[-4000:]
 
 
+def test_a_rank_that_exits_mid_loop_ends_the_peer_waiting_for_it():
+    """A clean exit says goodbye with its collective counts: a peer in a collective it never joined cannot wait."""
+    results, end = _launch("exiting", 2, TPU_DIST_DRILL_VICTIM="1")
+    report = _report("exiting", results)
+    elapsed = _since_fault(results[1].output, end)
+    print(f"sys.exit(3) on rank 1 of 2 (launch): the job ended {elapsed:.1f} s after the exit")
+    assert all(r.returncode not in (0, None) for r in results), report
+    expected = (
+        "tpu_dist: all_reduce (collective #6 over ranks [0, 1]) can never complete on rank 0: rank 1 exited after 5 "
+        "collectives over these ranks"
+    )
+    assert expected in results[0].output, report
+    assert elapsed < _REQUIRED_S, report
+
+
 def test_a_hung_rank_times_the_collective_out_naming_it_and_the_absent_rank():
     """Rank 1 sleeps instead of joining all_reduce #6; with timeout=10 s rank 0 raises, and the sleeper is ended."""
     results, end = _launch("hung", 2, TPU_DIST_DRILL_VICTIM="1", TPU_DIST_DRILL_TIMEOUT="10")

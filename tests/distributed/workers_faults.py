@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 
@@ -44,6 +45,11 @@ def _raise() -> None:
 
 def raising() -> None:
     _all_reduce_loop(_raise)
+
+
+def exiting() -> None:
+    """`sys.exit(3)` takes the clean way out (no exception reaches the excepthook) while its peer waits for it."""
+    _all_reduce_loop(lambda: sys.exit(3))
 
 
 def hung() -> None:

@@ -78,7 +78,7 @@ class Watchdog:
         self.counts: dict[tuple[int, ...], int] = {}  # collectives started over each group
         self.current: tuple[str, tuple[int, ...], int] | None = None  # (name, ranks, number) in flight
         self.down: dict[int, str] = {}  # peer -> why it is gone
-        self.exited: set[int] = set()  # peers that said goodbye
+        self.exited: dict[int, dict[str, int]] = {}  # peers that said goodbye -> their final collective counts
         self.ended: set[int] = set()  # peers whose stream has ended
         self.table: dict[int, dict[str, Any]] = {}  # rank 0: each rank's last reported state
         self.table_ready = threading.Event()
@@ -163,7 +163,7 @@ class Watchdog:
             elif kind == "state":
                 self.table[rank] = message
             elif kind == "bye":
-                self.exited.add(rank)
+                self.peer_exited(rank, message["counts"])
             elif kind == "down":
                 self.peer_down(rank, message["why"])
             elif kind == "ask":
@@ -191,6 +191,29 @@ class Watchdog:
         timer = threading.Timer(GRACE_S, self._end, (rank, why))
         timer.daemon = True
         timer.start()
+
+    def peer_exited(self, rank: int, counts: dict[str, int]) -> None:
+        """A clean exit (relayed by rank 0): fatal to a collective in flight over that rank that it never joined."""
+        self.exited[rank] = counts
+        if self.rank == 0:
+            for other, link in list(self.links.items()):
+                if other != rank:
+                    link.send({"kind": "bye", "rank": rank, "counts": counts})
+        current = self.current
+        if current is not None and (deserted := self.deserted(current[1], current[2])) and not self.failed:
+            what = f"{current[0]} (collective #{current[2]} over ranks {list(current[1])})"
+            why = f"{what} can never complete on rank {self.rank}: {'; '.join(deserted)}"
+            _say(f"tpu_dist: {why}; ending this process")
+            self.fail(f"DistBackendError: {why}")
+            os._exit(1)
+
+    def deserted(self, ranks: tuple[int, ...], number: int) -> list[str]:
+        """The peers in `ranks` that exited before starting collective #`number` over them."""
+        key, found = _group_key(ranks), []
+        for rank, counts in list(self.exited.items()):
+            if rank in ranks and counts.get(key, 0) < number:
+                found.append(f"rank {rank} exited after {counts.get(key, 0)} collectives over these ranks")
+        return found
 
     def _end(self, rank: int, why: str) -> None:
         _say(f"tpu_dist: rank {self.rank} ends: rank {rank} {why}")
@@ -224,8 +247,9 @@ class Watchdog:
                 while len(self.ended) < len(self.links) and time.monotonic() < deadline:
                     time.sleep(0.05)
             os._exit(1)
+        counts = self.state()["counts"]
         for link in list(self.links.values()):
-            link.send({"kind": "bye", "rank": self.rank})
+            link.send({"kind": "bye", "rank": self.rank, "counts": counts})
 
 
 def _say(text: str) -> None:
@@ -275,14 +299,20 @@ def guarded(name: str, ranks: tuple[int, ...], function: Callable[..., Any], *ar
     if watchdog is None:
         return function(*args)
     number = watchdog.counts[ranks] = watchdog.counts.get(ranks, 0) + 1
-    watchdog.current = (name, ranks, number)
-    start_time = time.monotonic()
+    watchdog.current = (name, ranks, number)  # before the check: a goodbye after it finds this collective
     try:
-        return function(*args)
-    except Exception as error:
-        explained = watchdog.explain(name, ranks, number, error, time.monotonic() - start_time)
-        if explained is error:
-            raise
-        raise explained from error
+        if watchdog.exited and (deserted := watchdog.deserted(ranks, number)):
+            what = f"{name} (collective #{number} over ranks {list(ranks)})"
+            raise dist.DistBackendError(
+                f"tpu_dist: {what} cannot complete on rank {watchdog.rank}: {'; '.join(deserted)}"
+            )
+        start_time = time.monotonic()
+        try:
+            return function(*args)
+        except Exception as error:
+            explained = watchdog.explain(name, ranks, number, error, time.monotonic() - start_time)
+            if explained is error:
+                raise
+            raise explained from error
     finally:
         watchdog.current = None
