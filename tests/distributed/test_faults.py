@@ -46,6 +46,18 @@ def test_a_killed_rank_ends_every_survivor_with_an_error_naming_the_collective_a
     assert elapsed < _REQUIRED_S, report
 
 
+def test_a_killed_rank_with_a_forked_child_is_seen_lost():
+    """The child keeps XLA's gloo sockets open (the survivor's collective would wait for its timeout), but not the
+    watchdog's: the survivor hears of the loss at once and ends itself."""
+    results, end = _launch("killed_with_a_forked_child", 2, TPU_DIST_DRILL_VICTIM="1")
+    report = _report("killed_with_a_forked_child", results)
+    elapsed = _since_fault(results[1].output, end)
+    print(f"killed rank 1 of 2 with a forked child (launch): the job ended {elapsed:.1f} s after the kill")
+    assert results[1].returncode == -9 and results[0].returncode not in (0, None), report
+    assert "tpu_dist: rank 0 (in all_reduce #6 over ranks [0, 1]): rank 1 was lost" in results[0].output, report
+    assert elapsed < _REQUIRED_S, report
+
+
 def test_a_killed_rank_0_ends_the_torchrun_job(monkeypatch: pytest.MonkeyPatch):
     """Rank 0 holds the watchdog's hub and JAX's coordination service: its loss is seen by every rank at once."""
     monkeypatch.setenv("TPU_DIST_DRILL_VICTIM", "0")

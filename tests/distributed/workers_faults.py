@@ -39,6 +39,18 @@ def killed() -> None:
     _all_reduce_loop(lambda: os.kill(os.getpid(), signal.SIGKILL))
 
 
+def _fork_then_die() -> None:
+    """A forked child (a DataLoader or multiprocessing worker) holds copies of the parent's sockets; the parent's
+    death must still end its connections. The child sleeps until the launcher kills its session."""
+    if os.fork() == 0:
+        time.sleep(10**6)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def killed_with_a_forked_child() -> None:
+    _all_reduce_loop(_fork_then_die)
+
+
 def _raise() -> None:
     raise RuntimeError("drill: this rank fails")
 

@@ -83,6 +83,8 @@ class Watchdog:
         self.table: dict[int, dict[str, Any]] = {}  # rank 0: each rank's last reported state
         self.table_ready = threading.Event()
         self.links: dict[int, _Link] = {}
+        self.server: socket.socket | None = None  # rank 0's listening socket
+        self.pid = os.getpid()  # a forked child (a DataLoader worker) is not this process
         self.failed = False
 
     # -- the main thread ------------------------------------------------------------------------------------
@@ -99,15 +101,17 @@ class Watchdog:
     def explain(self, name: str, ranks: tuple[int, ...], number: int, error: Exception, elapsed: float) -> Exception:
         """The error to raise for collective `name` #`number` over `ranks` that failed with `error`."""
         text = str(error)
+        transport = _TRANSPORT.search(text) is not None
         timed_out = "timed out" in text.lower() or elapsed >= self.timeout_s
         peers = [rank for rank in ranks if rank != self.rank]
         deadline = time.monotonic() + DIAGNOSE_S
-        while not timed_out and not any(rank in self.down for rank in peers) and time.monotonic() < deadline:
+        while transport and not timed_out and not any(r in self.down for r in peers) and time.monotonic() < deadline:
             time.sleep(0.02)
         findings = [f"rank {rank} {self.down[rank]}" for rank in peers if rank in self.down]
+        findings += self.deserted(ranks, number)
         if timed_out and not findings:
             findings = self._absent(ranks, number)
-        if not findings and not _TRANSPORT.search(text):
+        if not findings and not transport:
             return error
         what = f"{name} (collective #{number} over ranks {list(ranks)})"
         if timed_out:
@@ -230,6 +234,12 @@ class Watchdog:
 
     # -- the end of the process -----------------------------------------------------------------------------
 
+    def forget(self) -> None:
+        """In a forked child: close its copies of the links, or a killed parent's streams would not end with it."""
+        sockets = [link.connection for link in self.links.values()] + ([self.server] if self.server else [])
+        for connection in sockets:
+            os.close(connection.detach())  # not close(): the reader's makefile would keep the descriptor open
+
     def fail(self, why: str) -> None:
         """The main thread died of an exception: every rank is told (through rank 0), then the process exits."""
         message = {"kind": "down", "rank": self.rank, "why": f"failed with {why[:2000]}"}
@@ -240,6 +250,8 @@ class Watchdog:
     def at_exit(self) -> None:
         """Before JAX's shutdown barrier (atexit runs handlers last-registered first): a failed process skips it;
         a clean one says goodbye, so that its stream's end is not taken for a loss."""
+        if os.getpid() != self.pid:
+            return
         if self.failed:
             _say(f"tpu_dist: rank {self.rank} failed; exiting without JAX's shutdown barrier")
             if self.rank == 0:  # JAX's coordination service lives here: its end would abort the peers unexplained
@@ -283,13 +295,22 @@ def start(store: dist.Store, rank: int, world_size: int, timeout_s: float, host:
     if rank == 0:
         server = socket.create_server((host if host != "localhost" else "127.0.0.1", 0))
         store.set(ADDRESS_KEY, f"{host}:{server.getsockname()[1]}")
+        watchdog.server = server
         _thread(watchdog.accept, server)
     else:
         watchdog.connect(store.get(ADDRESS_KEY).decode())
     _thread(watchdog.report)
     atexit.register(watchdog.at_exit)
     sys.excepthook = _excepthook(sys.excepthook)
+    os.register_at_fork(after_in_child=_forget_in_child)
     _watchdog = watchdog
+
+
+def _forget_in_child() -> None:
+    global _watchdog
+    if _watchdog is not None:
+        _watchdog.forget()
+        _watchdog = None
 
 
 def guarded(name: str, ranks: tuple[int, ...], function: Callable[..., Any], *args: Any) -> Any:
