@@ -12,6 +12,9 @@ import time
 
 import launch
 import pytest
+import torch.distributed as dist
+
+from torch_tpu.distributed import watchdog
 
 _HARD_TIMEOUT_S = 85
 _REQUIRED_S = 60
@@ -111,3 +114,47 @@ def test_a_hung_rank_times_the_collective_out_naming_it_and_the_absent_rank():
     assert expected in results[0].output, report
     assert "rank 0 failed with DistBackendError: tpu_dist: all_reduce" in results[1].output, report
     assert 9 <= elapsed < 10 + 20, report
+
+
+# In-process checks of the watchdog's decisions (no sockets: a Watchdog whose peers' news is filled in by hand).
+
+
+@pytest.fixture
+def dog(monkeypatch: pytest.MonkeyPatch) -> watchdog.Watchdog:
+    instance = watchdog.Watchdog(rank=0, world_size=3, timeout_s=10)
+    monkeypatch.setattr(watchdog, "_watchdog", instance)
+    return instance
+
+
+def test_a_collective_over_a_rank_that_exited_before_it_raises_without_running(dog: watchdog.Watchdog):
+    dog.exited[2] = {"0,2": 4, "0,1,2": 7}
+    ran = []
+    with pytest.raises(dist.DistBackendError, match=re.escape("rank 2 exited after 4 collectives over these ranks")):
+        for _ in range(5):  # #1..#4 were joined by rank 2; #5 never will be
+            watchdog.guarded("broadcast", (0, 2), ran.append, 1)
+    assert len(ran) == 4 and dog.current is None
+    assert watchdog.guarded("all_reduce", (0, 1), lambda: "other group") == "other group"
+
+
+def test_an_error_that_is_not_the_transports_is_raised_unchanged_and_at_once(dog, monkeypatch: pytest.MonkeyPatch):
+    def fail() -> None:
+        raise TypeError("bad argument")
+
+    monkeypatch.setattr(watchdog.time, "sleep", lambda seconds: pytest.fail("waited for news of a peer"))
+    with pytest.raises(TypeError, match="^bad argument$"):
+        watchdog.guarded("all_reduce", (0, 1, 2), fail)
+
+
+def test_a_transport_error_names_the_collective_and_the_lost_rank(dog: watchdog.Watchdog):
+    dog.down[1] = watchdog.LOST
+
+    def fail() -> None:
+        raise ValueError("UNKNOWN: Gloo all-reduce failed: Connection closed by peer")
+
+    with pytest.raises(dist.DistBackendError) as raised:
+        watchdog.guarded("all_reduce", (0, 1, 2), fail)
+    assert str(raised.value).startswith(
+        "tpu_dist: all_reduce (collective #1 over ranks [0, 1, 2]) failed on rank 0: rank 1 was lost (its process "
+        "ended without a clean exit: killed or crashed). XLA's error: UNKNOWN: Gloo all-reduce failed"
+    ), raised.value
+    assert isinstance(raised.value.__cause__, ValueError)

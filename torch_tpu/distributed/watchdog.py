@@ -206,10 +206,17 @@ class Watchdog:
         current = self.current
         if current is not None and (deserted := self.deserted(current[1], current[2])) and not self.failed:
             what = f"{current[0]} (collective #{current[2]} over ranks {list(current[1])})"
-            why = f"{what} can never complete on rank {self.rank}: {'; '.join(deserted)}"
-            _say(f"tpu_dist: {why}; ending this process")
-            self.fail(f"DistBackendError: {why}")
-            os._exit(1)
+            _thread(self._deserted_by, rank, f"{what} can never complete on rank {self.rank}: {'; '.join(deserted)}")
+
+    def _deserted_by(self, rank: int, why: str) -> None:
+        """End this process, but after the rank that left it (told, it ends within GRACE_S): launchers (torchrun,
+        mp.spawn) report the first process to fail as the job's root cause."""
+        _say(f"tpu_dist: {why}; ending this process")
+        self.fail(f"DistBackendError: {why}")
+        deadline = time.monotonic() + GRACE_S + 1
+        while rank not in self.ended and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os._exit(1)
 
     def deserted(self, ranks: tuple[int, ...], number: int) -> list[str]:
         """The peers in `ranks` that exited before starting collective #`number` over them."""
@@ -325,7 +332,7 @@ def guarded(name: str, ranks: tuple[int, ...], function: Callable[..., Any], *ar
         if watchdog.exited and (deserted := watchdog.deserted(ranks, number)):
             what = f"{name} (collective #{number} over ranks {list(ranks)})"
             raise dist.DistBackendError(
-                f"tpu_dist: {what} cannot complete on rank {watchdog.rank}: {'; '.join(deserted)}"
+                f"tpu_dist: {what} can never complete on rank {watchdog.rank}: {'; '.join(deserted)}"
             )
         start_time = time.monotonic()
         try:
