@@ -11,6 +11,9 @@ with a C++ log line. So every process of a `tpu_dist` job keeps one TCP connecti
   JAX's shutdown barrier, so its peers' collectives fail at once instead of at their timeout;
 - each rank reports to rank 0 what collective it is in (how many it has run over each group, at most once a
   second), so a collective that times out names the ranks that never joined it;
+- a clean exit (also `sys.exit(n)`, and mp.spawn's way out of an exception) says goodbye with its final counts: a
+  peer waiting in a collective that the leaver never started cannot complete, and ends at once;
+- a forked child (a multiprocessing or DataLoader worker) closes its copies of the star's sockets;
 - a failed collective becomes a `DistBackendError` naming the collective, its ranks and the lost or absent rank;
 - a rank told of a peer's loss or failure says so at once and, unless its main thread has ended the process by
   then, ends it after `GRACE_S` (torch's TORCH_NCCL_ASYNC_ERROR_HANDLING: the job dies, with a readable reason).
