@@ -5,7 +5,8 @@ every DTensor/FSDP2/funcol path finds a C++ backend on the group); the `c10d::*`
 (`distributed.kernels`) that run collectives on tpu tensors as XLA programs. The first (default) group also
 initialises JAX: rank 0 publishes a coordinator address on a free port through the c10d store, every rank calls
 `jax.distributed.initialize` with torch's world size and rank before JAX's backend exists, with fail-fast
-settings (no preemption service, a short heartbeat, XLA:CPU collectives timing out at the group's timeout).
+settings (no preemption service, a short heartbeat, XLA:CPU collectives timing out at the group's timeout), and
+joins the job's watchdog (`distributed.watchdog`: a lost, failed or hung rank ends the job with a clear error).
 """
 
 from __future__ import annotations
@@ -68,10 +69,14 @@ def _free_port(host: str) -> int:
         return probe.getsockname()[1]
 
 
+def _host() -> str:
+    return os.environ.get("MASTER_ADDR") or socket.gethostname()
+
+
 def _coordinator(store: dist.Store, rank: int) -> str:
     """Rank 0 picks the address (MASTER_PORT is torch's store; JAX needs a port of its own) and publishes it."""
     if rank == 0:
-        host = os.environ.get("MASTER_ADDR") or socket.gethostname()
+        host = _host()
         address = f"{host}:{_free_port(host if host != 'localhost' else '127.0.0.1')}"
         store.set(_COORDINATOR_KEY, address)
         return address
@@ -120,9 +125,10 @@ def _create_backend(
     store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta
 ) -> torch._C._distributed_c10d.Backend:
     """torch's creator for a group: JAX started (the default group), tpu kernels installed, a gloo backend."""
-    from torch_tpu.distributed import kernels
+    from torch_tpu.distributed import kernels, watchdog
 
     if not dist.is_initialized():  # the default group is being made: rank and world size are global
         initialize_jax(store, rank, world_size, timeout)
+        watchdog.start(store, rank, world_size, timeout.total_seconds(), _host())
     kernels.install()
     return ProcessGroupGloo(store, rank, world_size, timeout)
