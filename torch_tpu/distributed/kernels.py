@@ -11,6 +11,7 @@ results into the output tensors in place (views and their bases too), returning 
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 import warnings
 from collections.abc import Callable
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from torch_tpu.distributed import collectives, handshake, host
+from torch_tpu.distributed import collectives, handshake, host, watchdog
 from torch_tpu.eager import fused
 from torch_tpu.runtime import storage
 
@@ -377,7 +378,9 @@ def _point_to_point(tensor: torch.Tensor, process_group: Any, src: int, dst: int
     """The program both ends run: a two-rank mesh (in global-rank order) that moves src's tensor to dst."""
     ranks = _ranks(process_group)
     pair = tuple(sorted((ranks[src], ranks[dst])))
-    return collectives.run("send", pair, _read(tensor), root=pair.index(ranks[src]))
+    name = "send" if ranks[src] == _state(process_group).rank else "recv"
+    program = functools.partial(collectives.run, "send", pair, root=pair.index(ranks[src]))
+    return watchdog.guarded(name, pair, program, _read(tensor))
 
 
 def send(tensors, process_group, dst, tag):  # noqa: ANN001, ANN201
@@ -394,6 +397,41 @@ def recv_(tensors, process_group, src, tag):  # noqa: ANN001, ANN201
     for tensor in tensors:
         storage.write(tensor, _point_to_point(tensor, process_group, src, rank))
     return _done(tensors)
+
+
+# The collective each kernel is, in the words of torch.distributed's API (what a failure's message names).
+_NAMES = {
+    "alltoall_base_": "all_to_all_single",
+    "alltoall_": "all_to_all",
+    "reduce_": "reduce",
+    "gather_": "gather",
+    "scatter_": "scatter",
+    "allreduce_": "all_reduce",
+    "allreduce_coalesced_": "all_reduce_coalesced",
+    "broadcast_": "broadcast",
+    "allgather_": "all_gather",
+    "_allgather_base_": "all_gather_into_tensor",
+    "allgather_into_tensor_coalesced_": "all_gather_into_tensor_coalesced",
+    "_reduce_scatter_base_": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor_coalesced",
+    "reduce_scatter_": "reduce_scatter",
+}
+
+
+def _watched(kernel: Callable) -> Callable:
+    """`kernel` as one collective over its group for the watchdog: every exchange it makes (the check, gloo on
+    host memory, XLA programs) is tracked and its failure explained under the collective's name."""
+    if kernel.__name__ not in _NAMES:  # send/recv: tracked over the pair of ranks they involve
+        return kernel
+    name = _NAMES[kernel.__name__]
+    position = list(inspect.signature(kernel).parameters).index("process_group")
+
+    @functools.wraps(kernel)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        group = args[position] if position < len(args) else kwargs["process_group"]
+        return watchdog.guarded(name, _ranks(group), functools.partial(kernel, **kwargs) if kwargs else kernel, *args)
+
+    return call
 
 
 _KERNELS = (
@@ -460,5 +498,5 @@ def install() -> None:
     with warnings.catch_warnings():  # "Overriding a previously registered kernel": torch's, on purpose
         warnings.filterwarnings("ignore", "Warning only once for all operators")
         for kernel in _KERNELS:
-            library.impl(kernel.__name__, kernel, "PrivateUse1")
+            library.impl(kernel.__name__, _watched(kernel), "PrivateUse1")
     _library = library
