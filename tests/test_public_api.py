@@ -8,9 +8,10 @@ import torch
 import torch_tpu
 import torch_tpu.tpu
 
-# TorchTPU 0.2.0's `torch.tpu` names that exist here (not yet: compiler, pallas, ops, distributed) ...
+# TorchTPU 0.2.0's `torch.tpu` names that exist here (not yet: compiler, pallas, ops) ...
 TORCHTPU_TPU = {
     "device_count",
+    "distributed",
     "current_device",
     "set_device",
     "is_available",
@@ -47,6 +48,9 @@ OURS_TPU = {
     "seed",
     "seed_all",
 }
+# `torch.tpu.distributed` (torch_tpu.distributed): TorchTPU's names that exist here, and ours.
+TORCHTPU_DISTRIBUTED = {"set_tpu_launch_env"}
+OURS_DISTRIBUTED = {"register"}
 TORCH_TPU = {
     "cpu_fallback_enabled",
     "export_stablehlo",
@@ -82,6 +86,14 @@ def test_torch_tpu_device_module_all():
     assert sorted(torch.tpu.__all__) == sorted(TORCHTPU_TPU | OURS_TPU)
     assert all(hasattr(torch.tpu, name) for name in torch.tpu.__all__)
     assert _defined_public(torch_tpu.tpu) <= set(torch.tpu.__all__)
+
+
+def test_torch_tpu_distributed_all():
+    import torch_tpu.distributed
+
+    assert torch.tpu.distributed is torch_tpu.distributed
+    assert sorted(torch.tpu.distributed.__all__) == sorted(TORCHTPU_DISTRIBUTED | OURS_DISTRIBUTED)
+    assert all(hasattr(torch.tpu.distributed, name) for name in torch.tpu.distributed.__all__)
 
 
 def test_star_import_binds_every_name():

@@ -71,6 +71,7 @@ def _register() -> None:
 
     amp.install()
     distributed.register()  # the `tpu_dist` c10d backend; JAX's multi-process runtime starts with a group
+    tpu.distributed = distributed  # `torch.tpu.distributed`, as in TorchTPU
 
 
 _register()
