@@ -18,7 +18,7 @@ _LAUNCH_VARIABLES = (
 
 def test_two_nodes_under_torchrun_train_and_reduce_like_one():
     """Two `torchrun --nnodes 2 --node-rank R --nproc-per-node 1` agents on loopback: one job of two ranks."""
-    nodes = launch.torchrun_nodes("workers_ddp.multi_node", nnodes=2)
+    nodes = launch.torchrun_nodes("workers_ddp.multi_node", nnodes=2, timeout=240)
     launch.check(nodes)
     for node in nodes:
         assert f"multi-node rank {node.rank} of 2 ok" in node.output, node.output[-3000:]

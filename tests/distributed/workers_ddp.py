@@ -61,7 +61,7 @@ class Config:
 CONFIGS = {
     config.name: config
     for config in (
-        Config("buckets, AdamW", {"bucket_cap_mb": 1e-4}, "adamw"),
+        Config("buckets, device_ids=[0], AdamW", {"bucket_cap_mb": 1e-4, "device_ids": [0]}, "adamw"),
         Config("bucket views, no_sync", {"bucket_cap_mb": 1e-4, "gradient_as_bucket_view": True}, accumulate=2),
         Config("find_unused_parameters, no_sync", {"find_unused_parameters": True}, accumulate=2, branches=True),
         Config("static_graph, AdamW", {"static_graph": True}, "adamw"),
