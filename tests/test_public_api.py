@@ -11,6 +11,7 @@ import torch_tpu.tpu
 # TorchTPU 0.2.0's `torch.tpu` names that exist here (not yet: compiler, pallas, ops) ...
 TORCHTPU_TPU = {
     "device_count",
+    "distributed",
     "current_device",
     "set_device",
     "is_available",
@@ -35,10 +36,7 @@ TORCHTPU_TPU = {
     "Precision",
     "precision",
     "allow_excess_precision",
-    "distributed",
 }
-# TorchTPU 0.2.0's `torch.tpu.distributed` names that exist here (not yet: topology_aware_mesh, set_tpu_launch_env).
-TORCHTPU_DISTRIBUTED = {"spmd_safe"}
 # ... and ours, as torch.cuda names them.
 OURS_TPU = {
     "DeviceProperties",
@@ -50,6 +48,8 @@ OURS_TPU = {
     "seed",
     "seed_all",
 }
+# TorchTPU 0.2.0's `torch.tpu.distributed` names that exist here (not yet: topology_aware_mesh).
+TORCHTPU_DISTRIBUTED = {"set_tpu_launch_env", "spmd_safe"}
 TORCH_TPU = {
     "cpu_fallback_enabled",
     "export_stablehlo",

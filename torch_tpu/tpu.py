@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 import types
 from collections.abc import Iterator
@@ -96,10 +97,22 @@ def current_device() -> int:
     return 0
 
 
+def _local_rank() -> int | None:
+    value = os.environ.get("LOCAL_RANK", "")
+    return int(value) if value.isdigit() else None
+
+
 def set_device(device: int | str | torch.device) -> None:
+    """Select the process's device: `tpu:0`, or its local rank as launchers pass it (`set_device(LOCAL_RANK)`).
+
+    Each process owns exactly one device (one process per chip), which is `tpu:0` in that process, so the local
+    rank names the same device and `current_device()` stays 0.
+    """
     index = torch.device(device).index if not isinstance(device, int) else device
-    if index not in (None, 0):
-        raise RuntimeError(f"torch_tpu: one tpu device per process; cannot select tpu:{index}")
+    if index not in (None, 0, _local_rank()):
+        local = _local_rank()
+        also = f" or tpu:{local} (LOCAL_RANK)" if local else ""
+        raise RuntimeError(f"torch_tpu: one tpu device per process, tpu:0{also}; cannot select tpu:{index}")
 
 
 class device:

@@ -75,21 +75,7 @@ def launch(worker: str, nprocs: int = 2, timeout: float = 150, env: dict[str, st
                 )
             )
             logs.append(log)
-        deadline = time.monotonic() + timeout
-        codes: list[int | None] = []
-        for process in processes:
-            try:
-                codes.append(process.wait(timeout=max(0.0, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                codes.append(None)
-        for process in processes:
-            _kill(process)  # a rank that exited may have left children behind
-        results = []
-        for rank, (log, code) in enumerate(zip(logs, codes, strict=True)):
-            log.seek(0)
-            results.append(Rank(rank, code, log.read()))
-            log.close()
-        return results
+        return _collect(processes, logs, timeout)
 
 
 def torchrun(worker: str, nprocs: int = 2, timeout: float = 150) -> Rank:
@@ -121,6 +107,52 @@ def torchrun(worker: str, nprocs: int = 2, timeout: float = 150) -> Rank:
             _kill(process)
             log.seek(0)
             return Rank(0, code, log.read())
+
+
+def torchrun_nodes(worker: str, nnodes: int = 2, timeout: float = 150) -> list[Rank]:
+    """Run `worker` as a job of `nnodes` nodes on loopback: one `torchrun --nnodes N --node-rank R
+    --nproc-per-node 1` agent per node, all meeting at one master address and port (static rendezvous)."""
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="tpu_dist_test_") as scratch:
+        environment = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)]),
+            "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": os.path.join(scratch, "cache"),
+        }
+        processes, logs = [], []
+        for node in range(nnodes):
+            command = [
+                *(sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--node-rank={node}"),
+                *("--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}"),
+                *(str(HERE / "run_worker.py"), worker),
+            ]
+            log = open(os.path.join(scratch, f"node{node}.log"), "w+")  # noqa: SIM115  (closed below)
+            processes.append(
+                subprocess.Popen(
+                    command, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
+                )
+            )
+            logs.append(log)
+        return _collect(processes, logs, timeout)
+
+
+def _collect(processes: list[subprocess.Popen], logs: list, timeout: float) -> list[Rank]:
+    """Wait for every process until the shared deadline, kill what is left, read every log."""
+    deadline = time.monotonic() + timeout
+    codes: list[int | None] = []
+    for process in processes:
+        try:
+            codes.append(process.wait(timeout=max(0.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            codes.append(None)
+    for process in processes:
+        _kill(process)  # a process that exited may have left children behind
+    results = []
+    for rank, (log, code) in enumerate(zip(logs, codes, strict=True)):
+        log.seek(0)
+        results.append(Rank(rank, code, log.read()))
+        log.close()
+    return results
 
 
 def check(results: list[Rank]) -> None:

@@ -2,8 +2,8 @@
 
 `dist.init_process_group("tpu_dist")` (or `"tpu"`, or no backend on a tpu job) starts JAX's multi-controller
 runtime from torch's rendezvous; each process owns its one local device. Importing this package only registers
-the backend with torch.distributed: no JAX state is touched until a group is created. This package is also
-`torch.tpu.distributed`, whose public names are `__all__`.
+the backend with torch.distributed (and adapts torch's DDP/DeviceMesh code, `torch_patches`): no JAX state is
+touched until a group is created. This package is also `torch.tpu.distributed`, whose public names are `__all__`.
 """
 
 import sys
@@ -11,17 +11,21 @@ import sys
 from torch_tpu.distributed import functional_eager as _functional_eager
 from torch_tpu.distributed import process_group as _process_group
 from torch_tpu.distributed import spmd as _spmd
+from torch_tpu.distributed import torch_patches as _torch_patches
 from torch_tpu.distributed.functional_eager import spmd_safe as spmd_safe
+from torch_tpu.distributed.launch_env import set_tpu_launch_env as set_tpu_launch_env
 
-__all__ = ["spmd_safe"]
+__all__ = ["set_tpu_launch_env", "spmd_safe"]
 
 
 def _register() -> None:
-    """Register the backend with torch.distributed, the functional collectives' eager kernels, and the hook that
-    makes compiled graphs with collectives run SPMD; this package becomes `torch.tpu.distributed`."""
+    """Register the backend with torch.distributed, adapt torch's DDP and DeviceMesh, install the functional
+    collectives' eager kernels and the hook that makes compiled graphs with collectives run SPMD; this package
+    becomes `torch.tpu.distributed`."""
     from torch_tpu import tpu
 
     _process_group.register()
+    _torch_patches.install()
     _functional_eager.install()
     _spmd.install()
     tpu.distributed = sys.modules[__name__]

@@ -1,0 +1,10 @@
+"""c10d beyond the plain collectives on 2 ranks (`workers_c10d.py`): meshes without a group (CPU-only code keeps
+working), CPU tensors on gloo beside tpu ones, coalesced collectives, views, split_group, the program cache."""
+
+import launch
+
+
+def test_meshes_mixed_backends_coalescing_views_split_groups_and_the_program_cache():
+    results = launch.launch("workers_c10d.run", nprocs=2)
+    launch.check(results)
+    assert all("c10d checks passed" in r.output for r in results)

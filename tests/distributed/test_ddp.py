@@ -1,0 +1,20 @@
+"""DistributedDataParallel on tpu trains equal to one CPU process on the full batch (`workers_ddp.py`): several
+buckets, gradient_as_bucket_view, no_sync accumulation, find_unused_parameters, static_graph, Fused eager."""
+
+import launch
+from workers_ddp import CONFIGS, FOUR_RANKS
+
+
+def _check_every_config(results, names):
+    launch.check(results)
+    for result in results:
+        for name in names:
+            assert f"ddp {name}: parameters match" in result.output, result.output[-3000:]
+
+
+def test_ddp_on_two_ranks_every_configuration():
+    _check_every_config(launch.launch("workers_ddp.train", nprocs=2, timeout=240), list(CONFIGS))
+
+
+def test_ddp_on_four_ranks():
+    _check_every_config(launch.launch("workers_ddp.train_four", nprocs=4, timeout=240), FOUR_RANKS)

@@ -1,0 +1,201 @@
+"""c10d paths beyond the plain collectives (launched by `launch.py`): device meshes made without a group, a job
+mixing CPU (gloo) and tpu tensors, coalesced collectives, results written into views, `split_group`, and the
+per-(collective, group, shape, dtype, op) program cache. Every value is compared with a local CPU computation."""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from torch_tpu.distributed import collectives
+
+_TIMEOUT = datetime.timedelta(seconds=60)
+
+
+def _input(rank: int, shape: tuple[int, ...], dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(2000 + rank)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype)
+    return torch.randint(-50, 50, shape, generator=generator, dtype=torch.int64).to(dtype)
+
+
+def _equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    if actual.dtype != expected.dtype or not torch.equal(actual.cpu(), expected):
+        raise AssertionError(f"{what}: got {actual.cpu()} expected {expected}")
+
+
+def _total(world: int, shape: tuple[int, ...], dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    result = _input(0, shape, dtype)
+    for r in range(1, world):
+        result = result + _input(r, shape, dtype)
+    return result
+
+
+def _cpu_mesh_without_a_group(rank: int, world: int) -> None:
+    """CPU-only code on a machine with torch_tpu: a CPU mesh is a gloo job, as without an accelerator."""
+    mesh = init_device_mesh("cpu", (world,))
+    assert dist.get_backend() == "gloo", dist.get_backend_config()
+    tensor = _input(rank, (3,))
+    dist.all_reduce(tensor, group=mesh.get_group())
+    _equal(tensor, _total(world, (3,)), "all_reduce on a CPU mesh")
+
+
+def _tpu_mesh_without_a_group(rank: int, world: int) -> None:
+    """DeviceMesh calls torch.tpu.set_device(LOCAL_RANK) on every rank before any tensor exists."""
+    mesh = init_device_mesh("tpu", (world,))
+    assert torch.tpu.current_device() == 0 and dist.get_backend() == "tpu_dist", dist.get_backend_config()
+    tensor = _input(rank, (3,)).to("tpu")
+    dist.all_reduce(tensor, group=mesh.get_group())
+    _equal(tensor, _total(world, (3,)), "all_reduce on a tpu mesh")
+
+
+def _destroy() -> None:
+    """Nothing may keep the old group (and its store, which the next group's rendezvous would meet) alive."""
+    dist.destroy_process_group()
+    gc.collect()
+
+
+def _cpu_goes_to_gloo(rank: int, world: int) -> None:
+    before = collectives.compiles
+    tensor = _input(rank, (2, 9))  # a shape no tpu collective uses: an XLA program would have to be built
+    dist.all_reduce(tensor)
+    _equal(tensor, _total(world, (2, 9)), "all_reduce of a CPU tensor")
+    outputs = [torch.empty(4, dtype=torch.int32) for _ in range(world)]
+    dist.all_gather(outputs, _input(rank, (4,), torch.int32))
+    for r in range(world):
+        _equal(outputs[r], _input(r, (4,), torch.int32), f"all_gather of CPU tensors from rank {r}")
+    assert collectives.compiles == before, "a CPU tensor's collective ran as an XLA program instead of on gloo"
+
+
+def _coalesced(rank: int, world: int) -> None:
+    tensors = [_input(rank, (3,)).to("tpu"), _input(rank + 10, (2, 2)).to("tpu")]
+    dist.all_reduce_coalesced(tensors)
+    _equal(tensors[0], _total(world, (3,)), "all_reduce_coalesced [0]")
+    expected = sum(_input(r + 10, (2, 2)) for r in range(world))
+    _equal(tensors[1], expected, "all_reduce_coalesced [1]")
+    # The coalescing manager: each kind of collective, several of them, different dtypes (one reduce op: torch
+    # applies the first call's to all).
+    floats, ints = _input(rank, (5,)).to("tpu"), _input(rank, (3,), torch.int64).to("tpu")
+    with dist._coalescing_manager(async_ops=True) as manager:
+        dist.all_reduce(floats, op=dist.ReduceOp.MAX)
+        dist.all_reduce(ints, op=dist.ReduceOp.MAX)
+    manager.wait()
+    for tensor, dtype, shape in ((floats, torch.float64, (5,)), (ints, torch.int64, (3,))):
+        maximum = torch.stack([_input(r, shape, dtype) for r in range(world)]).amax(0)
+        _equal(tensor, maximum, f"coalesced all_reduce {dtype} MAX")
+    gathered = [torch.empty(world * 2, dtype=torch.float32, device="tpu") for _ in range(2)]
+    scattered = [torch.empty(2, dtype=torch.float64, device="tpu") for _ in range(2)]
+    with dist._coalescing_manager():
+        for index, output in enumerate(gathered):
+            dist.all_gather_into_tensor(output, _input(rank + 20 * index, (2,), torch.float32).to("tpu"))
+    with dist._coalescing_manager():
+        for index, output in enumerate(scattered):
+            dist.reduce_scatter_tensor(output, _input(rank + 30 * index, (world * 2,)).to("tpu"))
+    for index in range(2):
+        expected = torch.cat([_input(r + 20 * index, (2,), torch.float32) for r in range(world)])
+        _equal(gathered[index], expected, f"coalesced all_gather_into_tensor [{index}]")
+        whole = sum(_input(r + 30 * index, (world * 2,)) for r in range(world))
+        _equal(scattered[index], whole[rank * 2 : rank * 2 + 2], f"coalesced reduce_scatter_tensor [{index}]")
+
+
+def _into_views(rank: int, world: int) -> None:
+    """Results land in the view and its base; the rest of the base keeps its values."""
+    base = _input(rank, (world + 2, 4))
+    on_tpu = base.to("tpu")
+    dist.all_gather_into_tensor(on_tpu[1 : world + 1], _input(rank + 40, (1, 4)).to("tpu"))
+    expected = base.clone()
+    expected[1 : world + 1] = torch.cat([_input(r + 40, (1, 4)) for r in range(world)])
+    _equal(on_tpu, expected, "all_gather_into_tensor into rows of a base")
+    base = _input(rank, (3, 5))
+    on_tpu = base.to("tpu")
+    root = world - 1
+    dist.broadcast(on_tpu.t()[2], src=root)  # a strided column
+    expected = base.clone()
+    expected[:, 2] = _input(root, (3, 5))[:, 2]
+    _equal(on_tpu, expected, "broadcast into a column")
+    base = _input(rank, (4, 6))
+    on_tpu = base.to("tpu")
+    dist.reduce_scatter_tensor(on_tpu[1, ::2], _input(rank + 50, (world * 3,)).to("tpu"))
+    expected = base.clone()
+    expected[1, ::2] = sum(_input(r + 50, (world * 3,)) for r in range(world))[rank * 3 : rank * 3 + 3]
+    _equal(on_tpu, expected, "reduce_scatter_tensor into a strided row")
+    outputs = _input(rank, (world, 3)).to("tpu")
+    view = outputs.view(-1)
+    dist.all_to_all_single(view, _input(rank + 60, (world * 3,)).to("tpu"))
+    expected = torch.cat([_input(r + 60, (world * 3,))[rank * 3 : rank * 3 + 3] for r in range(world)])
+    _equal(outputs, expected.reshape(world, 3), "all_to_all_single into a flat view of a base")
+
+
+def _split_groups(rank: int, world: int) -> dist.ProcessGroup:
+    """`split_group` (it needs the default group bound to a device: `device_id`); returns this rank's half."""
+    half = world // 2
+    splits = [list(range(half)), list(range(half, world))]
+    group = dist.split_group(split_ranks=splits)
+    members = splits[0] if rank < half else splits[1]
+    assert dist.get_process_group_ranks(group) == members, dist.get_process_group_ranks(group)
+    tensor = _input(rank, (4,)).to("tpu")
+    dist.all_reduce(tensor, group=group)
+    _equal(tensor, sum(_input(r, (4,)) for r in members), "all_reduce on a split group")
+    cpu = _input(rank, (4,))
+    dist.all_reduce(cpu, group=group)
+    _equal(cpu, sum(_input(r, (4,)) for r in members), "all_reduce of a CPU tensor on a split group")
+    whole = dist.split_group(split_ranks=[list(range(world))])
+    tensor = _input(rank, (4,)).to("tpu")
+    dist.all_reduce(tensor, group=whole)
+    _equal(tensor, _total(world, (4,)), "all_reduce on a split group of every rank")
+    return group
+
+
+def _steady_state(rank: int, world: int, half: dist.ProcessGroup) -> None:
+    """A step's collectives build their programs once; a new shape, or a group of other ranks, builds its own."""
+
+    def step(group: dist.ProcessGroup | None = None) -> None:
+        tensor = _input(rank, (6,)).to("tpu")
+        dist.all_reduce(tensor, group=group)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+        size = dist.get_world_size(group)
+        dist.all_gather_into_tensor(torch.empty(size * 6, dtype=torch.float64, device="tpu"), tensor, group=group)
+        dist.reduce_scatter_tensor(torch.empty(1, dtype=torch.float64, device="tpu"), tensor[:size], group=group)
+        dist.broadcast(tensor, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+        dist.all_reduce_coalesced([tensor, tensor * 2], group=group)
+
+    step()
+    built = collectives.compiles
+    for _ in range(3):
+        step()
+    assert collectives.compiles == built, f"steady state built {collectives.compiles - built} programs"
+    dist.all_reduce(_input(rank, (7,)).to("tpu"))
+    assert collectives.compiles == built + 1, "a new shape must build its own program"
+    step(dist.new_group(list(range(world))))  # another group of the same ranks: the same programs
+    assert collectives.compiles == built + 1, "a group of the same ranks rebuilt programs"
+    step(half)
+    with_half = collectives.compiles
+    assert with_half > built + 1, "a group of other ranks must not reuse the default group's programs"
+    step(half)
+    assert collectives.compiles == with_half, "the half group's steady state built programs"
+
+
+def run() -> None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    _cpu_mesh_without_a_group(rank, world)
+    _destroy()
+    _tpu_mesh_without_a_group(rank, world)
+    _destroy()
+    dist.init_process_group("cpu:gloo,tpu:tpu_dist", timeout=_TIMEOUT, device_id=torch.device("tpu", 0))
+    assert dist.get_backend_config() == "cpu:gloo,tpu:tpu_dist", dist.get_backend_config()
+    _cpu_goes_to_gloo(rank, world)
+    _coalesced(rank, world)
+    _into_views(rank, world)
+    _split_groups(rank, world)
+    _destroy()
+    dist.init_process_group("tpu_dist", timeout=_TIMEOUT, device_id=torch.device("tpu", 0))
+    half = _split_groups(rank, world)
+    _steady_state(rank, world, half)
+    dist.barrier()
+    dist.destroy_process_group()
+    print("c10d checks passed", flush=True)
