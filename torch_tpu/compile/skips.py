@@ -18,9 +18,11 @@ with a module already loaded, else when it is (a one-shot post-import hook, remo
 
 from __future__ import annotations
 
+import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import pathlib
 import sys
 import types
 from collections.abc import Callable
@@ -39,12 +41,13 @@ def _add_skips(trace_rules: types.ModuleType) -> None:
 
 def _cacheable_factories() -> dict[str, str]:
     """The names (as PyTorch's cache check spells a graph's call target: module.name) of the factories
-    `runtime.pinned` wraps, each with the version that keys the entries it appears in."""
-    from torch_tpu import __version__
+    `runtime.pinned` wraps, each with what keys the entries it appears in: the wrappers' source, so that a changed
+    wrapper never reuses an entry."""
     from torch_tpu.runtime import pinned
 
+    source = hashlib.blake2b(pathlib.Path(pinned.__file__).read_bytes(), digest_size=8).hexdigest()
     factories = (getattr(torch, name) for name in pinned.FACTORIES)
-    return {f"{factory.__module__}.{factory.__name__}": f"torch_tpu {__version__}" for factory in factories}
+    return {f"{factory.__module__}.{factory.__name__}": f"torch_tpu.runtime.pinned {source}" for factory in factories}
 
 
 def _mark_cacheable(config: types.ModuleType) -> None:
