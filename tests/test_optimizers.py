@@ -223,3 +223,54 @@ def test_foreach_scalar_lists_act_as_python_numbers(mode):
         torch.testing.assert_close([t.cpu() for t in ours_halves], halves, rtol=0, atol=0)  # exact in bf16
         assert all(torch.equal(o.cpu(), t) for o, t in zip(ours_ints, ints, strict=True))
         torch.testing.assert_close([t.cpu() for t in mixed], torch._foreach_mul(ints, [2, 0.5]), rtol=0, atol=0)
+
+
+def _fused_lists(device, dtypes=(torch.float32, torch.bfloat16, torch.float32)):
+    """Parameters of mixed shapes and dtypes, with gradients and Adam's state, as a fused step takes them."""
+    torch.manual_seed(2)
+    shapes = [(3, 4), (5,), (2, 1, 3)]
+    lists = [[torch.randn(s).abs().to(d).to(device) for s, d in zip(shapes, dtypes, strict=True)] for _ in range(4)]
+    steps = [torch.tensor(2.0, device=device) for _ in shapes]
+    return lists, steps
+
+
+FUSED_CALLS = {
+    "adamw": lambda lists, steps, **amp: torch._fused_adamw_(
+        *lists, [], steps, lr=0.01, beta1=0.9, beta2=0.99, weight_decay=0.1, eps=1e-8, amsgrad=False, maximize=False,
+        **amp,
+    ),
+    "adam_amsgrad": lambda lists, steps, **amp: torch._fused_adam_(
+        *lists[:4], [t.clone() for t in lists[3]], steps, lr=0.01, beta1=0.9, beta2=0.99, weight_decay=0.1, eps=1e-8,
+        amsgrad=True, maximize=True, **amp,
+    ),
+    "sgd": lambda lists, steps, **amp: torch._fused_sgd_(
+        *lists[:3], weight_decay=0.01, momentum=0.9, lr=0.1, dampening=0.1, nesterov=True, maximize=False,
+        is_first_step=False, **amp,
+    ),
+    "adagrad": lambda lists, steps, **amp: torch._fused_adagrad_(
+        *lists[:3], steps, lr=0.1, lr_decay=0.01, weight_decay=0.1, eps=1e-10, maximize=False, **amp
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("amp", ["none", "grad_scale", "found_inf"])
+def test_fused_step_compiled_matches_cpu(amp, name="adam_amsgrad"):
+    """The fused steps are registry lowerings, so a compiled graph runs them too (torch.optim's own calls of them
+    are excluded from Dynamo; a user's are not): mixed shapes and dtypes, and the grad scaler's arguments. (Only
+    Adam's here: in torch 2.13 AOTAutograd's functionalization of `_fused_adamw_` and `_fused_sgd_` fails an
+    internal assert before any lowering runs, and Adagrad's has no fake kernel.)"""
+
+    def step(lists, steps, device):
+        extra = {}
+        if amp != "none":
+            extra["grad_scale"] = torch.tensor(4.0, device=device)
+        if amp == "found_inf":
+            extra["found_inf"] = torch.tensor(1.0, device=device)
+        FUSED_CALLS[name](lists, steps, **extra)
+
+    torch._dynamo.reset()
+    ours, our_steps = _fused_lists("tpu")
+    theirs, their_steps = _fused_lists("cpu")
+    torch.compile(step, backend="tpu", fullgraph=True)(ours, our_steps, "tpu")
+    step(theirs, their_steps, "cpu")
+    torch.testing.assert_close([[t.cpu() for t in ts] for ts in ours], theirs, rtol=RTOL, atol=ATOL)

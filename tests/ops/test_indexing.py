@@ -333,6 +333,8 @@ OUT_OF_RANGE = {
     "embedding_bag": lambda x, d: torch.nn.functional.embedding_bag(_tensor(d, 1, 5), x, _tensor(d, 0)),
     "one_hot": lambda x, d: torch.nn.functional.one_hot(_tensor(d, 0, 3), num_classes=3),
     "one_hot_negative": lambda x, d: torch.nn.functional.one_hot(_tensor(d, 0, -1), num_classes=3),
+    "one_hot_negative_no_classes": lambda x, d: torch.nn.functional.one_hot(_tensor(d, -1)),
+    "one_hot_both": lambda x, d: torch.nn.functional.one_hot(_tensor(d, 3, -1), num_classes=3),
     "take": lambda x, d: x.take(_tensor(d, 12)),
     "take_negative": lambda x, d: x.take(_tensor(d, -13)),
     "put": lambda x, d: x.put(_tensor(d, 12), _tensor(d, 1.0)),
@@ -341,9 +343,6 @@ OUT_OF_RANGE = {
     "index_fill": lambda x, d: x.index_fill(1, _tensor(d, -5), 1.0),
     "index_reduce": lambda x, d: x.index_reduce(0, _tensor(d, 3), torch.ones(1, 4, device=d), "prod"),
 }
-# one_hot on a device relies on scatter's check (as on CUDA, where it is a device-side assert): the class of
-# error is CPU's, the message scatter's ("index 3 is out of bounds for dimension 1 with size 3").
-_SCATTER_MESSAGE = {"one_hot", "one_hot_negative"}
 MODES = {"strict": torch.tpu.EagerMode.DEFER_NEVER, "fused": torch.tpu.EagerMode.DEFER_AND_FUSE}
 
 
@@ -365,8 +364,59 @@ def test_out_of_range_index_raises_as_on_cpu(name, mode):
             OUT_OF_RANGE[name](x, "tpu")
             torch.tpu.synchronize()
     assert type(caught.value) is type(expected), (caught.value, expected)
-    if name not in _SCATTER_MESSAGE:
-        assert str(caught.value) == str(expected).splitlines()[0]
+    assert str(caught.value) == str(expected).splitlines()[0]
+
+
+# Ops whose every output is empty, with indices CPU checks all the same (x: an empty or zero-width tensor).
+EMPTY_OUTPUT_ERRORS = {
+    "index_select": lambda d: torch.zeros(3, 0, device=d).index_select(0, _tensor(d, 5)),
+    "index_select_negative": lambda d: torch.zeros(3, 0, device=d).index_select(0, _tensor(d, -1)),
+    "scatter": lambda d: torch.zeros(0, device=d).scatter(0, _tensor(d, 5), 1.0),
+    "scatter_add": lambda d: torch.zeros(0, device=d).scatter_add(0, _tensor(d, 5), _tensor(d, 1.0)),
+    "scatter_reduce": lambda d: torch.zeros(0, device=d).scatter_reduce(0, _tensor(d, 5), _tensor(d, 1.0), "amax"),
+    "index_reduce": lambda d: torch.zeros(3, 0, device=d).index_reduce(
+        0, _tensor(d, 5), torch.zeros(1, 0, device=d), "prod"
+    ),
+    "put": lambda d: torch.zeros(0, device=d).put(_tensor(d, 0), _tensor(d, 1.0)),
+    "one_hot_zero_classes": lambda d: torch.nn.functional.one_hot(_tensor(d, 0, 1), num_classes=0),
+    "one_hot_empty_zero_classes": lambda d: torch.nn.functional.one_hot(torch.zeros(0, dtype=torch.long, device=d), 0),
+    "one_hot_empty_no_classes": lambda d: torch.nn.functional.one_hot(torch.zeros(0, dtype=torch.long, device=d)),
+}
+# ... and the same ops where CPU checks nothing, or an empty index (an index op checks only what it reads).
+EMPTY_OUTPUT_VALUES = {
+    "index": lambda d: torch.zeros(3, 0, device=d)[_tensor(d, 5)],
+    "index_add": lambda d: torch.zeros(3, 0, device=d).index_add(0, _tensor(d, 5), torch.zeros(1, 0, device=d)),
+    "index_select": lambda d: torch.zeros(3, 0, device=d).index_select(0, _tensor(d, 2)),
+    "scatter_empty_index": lambda d: torch.zeros(3, 0, device=d).scatter(
+        0, torch.zeros(1, 0, dtype=torch.long, device=d), 1.0
+    ),
+    "scatter": lambda d: torch.zeros(0, device=d).scatter(0, torch.zeros(0, dtype=torch.long, device=d), 1.0),
+    "one_hot": lambda d: torch.nn.functional.one_hot(torch.zeros(0, 2, dtype=torch.long, device=d), num_classes=3),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("name", sorted(EMPTY_OUTPUT_ERRORS))
+def test_empty_output_ops_check_indices_as_on_cpu(name, mode):
+    """An op whose outputs are all empty still makes the checks CPU makes: CPU's error class and message."""
+    with pytest.raises((IndexError, RuntimeError)) as cpu:
+        EMPTY_OUTPUT_ERRORS[name]("cpu")
+    with torch.tpu.set_eager_mode(MODES[mode]):
+        with pytest.raises((IndexError, RuntimeError)) as caught:
+            EMPTY_OUTPUT_ERRORS[name]("tpu")
+            torch.tpu.synchronize()
+    assert type(caught.value) is type(cpu.value), (caught.value, cpu.value)
+    assert str(caught.value) == str(cpu.value).splitlines()[0]
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("name", sorted(EMPTY_OUTPUT_VALUES))
+def test_empty_output_ops_check_nothing_more_than_cpu(name, mode):
+    with torch.tpu.set_eager_mode(MODES[mode]):
+        ours = EMPTY_OUTPUT_VALUES[name]("tpu")
+        torch.tpu.synchronize()
+    expected = EMPTY_OUTPUT_VALUES[name]("cpu")
+    assert ours.shape == expected.shape and ours.dtype == expected.dtype
 
 
 def test_in_range_indices_at_the_edges_pass_the_checks():

@@ -180,8 +180,9 @@ def to_jax(gm: torch.fx.GraphModule) -> tuple[Callable[..., Any], list[tuple[int
             if not isinstance(target, OpOverload):  # Python arithmetic on sizes (operator.mul, sym_max, ...)
                 env[node] = target(*args, **kwargs)
                 continue
-            if target is aten.copy_.default:
-                value = jax.numpy.broadcast_to(args[1], args[0].shape).astype(args[0].dtype)
+            if target is aten.copy_.default:  # (None: a `writes=` lowering left the input as it is)
+                value = args[0] if args[1] is None else jax.numpy.broadcast_to(args[1], args[0].shape)
+                value = value.astype(args[0].dtype)
                 written[node.args[0]] = env[node] = value
                 continue
             lowering = graph_lowering(target)

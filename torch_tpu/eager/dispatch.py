@@ -89,7 +89,7 @@ def _whole_array(value: Any, math_bits: bool) -> Any:
     return array if array is not None and _whole(value, buffer, math_bits) else None
 
 
-def _kind(argument: torch._C.Argument, static: frozenset[str]) -> int:
+def _kind(argument: torch._C.Argument, static: frozenset[str], scalars: frozenset[str] = frozenset()) -> int:
     text = str(argument.type)
     if argument.name == "scalars" or text == "List[number]" and argument.name not in static:
         return _SCALARS  # foreach ops' per-tensor scalars (a step's values; a host tensor of them, as on CUDA)
@@ -97,7 +97,7 @@ def _kind(argument: torch._C.Argument, static: frozenset[str]) -> int:
         return _TENSOR
     if text in _TENSOR_LIST_TYPES:
         return _TENSORS
-    if text in ("number", "Optional[number]") and argument.name not in static:
+    if text in ("number", "Optional[number]") and argument.name not in static or argument.name in scalars:
         return _SCALAR
     if "Generator" in text:
         return _GENERATOR
@@ -118,8 +118,8 @@ class Runner:
         self.lowering = lowering
         self.op = lowering.op
         arguments = self.op._schema.arguments
-        self.positional = [_kind(a, lowering.static) for a in arguments if not a.kwarg_only]
-        self.keyword = {a.name: _kind(a, lowering.static) for a in arguments if a.kwarg_only}
+        self.positional = [_kind(a, lowering.static, lowering.scalars) for a in arguments if not a.kwarg_only]
+        self.keyword = {a.name: _kind(a, lowering.static, lowering.scalars) for a in arguments if a.kwarg_only}
         # PyTorch's Conjugate and Negative fallbacks materialise conjugate and negative views before an op
         # reaches its backend kernel, unless the op has a kernel of its own for those keys (views, copies, mm):
         # only then can our kernel (for `dispatched`, the overload it is registered for) see the bits set.
@@ -287,7 +287,7 @@ class Runner:
         out_dtypes = _dtypes_of(meta)
         fn = self.lowering.fn
         rng = self.lowering.rng
-        if _all_empty(meta):  # nothing to compute, and lowerings need not handle zero-size shapes
+        if _all_empty(meta) and not self.lowering.checks_empty:  # nothing to compute (nor zero sizes to handle)
 
             def empty(*values: jax.Array) -> Any:
                 return _zeros_like(meta)

@@ -41,8 +41,9 @@ def install() -> None:
             lib.impl(op, dispatch.inplace_kernel(lowering, op), "PrivateUse1")
             registered.add(op)
             continue
-        lib.impl(op, _with_result(lowering, dispatch.functional_kernel(lowering)), "PrivateUse1")
-        registered.add(op)
+        if lowering.mutating is None or not _returns_lists(op):  # else PyTorch's kernel: clones, calls `mutating`
+            lib.impl(op, _with_result(lowering, dispatch.functional_kernel(lowering)), "PrivateUse1")
+            registered.add(op)
         if lowering.mutating is not None:
             lib.impl(lowering.mutating, writing_kernel(lowering), "PrivateUse1")
             registered.add(lowering.mutating)
@@ -55,6 +56,12 @@ def install() -> None:
     global_lib = torch.library.Library("_", "IMPL")
     global_lib.fallback(fallback.unimplemented, "PrivateUse1")
     _libraries.extend([lib, global_lib])
+
+
+def _returns_lists(op: OpOverload) -> bool:
+    """Whether `op` returns several results, one a list of tensors (a fused optimizer's functional form)."""
+    returns = [str(r.type) for r in op._schema.returns]
+    return len(returns) > 1 and "List[Tensor]" in returns
 
 
 def _with_result(lowering: Lowering, kernel: Callable) -> Callable:
@@ -76,7 +83,7 @@ def writing_kernel(lowering: Lowering) -> Callable:
     op: OpOverload = lowering.op
     names = lowering.writes
     positions = {a.name: i for i, a in enumerate(lowering.mutating._schema.arguments) if not a.kwarg_only}
-    single = len(lowering.mutating._schema.returns) == 1
+    returns = len(lowering.mutating._schema.returns)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         values = list(runner.run(op, args, kwargs))
@@ -84,9 +91,12 @@ def writing_kernel(lowering: Lowering) -> Callable:
         for name, value in zip(names, new, strict=True):
             target = args[positions[name]] if positions.get(name, len(args)) < len(args) else kwargs[name]
             for tensor, array in zip(target, value, strict=True) if isinstance(target, list) else [(target, value)]:
-                storage.write(tensor, array)
+                if array is not None:  # None: left as it is
+                    storage.write(tensor, array)
+        if not returns:
+            return None
         result = [None if r is None else storage.wrap(r) for r in kept]
-        result = result[0] if single else tuple(result)
+        result = result[0] if returns == 1 else tuple(result)
         return lowering.eager_result(result, *args, **kwargs) if lowering.eager_result is not None else result
 
     return kernel

@@ -6,7 +6,9 @@ masks into integer indices, and call a jitted kernel. A lone mask written with `
 
 Index bounds are checked on the device (`runtime/checks.py`): an out-of-range index raises PyTorch's CPU error
 (IndexError or RuntimeError, by op) at the next synchronisation, from a flag the op's own executable computes.
-With the checks off (TORCH_TPU_CHECK_INDICES=0), each op's docstring says what an out-of-range index does.
+With the checks off (TORCH_TPU_CHECK_INDICES=0), each op's docstring says what an out-of-range index does. Ops
+whose indices CPU checks even when their output is empty (index_select of a zero-width tensor, a scatter into an
+empty one) are lowered with `checks_empty=True`; the others (an index or index_add on a zero-width tensor) are not.
 """
 
 import jax
@@ -176,7 +178,7 @@ def _unsafe_index_put(self, indices, values, accumulate=False):
     return target.add(values.astype(self.dtype)) if accumulate else target.set(values.astype(self.dtype))
 
 
-@lower(aten.index_select.default)
+@lower(aten.index_select.default, checks_empty=True)
 def index_select(self, dim, index):
     """NOTE: with checks off, out-of-range indices read NaN (floats) or a fill value and negative ones wrap."""
     if self.ndim == 0:
@@ -249,18 +251,18 @@ def _scatter(self, dim, index, src, reduce=None):
     return _updater(_scatter_target(self, dim, index), reduce, self.dtype)(src).reshape(self.shape)
 
 
-@lower(aten.scatter.src, aten.scatter.value)
+@lower(aten.scatter.src, aten.scatter.value, checks_empty=True)
 def scatter(self, dim, index, src):
     """NOTE: with checks off, writes at out-of-range indices are dropped and negative ones wrap (every scatter)."""
     return _scatter(self, dim, index, src)
 
 
-@lower(aten.scatter.reduce, aten.scatter.value_reduce)
+@lower(aten.scatter.reduce, aten.scatter.value_reduce, checks_empty=True)
 def scatter_reduce_legacy(self, dim, index, src, *, reduce):
     return _scatter(self, dim, index, src, reduce)
 
 
-@lower(aten.scatter_add.default)
+@lower(aten.scatter_add.default, checks_empty=True)
 def scatter_add(self, dim, index, src):
     return _scatter(self, dim, index, src, "add")
 
@@ -274,7 +276,7 @@ def _reduction_identity(reduce, dtype):
     return info.min if reduce == "amax" else info.max
 
 
-@lower(aten.scatter_reduce.two)
+@lower(aten.scatter_reduce.two, checks_empty=True)
 def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     base = self
     if not include_self:
@@ -289,7 +291,7 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     return jnp.floor_divide(total, count)
 
 
-@lower(aten.index_reduce.default)
+@lower(aten.index_reduce.default, checks_empty=True)
 def index_reduce(self, dim, index, source, reduce, *, include_self=True):
     """`self` with `source`'s slices combined (prod, mean, amax, amin) into those `index` picks along `dim`."""
     _check_along(self, dim, index, IndexError, message="index out of range in self")
@@ -401,8 +403,10 @@ def take(self, index):
     return self.reshape(-1)[index]
 
 
-@lower(aten.put.default)
+@lower(aten.put.default, checks_empty=True)
 def put(self, index, source, accumulate=False):
+    if self.size == 0 and index.size != 0:  # (take's meta kernel raises CPU's error of this kind)
+        raise IndexError("put_(): Tried to put elements into an empty tensor")
     _check_flat(self, index)
     target = self.reshape(-1).at[index.reshape(-1)]
     source = source.reshape(-1).astype(self.dtype)

@@ -5,7 +5,8 @@ overloads it implements with `@lower(aten.x.y, ...)`. In-place (`x_`) and `out=`
 the functional op's schema; they are never written by hand. An op that updates other arguments in place
 (batch norm's running statistics) is lowered as its functional form, whose trailing outputs are those arguments'
 new values, with `writes=` naming them: the mutating overload is found from the schemas' alias info, and eager
-writes the values into its arguments (compiled graphs see the functional form already). `eager_result=` adjusts
+writes the values into its arguments (compiled graphs see the functional form already); a None value (per tensor)
+leaves its argument as it is, so that eager neither copies nor writes it. `eager_result=` adjusts
 what an eager kernel returns (a cast where PyTorch's CPU kernel and its meta kernel disagree on a dtype).
 `@kernel` registers a direct torch kernel for the minimal tier (views, copies, scalars) that must not go through
 JAX tracing.
@@ -27,20 +28,26 @@ class Lowering:
     """How one functional ATen overload runs on JAX.
 
     `static` names Scalar arguments that shape the program (e.g. `arange`'s end) and so are compiled in
-    rather than passed at run time; `rng` lowerings receive a PRNG key as the keyword `key`; `jit=False`
-    marks ops whose output shape depends on data (`nonzero`), run op by op outside `jax.jit`. `writes` names the
+    rather than passed at run time, and `scalars` the `float` arguments passed at run time instead of compiled in
+    (an optimizer's learning rate, which a schedule changes every step); `rng` lowerings receive a PRNG key as the
+    keyword `key`; `jit=False` marks ops whose output shape depends on data (`nonzero`), run op by op outside
+    `jax.jit`. `writes` names the
     arguments `mutating` (the overload updating them in place) writes: `fn`'s trailing outputs, in that order.
     `eager_result(result, *args, **kwargs)` gives an eager kernel's return value from the tensors it computed.
+    `checks_empty` lowerings run, for their device-side checks, even when every output is empty (CPU validates
+    the op's indices then too); eager skips the others then (so they need not handle zero sizes).
     """
 
     op: OpOverload
     fn: Callable
     static: frozenset[str] = frozenset()
+    scalars: frozenset[str] = frozenset()
     rng: bool = False
     jit: bool = True
     writes: tuple[str, ...] = ()
     mutating: OpOverload | None = None
     eager_result: Callable | None = None
+    checks_empty: bool = False
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
@@ -50,34 +57,40 @@ KERNELS: dict[OpOverload, Callable] = {}
 GRAPH_LOWERINGS: dict[OpOverload, Lowering] = {}
 
 
-def _check_new(op: OpOverload) -> None:
+def _check_new(op: OpOverload, composite: bool = False) -> None:
     if not isinstance(op, OpOverload):
         raise TypeError(f"torch_tpu: register an OpOverload such as aten.add.Tensor, not {op!r}")
     if op in LOWERINGS or op in KERNELS:
         raise ValueError(f"torch_tpu: {op} is registered twice")
-    if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+    if not composite and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
         raise ValueError(f"torch_tpu: {op} is CompositeImplicitAutograd; lower the ops it decomposes into")
 
 
 def lower(
     *ops: OpOverload,
     static: Iterable[str] = (),
+    scalars: Iterable[str] = (),
     rng: bool = False,
     jit: bool = True,
     writes: Iterable[str] = (),
     eager_result: Callable | None = None,
+    checks_empty: bool = False,
+    composite: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Register `fn` as the JAX lowering of functional overloads `ops`; with `writes`, also of the overload of each
-    that updates those arguments in place (`mutating_variant`)."""
+    that updates those arguments in place (`mutating_variant`). `composite` lowers a CompositeImplicitAutograd op
+    whole, in place of its decomposition: only for an op without gradients (its autograd formula is the
+    decomposition's) whose decomposition on a device skips CPU's checks (one_hot's)."""
     writes = tuple(writes)
 
     def register(fn: Callable) -> Callable:
         for op in ops:
-            _check_new(op)
+            _check_new(op, composite)
             mutating = mutating_variant(op, writes) if writes else None
             if mutating is not None:
                 _check_new(mutating)
-            LOWERINGS[op] = Lowering(op, fn, frozenset(static), rng, jit, writes, mutating, eager_result)
+            statics, runtime = frozenset(static), frozenset(scalars)
+            LOWERINGS[op] = Lowering(op, fn, statics, runtime, rng, jit, writes, mutating, eager_result, checks_empty)
         return fn
 
     return register

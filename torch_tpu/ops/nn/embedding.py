@@ -1,5 +1,10 @@
-"""Lowerings: embedding lookup, its dense backward, max-norm renormalization of the looked-up rows, and
-embedding bags (sum, mean or max of each bag's rows) with their backward ops.
+"""Lowerings: embedding lookup, its dense backward, max-norm renormalization of the looked-up rows, embedding
+bags (sum, mean or max of each bag's rows) with their backward ops, and one-hot encoding.
+
+`one_hot` is CompositeImplicitAutograd; on a device its decomposition (a scatter) leaves CPU's checks of the class
+values to the scatter, whose error is its own. It is lowered whole instead (it has no gradient): a given
+`num_classes` checks the values on the device with CPU's messages; without it, the largest value gives the size,
+read on the host (as CPU and the decomposition do), and a negative value raises there.
 
 Embedding bags return (output, offset2bag, bag_size, max_indices) shaped as PyTorch's meta kernel says
 (offset2bag per index, bag_size per offset, max_indices per bag and feature in `max` mode, else empty); their values
@@ -170,3 +175,25 @@ def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, o
     """Each index's weight scales its row in its bag's sum: its gradient is that row dotted with the bag's."""
     products = jnp.sum(upcast(grad)[offset2bag] * upcast(weight)[indices], axis=1)
     return jnp.where(indices != padding_idx, products, 0)
+
+
+def _one_hot_checked(self, num_classes):
+    checks.require(self >= 0, RuntimeError, "Class values must be non-negative.")
+    checks.require(self < num_classes, RuntimeError, "Class values must be smaller than num_classes.")
+    return (self[..., None] == jnp.arange(num_classes, dtype=self.dtype)).astype(self.dtype)
+
+
+_one_hot = checks.jit(_one_hot_checked, static_argnums=1)
+
+
+@lower(aten.one_hot.default, jit=False, checks_empty=True, composite=True)
+def one_hot(self, num_classes=-1):
+    """(`jit=False`: without `num_classes` the output's size depends on the values.)"""
+    if self.size == 0 and num_classes <= 0:
+        raise RuntimeError("Can not infer total number of classes from empty tensor.")
+    if num_classes == -1:
+        low, high = (int(v) for v in jax.device_get((jnp.min(self), jnp.max(self))))
+        if low < 0:
+            raise RuntimeError("Class values must be non-negative.")
+        num_classes = high + 1
+    return _one_hot(self, num_classes)
