@@ -124,14 +124,9 @@ def _encoders(math_bits: bool, jit: bool) -> dict[str, _Encoder]:
 
     def tensor_encoder(alone: bool) -> _Encoder:
         def tensor(op: OpOverload, value: Any, key: list, leaves: list) -> Any:
-            kind = type(value)
-            if kind is float or kind is int or kind is bool:  # a wrapped number arrives as a Python scalar
-                key.append(kind)
-                leaves.append(_device_scalar(value) if jit else value)
-                return _NEXT
             try:
                 buffer = value.untyped_storage()._tpu_buffer
-            except AttributeError:
+            except AttributeError:  # a wrapped number (a Python scalar), None, a CPU tensor
                 return elsewhere(op, value, key, leaves, alone)
             shape = value.shape
             dtype = value.dtype
