@@ -64,11 +64,11 @@ def traced_ops(monkeypatch):
     seen = []
     original = dispatch.Runner._compile
 
-    def recording(self, meta_op, key, args, kwargs, leaves):
+    def recording(self, meta_op, key, args, kwargs, leaves, template):
         if self.lowering.jit:
-            traced, _ = self._trace(meta_op, args, kwargs)
+            traced, _ = self._trace(meta_op, args, kwargs, template)
             seen.append((str(meta_op), _wide_arrays(jax.make_jaxpr(traced)(*leaves).jaxpr)))
-        return original(self, meta_op, key, args, kwargs, leaves)
+        return original(self, meta_op, key, args, kwargs, leaves, template)
 
     monkeypatch.setattr(dispatch.Runner, "_compile", recording)
     executables.clear()

@@ -6,9 +6,8 @@ PyTorch's own) and raise PyTorch's errors for bad input before anything runs on 
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -25,8 +24,8 @@ from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import Lowering, mutated_args
 from torch_tpu.runtime import checks as device_checks
 from torch_tpu.runtime import dtypes, persistent, platform, storage
+from torch_tpu.runtime.mapping import GATHER, WHOLE_BUFFER, classify
 
-_TENSOR, _TENSORS, _SCALAR, _SCALARS, _STATIC, _GENERATOR = range(6)
 _MATH_BIT_KEYS = (torch._C.DispatchKey.Conjugate, torch._C.DispatchKey.Negative)
 _MAX_SCALARS = 4096
 # An op gathering more tensors than this into one (a `stack` or `cat` of many) runs on its own in Fused mode:
@@ -36,19 +35,22 @@ _MAX_FUSED_INPUTS = 256
 _TENSOR_LIST_TYPES = ("Tensor[]", "Tensor?[]", "List[Tensor]", "List[Optional[Tensor]]")
 
 
-class _Leaf:
-    """A placeholder for the i-th run-time input of a traced lowering; `view` is the (shape, stride) through which
-    the input, a buffer's whole array, is read (`storage.view_of`), or None, with its storage offset the run-time
-    input after it when `offset` (else 0); `count` is set when the input packs a list of that many Python numbers
-    into one array (`_packed`)."""
+class _Input:
+    """A run-time input in a call's template (its arguments as the lowering sees them, `_fill`ed in the trace, in
+    the order the encoders took them): the next input as it is (`_NEXT`); a buffer's whole array read through
+    `view`, (shape, stride), inside the executable (`storage.read_view`), its storage offset the input after it
+    when `offset` (else 0); or a list of `count` Python numbers packed into one array (`_packed`)."""
 
-    __slots__ = ("index", "view", "offset", "count")
+    __slots__ = ("view", "offset", "count")
 
-    def __init__(self, index: int, view: tuple | None = None, offset: bool = False, count: int | None = None) -> None:
-        self.index = index
+    def __init__(self, view: tuple | None = None, offset: bool = False, count: int | None = None) -> None:
         self.view = view
         self.offset = offset
         self.count = count
+
+
+_NEXT = _Input()
+_Encoder = Callable[[OpOverload, Any, list, list], Any]
 
 
 def _packed(values: list) -> type | None:
@@ -64,44 +66,137 @@ def _packed(values: list) -> type | None:
     return None
 
 
-def _whole(value: torch.Tensor, buffer: Any, math_bits: bool) -> bool:
-    """Whether a `tpu` tensor is its buffer's whole array as it is, so that the array is its input.
+def _encoders(math_bits: bool, jit: bool) -> dict[str, _Encoder]:
+    """The encoder of each argument kind, for a lowering (`jit`: Python numbers may become device arrays) whose
+    kernel can see conjugate and negative bits set (`math_bits`).
 
-    The buffer's array fills its storage and PyTorch keeps every view within the storage, so a contiguous
-    tensor of the array's shape and dtype is the whole storage: its offset is 0. (Dtypes are compared by
-    identity; a false negative only takes the general encoding.)"""
-    return (
-        buffer.shape == value.shape
-        and buffer.dtype is _JAX_DTYPE[value.dtype]
-        and value.is_contiguous()
-        and not (math_bits and (value.is_conj() or value.is_neg()))
-    )
+    `encode(op, value, key, leaves)` appends, in one pass, the argument's part of the cache key to `key` and its
+    run-time inputs to `leaves`, and returns its template (the argument as the lowering sees it, each run-time
+    input an `_Input`). How a `tpu` tensor is read follows its mapping onto its buffer (`mapping.classify`): the
+    whole buffer is its array; a reshape or a view at the buffer's dtype is the buffer's array read inside the
+    executable, its layout in the key and a non-zero offset a run-time input (one program per layout); a view at
+    another dtype, or with conjugate or negative bits set, is read (gathered) first, by `storage.value`.
+    """
+
+    def number(value: Any, key: list, leaves: list) -> _Input:
+        key.append(type(value))
+        leaves.append(_device_scalar(value) if jit else value)
+        return _NEXT
+
+    def elsewhere(op: OpOverload, value: Any, key: list, leaves: list, alone: bool) -> Any:
+        """Not a `tpu` tensor: absent (None), a number or a CPU tensor — a 0-dim one alone, any one in a list (e.g.
+        indices, moved as on CUDA)."""
+        if value is None:
+            key.append(None)
+            return None
+        if not isinstance(value, torch.Tensor):
+            return number(value, key, leaves)
+        if not value.is_cpu:
+            storage.buffer_of(value)  # raises, naming the device
+        if value.dim() != 0 and alone:
+            raise _device_mismatch(op, value)
+        key.append("host")
+        leaves.append(_host_scalar(value) if value.dim() == 0 else storage.to_device(value))
+        key.append(value.shape)
+        key.append(value.dtype)
+        return _NEXT
+
+    def through_buffer(value: torch.Tensor, buffer: Any, found: tuple, key: list, leaves: list) -> _Input:
+        """A `tpu` tensor that is not its whole buffer as it is (or has math bits set), `found` its mapping."""
+        if buffer._array is None:  # written (zeros) first: a read of an unwritten buffer sees zeros
+            storage.read(value)
+            found = classify(value, buffer, value.shape, value.dtype)
+        kind, _, shape, stride, offset = found
+        template = _NEXT
+        if kind == GATHER or value.is_conj() or value.is_neg():
+            leaves.append(storage.value(value))
+        elif found is WHOLE_BUFFER:
+            leaves.append(buffer._array)
+        else:  # RESHAPE, VIEW: the offset is a run-time input, so one program serves a layout at every offset
+            key.append((buffer.shape, stride, offset == 0))
+            leaves.append(buffer._array)
+            if offset:
+                leaves.append(_device_scalar(offset) if jit else offset)
+            template = _Input((shape, stride), offset=bool(offset))
+        key.append(value.shape)
+        key.append(value.dtype)
+        return template
+
+    def tensor_encoder(alone: bool) -> _Encoder:
+        def tensor(op: OpOverload, value: Any, key: list, leaves: list) -> Any:
+            try:
+                buffer = value.untyped_storage()._tpu_buffer
+            except AttributeError:  # a wrapped number (a Python scalar), None, a CPU tensor
+                return elsewhere(op, value, key, leaves, alone)
+            shape = value.shape
+            dtype = value.dtype
+            found = classify(value, buffer, shape, dtype)
+            if found is WHOLE_BUFFER and not (math_bits and (value.is_conj() or value.is_neg())):
+                leaves.append(buffer._array)  # the common case: the input is the array, shape and dtype read once
+                key.append(shape)
+                key.append(dtype)
+                return _NEXT
+            return through_buffer(value, buffer, found, key, leaves)
+
+        return tensor
+
+    tensor = tensor_encoder(alone=True)
+    element = tensor_encoder(alone=False)
+
+    def tensors(op: OpOverload, value: Any, key: list, leaves: list) -> Any:
+        if isinstance(value, torch.Tensor):
+            return element(op, value, key, leaves)
+        template = []
+        for v in value:
+            template.append(element(op, v, key, leaves))
+        return template
+
+    def scalar(op: OpOverload, value: Any, key: list, leaves: list) -> Any:
+        if value is None:
+            key.append(None)
+            return None
+        return number(value, key, leaves)
+
+    def scalars(op: OpOverload, value: Any, key: list, leaves: list) -> Any:
+        """Foreach ops' per-tensor scalars (a step's values; a host tensor of them, as on CUDA)."""
+        values = value.tolist() if isinstance(value, torch.Tensor) else value
+        packed = _packed(values) if jit else None
+        if packed is None:
+            return [scalar(op, v, key, leaves) for v in values]
+        key.append((packed, len(values)))
+        leaves.append(np.array(values, np.float64 if packed is float else np.int64))
+        return _Input(count=len(values))
+
+    def static(op: OpOverload, value: Any, key: list, leaves: list) -> Any:
+        key.append(tuple(value) if isinstance(value, list) else value)
+        return value
+
+    def generator(op: OpOverload, value: Any, key: list, leaves: list) -> None:
+        return None  # a random op's key is drawn from it after the arguments (`Runner.inputs`)
+
+    return {
+        "tensor": tensor,  # Tensor and Tensor? (an absent one is None)
+        "tensors": tensors,
+        "scalar": scalar,
+        "scalars": scalars,
+        "static": static,
+        "generator": generator,
+    }
 
 
-def _whole_array(value: Any, math_bits: bool) -> Any:
-    """The array of a `tpu` tensor's written buffer when the tensor is that whole array as it is (`_whole`), else
-    None (a view, an unwritten buffer, a CPU tensor, None)."""
-    try:
-        buffer = value.untyped_storage()._tpu_buffer
-    except AttributeError:
-        return None
-    array = buffer._array
-    return array if array is not None and _whole(value, buffer, math_bits) else None
-
-
-def _kind(argument: torch._C.Argument, static: frozenset[str], scalars: frozenset[str] = frozenset()) -> int:
+def _kind(argument: torch._C.Argument, static: frozenset[str], scalars: frozenset[str] = frozenset()) -> str:
     text = str(argument.type)
     if argument.name == "scalars" or text == "List[number]" and argument.name not in static:
-        return _SCALARS  # foreach ops' per-tensor scalars (a step's values; a host tensor of them, as on CUDA)
+        return "scalars"
     if text in ("Tensor", "Optional[Tensor]"):
-        return _TENSOR
+        return "tensor"
     if text in _TENSOR_LIST_TYPES:
-        return _TENSORS
+        return "tensors"
     if text in ("number", "Optional[number]") and argument.name not in static or argument.name in scalars:
-        return _SCALAR
+        return "scalar"
     if "Generator" in text:
-        return _GENERATOR
-    return _STATIC
+        return "generator"
+    return "static"
 
 
 def _device_mismatch(op: OpOverload, tensor: torch.Tensor) -> RuntimeError:
@@ -117,159 +212,50 @@ class Runner:
     def __init__(self, lowering: Lowering, dispatched: OpOverload | None = None) -> None:
         self.lowering = lowering
         self.op = lowering.op
-        arguments = self.op._schema.arguments
-        self.positional = [_kind(a, lowering.static, lowering.scalars) for a in arguments if not a.kwarg_only]
-        self.keyword = {a.name: _kind(a, lowering.static, lowering.scalars) for a in arguments if a.kwarg_only}
         # PyTorch's Conjugate and Negative fallbacks materialise conjugate and negative views before an op
         # reaches its backend kernel, unless the op has a kernel of its own for those keys (views, copies, mm):
         # only then can our kernel (for `dispatched`, the overload it is registered for) see the bits set.
         name = (dispatched or self.op).name()
         self.math_bits = any(torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for key in _MATH_BIT_KEYS)
-        # `inputs` encodes the schema's leading tensors and numbers inline
-        self.prefix = len(list(itertools.takewhile(lambda kind: kind in (_TENSOR, _SCALAR), self.positional)))
+        encoders = _encoders(self.math_bits, lowering.jit)
+        arguments = self.op._schema.arguments
+        kinds = {a.name: _kind(a, lowering.static, lowering.scalars) for a in arguments}
+        self.positional = tuple(encoders[kinds[a.name]] for a in arguments if not a.kwarg_only)
+        self.keyword = {a.name: encoders[kinds[a.name]] for a in arguments if a.kwarg_only}
 
-    def _encode(self, op: OpOverload, value: Any, kind: int, leaves: list, key: list) -> None:
-        """Append `value`'s run-time inputs to `leaves` and its part of the cache key to `key`."""
-        if kind == _TENSOR or kind == _TENSORS and isinstance(value, torch.Tensor):
-            if isinstance(value, torch.Tensor):
-                if value.is_cpu:
-                    if value.dim() != 0 and kind == _TENSOR:
-                        raise _device_mismatch(op, value)
-                    key.append("host")
-                    leaves.append(_host_scalar(value) if value.dim() == 0 else storage.to_device(value))
-                elif (array := _whole_array(value, self.math_bits)) is not None:
-                    leaves.append(array)
-                else:
-                    buffer = storage.buffer_of(value)
-                    if buffer._array is None:  # written (zeros) first, so that `_template` decides alike
-                        storage.read(value)
-                    if (view := storage.view_of(value, buffer)) is not None:
-                        shape, stride, offset = view  # the offset is a run-time input: one program per layout
-                        key.append((shape, stride, offset == 0))
-                        leaves.append(buffer._array)
-                        if offset:
-                            leaves.append(_device_scalar(offset) if self.lowering.jit else offset)
-                    else:
-                        leaves.append(storage.value(value))
-                key.append(value.shape)
-                key.append(value.dtype)
-            elif value is None:
-                key.append(None)
-            else:  # a wrapped number arrives as a Python scalar
-                key.append(type(value))
-                leaves.append(_device_scalar(value) if self.lowering.jit else value)
-        elif kind == _TENSORS:  # in a list (e.g. indices), CPU tensors are accepted and moved, as on CUDA
-            for v in value:
-                array = _whole_array(v, self.math_bits)
-                if array is None:
-                    self._encode(op, v, _TENSORS if isinstance(v, torch.Tensor) else _TENSOR, leaves, key)
-                else:  # a foreach op's list, mostly whole buffers: `_encode`'s whole-buffer case, without the call
-                    leaves.append(array)
-                    key.append(v.shape)
-                    key.append(v.dtype)
-        elif kind == _SCALAR and value is not None:
-            key.append(type(value))
-            leaves.append(_device_scalar(value) if self.lowering.jit else value)
-        elif kind == _SCALARS:
-            values = value.tolist() if isinstance(value, torch.Tensor) else value
-            packed = _packed(values) if self.lowering.jit else None
-            if packed is None:
-                for v in values:
-                    self._encode(op, v, _SCALAR, leaves, key)
-            else:
-                key.append((packed, len(values)))
-                leaves.append(np.array(values, np.float64 if packed is float else np.int64))
-        elif kind != _GENERATOR:
-            key.append(tuple(value) if isinstance(value, list) else value)
-
-    def _template(self, value: Any, kind: int, count: list[int]) -> Any:
-        """`value` with each run-time input replaced by its `_Leaf` (the same walk as `_encode`)."""
-        if kind == _TENSOR or kind == _TENSORS and isinstance(value, torch.Tensor):
-            if value is None:
-                return None
-            index = count[0]
-            count[0] += 1
-            view = None
-            if isinstance(value, torch.Tensor) and not value.is_cpu:
-                view = storage.view_of(value, storage.buffer_of(value))
-            if view is None:
-                return _Leaf(index)
-            count[0] += bool(view[2])  # its offset, the next input
-            return _Leaf(index, (tuple(value.shape), view[1]), offset=bool(view[2]))
-        if kind == _TENSORS:
-            return [self._template(v, _TENSOR, count) for v in value]
-        if kind == _SCALAR and value is not None:
-            count[0] += 1
-            return _Leaf(count[0] - 1)
-        if kind == _SCALARS:
-            values = value.tolist() if isinstance(value, torch.Tensor) else value
-            if self.lowering.jit and _packed(values) is not None:
-                count[0] += 1
-                return _Leaf(count[0] - 1, count=len(values))
-            return [self._template(v, _SCALAR, count) for v in values]
-        return None if kind == _GENERATOR else value
-
-    def inputs(self, meta_op: OpOverload, args: tuple, kwargs: dict) -> tuple[tuple, list]:
-        """The cache key of a call (op, shapes, dtypes, statics, precision) and its run-time inputs.
-
-        The common positional arguments — `tpu` tensors that are their whole buffers, in order and at the
-        buffers' dtypes, Python numbers and statics — are encoded inline: a tensor's input is its buffer's array,
-        and its shape and dtype are read once for both. Any other (a view, a CPU tensor, a list, a generator)
-        sends them all through `_encode`, which gives the same key.
+    def inputs(self, meta_op: OpOverload, args: tuple, kwargs: dict) -> tuple[tuple, list, tuple]:
+        """The cache key of a call (op, shapes, dtypes, statics, precision), its run-time inputs and its template
+        (the positional arguments' templates and the named ones', by name), in one pass of each argument's encoder.
         """
         key: list = [id(meta_op)]  # OpOverloads live for the process; id() hashes in C, the op in Python
         leaves: list = []
-        math_bits = self.math_bits
-        general = False
-        prefix = self.prefix
-        for value in args if len(args) <= prefix else args[:prefix]:  # tensors and numbers
-            try:
-                buffer = value.untyped_storage()._tpu_buffer
-            except AttributeError:  # not a tpu tensor: a Python number, else the general encoding
-                number = type(value)
-                if number is float or number is int or number is bool:
-                    key.append(number)
-                    leaves.append(_device_scalar(value) if self.lowering.jit else value)
-                    continue
-                general = True
-                break
-            if not _whole(value, buffer, math_bits):
-                general = True
-                break
-            leaves.append(buffer._array)
-            key.append(value.shape)
-            key.append(value.dtype)
-        if not general and len(args) > prefix:  # statics after them
-            for value, kind in zip(args[prefix:], self.positional[prefix:], strict=False):
-                if kind != _STATIC:
-                    general = True
-                    break
-                key.append(tuple(value) if isinstance(value, list) else value)
-        if general:
-            del key[1:], leaves[:]
-            for value, kind in zip(args, self.positional, strict=False):
-                self._encode(meta_op, value, kind, leaves, key)
+        template: list = []
+        for value, encode in zip(args, self.positional, strict=False):
+            template.append(encode(meta_op, value, key, leaves))
+        named: Any = ()
         if kwargs:  # named: PyTorch passes only the keyword arguments given, so positions alone are ambiguous
+            keyword = self.keyword
+            named = []
             for name, value in kwargs.items():
                 key.append(name)
-                self._encode(meta_op, value, self.keyword[name], leaves, key)
+                named.append((name, keyword[name](meta_op, value, key, leaves)))
         if self.lowering.rng:
             leaves.append(tpu_random.next_key(kwargs.get("generator")))
         key.append(_context.token)  # the trace context: default dtype, precision, device-side checks
-        return tuple(key), leaves
+        return tuple(key), leaves, (template, named)
 
     def run(self, meta_op: OpOverload, args: tuple, kwargs: dict) -> Any:
         """Run the lowering on `args`; returns jax.Arrays shaped like `meta_op`'s outputs (Pending in Fused mode)."""
-        key, leaves = self.inputs(meta_op, args, kwargs)
+        key, leaves, template = self.inputs(meta_op, args, kwargs)
         if modes.state.fused:
-            return self._record(meta_op, key, args, kwargs, leaves)
-        return self.execute(meta_op, key, args, kwargs, leaves)
+            return self._record(meta_op, key, args, kwargs, leaves, template)
+        return self.execute(meta_op, key, args, kwargs, leaves, template)
 
-    def execute(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list) -> Any:
+    def execute(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list, template: tuple) -> Any:
         """Strict and Debug modes: the executable cached under `key` (compiled on a miss) applied to `leaves`."""
         entry = executables.lookup(key)
         if entry is None:
-            result = self._compile(meta_op, key, args, kwargs, leaves)
+            result = self._compile(meta_op, key, args, kwargs, leaves, template)
         else:
             result = entry.executable(*leaves)
         if modes.state.blocking:
@@ -277,12 +263,11 @@ class Runner:
             device_checks.raise_pending()  # Debug mode: a failed device-side check raises at the op that made it
         return result
 
-    def _trace(self, meta_op: OpOverload, args: tuple, kwargs: dict) -> tuple[Callable, Any]:
-        """The lowering as a function of the run-time inputs, and the output dtypes PyTorch's meta kernel gives."""
+    def _trace(self, meta_op: OpOverload, args: tuple, kwargs: dict, template: tuple) -> tuple[Callable, Any]:
+        """The lowering as a function of the run-time inputs (filling the call's `template`, from `inputs`), and
+        the output dtypes PyTorch's meta kernel gives."""
         platform.devices()
-        count = [0]
-        template_args = [self._template(v, k, count) for v, k in zip(args, self.positional, strict=False)]
-        template_kwargs = {n: self._template(v, self.keyword[n], count) for n, v in kwargs.items()}
+        positional, named = template
         meta = _meta_outputs(meta_op, args, kwargs)
         out_dtypes = _dtypes_of(meta)
         fn = self.lowering.fn
@@ -295,8 +280,9 @@ class Runner:
             return empty, out_dtypes
 
         def traced(*values: jax.Array) -> Any:
-            call_args = [_fill(v, values) for v in template_args]
-            call_kwargs = {n: _fill(v, values) for n, v in template_kwargs.items()}
+            remaining = iter(values)  # in the encoders' order: the positional arguments, then the named ones
+            call_args = [_fill(v, remaining) for v in positional]
+            call_kwargs = {n: _fill(v, remaining) for n, v in named}
             if rng:
                 call_kwargs["key"] = values[-1]
             result = fn(*call_args, **call_kwargs)
@@ -305,9 +291,11 @@ class Runner:
         # a jitted lowering's device-side checks become outputs of its executable (runtime/checks.py)
         return (device_checks.collecting(traced) if self.lowering.jit else traced), out_dtypes
 
-    def _compile(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list) -> Any:
+    def _compile(
+        self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list, template: tuple
+    ) -> Any:
         """Trace and compile the lowering for this signature, cache it, and return its first result."""
-        traced, out_dtypes = self._trace(meta_op, args, kwargs)
+        traced, out_dtypes = self._trace(meta_op, args, kwargs, template)
         start = time.perf_counter()
         source = "eager"
         executable = traced
@@ -326,22 +314,24 @@ class Runner:
         executables.insert(key, entry)
         return result
 
-    def _record(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list) -> Any:
+    def _record(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list, template: tuple) -> Any:
         """Fused mode: record the op into the pending cluster instead of running it."""
         if not self.lowering.jit:  # a data-dependent shape
-            return self.alone(meta_op, key, args, kwargs, leaves)
-        trace = fused.recorder.traces.get(key) or self._fused_trace(meta_op, key, args, kwargs, leaves)
+            return self.alone(meta_op, key, args, kwargs, leaves, template)
+        trace = fused.recorder.traces.get(key) or self._fused_trace(meta_op, key, args, kwargs, leaves, template)
         return fused.record(trace, leaves)
 
-    def alone(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list) -> Any:
+    def alone(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list, template: tuple) -> Any:
         """Fused mode, for an op that must not join a cluster: run the cluster so far, then the op now, on its own
         as in Strict mode."""
         fused.flush(extra=[x for x in leaves if fused.is_pending(x)])
-        return self.execute(meta_op, key, args, kwargs, [fused.concrete(x) for x in leaves])
+        return self.execute(meta_op, key, args, kwargs, [fused.concrete(x) for x in leaves], template)
 
-    def _fused_trace(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list) -> fused.Trace:
+    def _fused_trace(
+        self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list, template: tuple
+    ) -> fused.Trace:
         """The lowering traced for Fused mode under `key`, with the layout of a single tensor output."""
-        trace = fused.trace(key, self._trace(meta_op, args, kwargs)[0], leaves)
+        trace = fused.trace(key, self._trace(meta_op, args, kwargs, template)[0], leaves)
         if trace.single or trace.checks is not None and len(trace.avals) == 1 and trace.tree.num_nodes == 1:
             trace.layout = storage.layout(trace.avals[0].shape, trace.avals[0].dtype)
         return trace
@@ -405,15 +395,15 @@ def _recurring(key: Any, make: Callable[[Any], Any], value: Any) -> Any:
     return found
 
 
-def _fill(template: Any, values: tuple) -> Any:
-    if isinstance(template, _Leaf):
+def _fill(template: Any, values: Iterator) -> Any:
+    """An argument's template with its run-time inputs taken from `values`, in order."""
+    if type(template) is _Input:
+        value = next(values)
         if template.view is not None:
-            offset = values[template.index + 1] if template.offset else 0
-            return storage.read_view(values[template.index], *template.view, offset)
+            return storage.read_view(value, *template.view, next(values) if template.offset else 0)
         if template.count is not None:  # packed Python numbers: weakly typed again, as Python numbers trace
-            packed = values[template.index]
-            return [_convert_element_type(packed[i], weak_type=True) for i in range(template.count)]
-        return values[template.index]
+            return [_convert_element_type(value[i], weak_type=True) for i in range(template.count)]
+        return value
     if isinstance(template, list):
         return [_fill(v, values) for v in template]
     return template
@@ -549,15 +539,15 @@ def _tensor_kernel(runner: Runner, op: OpOverload) -> Callable:
 
     def kernel(*args: Any, **kwargs: Any) -> torch.Tensor:
         try:  # (costs nothing unless raised)
-            key, leaves = inputs(op, args, kwargs)
+            key, leaves, template = inputs(op, args, kwargs)
             if state.fused:
                 if len(leaves) > _MAX_FUSED_INPUTS:
-                    return storage.wrap(runner.alone(op, key, args, kwargs, leaves))
-                trace = traces.get(key) or runner._fused_trace(op, key, args, kwargs, leaves)
+                    return storage.wrap(runner.alone(op, key, args, kwargs, leaves, template))
+                trace = traces.get(key) or runner._fused_trace(op, key, args, kwargs, leaves, template)
                 return wrap_as(record(trace, leaves), trace.layout)
             entry = entries.get(key)
             if entry is None or state.blocking:
-                return storage.wrap(runner.execute(op, key, args, kwargs, leaves))
+                return storage.wrap(runner.execute(op, key, args, kwargs, leaves, template))
             cache.num_cache_reqs += 1  # ExecutableCache.lookup's counting of a hit
             cache.num_cache_hits += 1
             entry.read_count += 1

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from torch_tpu.runtime import checks, deferred, dtypes, platform
+from torch_tpu.runtime.mapping import RESHAPE, WHOLE_BUFFER, classify
 
 _ATTR = "_tpu_buffer"
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -208,33 +209,11 @@ def buffer_of(tensor: torch.Tensor) -> DeviceBuffer:
         raise RuntimeError(f"torch_tpu: tensor on {tensor.device} has no tpu device buffer") from None
 
 
-def _covers(tensor: torch.Tensor, buffer: DeviceBuffer) -> bool:
-    """Whether `tensor` is its storage's whole buffer, in order, at the buffer's own dtype."""
-    return (
-        tensor.storage_offset() == 0
-        and tensor.is_contiguous()
-        and tensor.numel() * tensor.element_size() == buffer.nbytes
-        and dtypes.to_jax(tensor.dtype) == buffer.dtype
-    )
-
-
-def view_of(tensor: torch.Tensor, buffer: DeviceBuffer) -> tuple | None:
-    """(buffer shape, stride, offset) when `tensor` is a view of its written buffer at the buffer's dtype — a
-    `view`, `t()`, `permute`, a slice, `select`, `expand`... — so that an executable can take the buffer's array as
-    its input and apply the view itself (`read_view`), instead of a read running first as its own executable.
-    None for the buffer as it is, for dtype views and for conjugate or negative bits."""
-    if buffer._array is None or tensor.is_conj() or tensor.is_neg() or buffer.dtype is not _JAX_DTYPE[tensor.dtype]:
-        return None
-    offset = tensor.storage_offset()
-    if not offset and buffer.shape == tensor.shape and tensor.is_contiguous():
-        return None
-    return buffer.shape, tensor.stride(), offset
-
-
 def read_view(array: jax.Array, shape: tuple[int, ...], stride: tuple[int, ...], offset: Any) -> jax.Array:
-    """The value of a `view_of` `array` (inside a traced function, this inlines). An offset other than a Python
-    0 may be a traced scalar: the view's span is sliced out at it, then read at offset 0, so that one program
-    serves a layout at every offset (a loop over `data[i:i + batch]` compiles once)."""
+    """The value of a `VIEW` (or `RESHAPE`) of `array`, (shape, stride) at `offset` (inside a traced function,
+    this inlines). An offset other than a Python 0 may be a traced scalar: the view's span is sliced out at it, then
+    read at offset 0, so that one program serves a layout at every offset (a loop over `data[i:i + batch]` compiles
+    once)."""
     if isinstance(offset, int) and offset == 0:
         return _gather(array, array.dtype, shape, stride, 0)
     if math.prod(shape) == 0:
@@ -245,23 +224,19 @@ def read_view(array: jax.Array, shape: tuple[int, ...], stride: tuple[int, ...],
 
 
 def read(tensor: torch.Tensor) -> jax.Array:
-    """The value of a `tpu` tensor as a jax.Array of its shape and dtype."""
+    """The value of a `tpu` tensor as a jax.Array of its shape and dtype (its conjugate and negative bits not
+    applied: `value`)."""
     buffer = buffer_of(tensor)
-    array = buffer._array
-    if array is None:
-        if _covers(tensor, buffer):  # unwritten: zeros in the tensor's shape, which later reads then take as is
-            buffer.array = array = _zeros_of(tuple(tensor.shape), buffer.dtype)
+    found = classify(tensor, buffer, tensor.shape, tensor.dtype)
+    if found is WHOLE_BUFFER:
+        return buffer._array
+    kind, jdtype, shape, stride, offset = found
+    if kind == RESHAPE:
+        if buffer._array is None:  # unwritten: zeros in the tensor's shape, which later reads then take as is
+            buffer.array = array = _zeros_of(shape, buffer.dtype)
             return array
-        array = buffer.array
-    elif array.shape == tensor.shape and tensor.is_contiguous() and not tensor.storage_offset():
-        if array.dtype == _JAX_DTYPE.get(tensor.dtype):
-            return array
-    shape = tuple(tensor.shape)
-    if _covers(tensor, buffer):
-        return _call(_reshape, (array,), (shape,))
-    return _call(
-        _gather, (array,), (dtypes.to_jax(tensor.dtype), shape, tuple(tensor.stride()), tensor.storage_offset())
-    )
+        return _call(_reshape, (buffer._array,), (shape,))
+    return _call(_gather, (buffer.array,), (jdtype, shape, stride, offset))
 
 
 def value(tensor: torch.Tensor) -> jax.Array:
@@ -277,36 +252,30 @@ def value(tensor: torch.Tensor) -> jax.Array:
 def write(tensor: torch.Tensor, value: jax.Array) -> None:
     """Store `value` (broadcast and cast to the tensor) through `tensor` into its storage, as CPU would."""
     buffer = buffer_of(tensor)
-    shape = tensor.shape
-    if (
-        buffer.shape == shape
-        and getattr(value, "shape", None) == shape
-        and buffer.dtype == _JAX_DTYPE[tensor.dtype]
-        and value.dtype == buffer.dtype
-        and tensor.is_contiguous()
-        and not tensor.storage_offset()
-        and not tensor.is_conj()
-        and not tensor.is_neg()
-    ):  # an in-place op's common case: the tensor is its whole buffer and `value` replaces the array as is
-        buffer._array = value
-        if type(value) is _Pending:
-            deferred.track(buffer)
-        return
-    jdtype = dtypes.to_jax(tensor.dtype)
-    shape = tuple(shape)
-    if tensor.is_conj():
+    size = tensor.shape
+    found = classify(tensor, buffer, size, tensor.dtype)
+    conj, neg = tensor.is_conj(), tensor.is_neg()
+    if found is WHOLE_BUFFER and not (conj or neg) and getattr(value, "shape", None) == size:
+        if value.dtype == buffer.dtype:  # an in-place op's common case: `value` replaces the array as is
+            buffer._array = value
+            if type(value) is _Pending:
+                deferred.track(buffer)
+            return
+    if conj:
         value = deferred.apply(("conj",), jnp.conj, value)
-    if tensor.is_neg():
+    if neg:
         value = deferred.apply(("neg",), jnp.negative, value)
-    if _covers(tensor, buffer):
+    kind, jdtype, shape, stride, offset = found
+    if found is WHOLE_BUFFER or kind == RESHAPE:  # `value` replaces the array, broadcast and cast to the tensor
+        shape = tuple(size)
+        jdtype = buffer.dtype
         if getattr(value, "shape", None) != shape or value.dtype != jdtype:
             value = _call(_fit, (value,), (shape, jdtype))
         buffer.array = value
         return
     if math.prod(shape) == 0:  # an empty view writes nothing
         return
-    statics = (jdtype, shape, tuple(tensor.stride()), tensor.storage_offset())
-    buffer.array = _call(_scatter, (buffer.array, value), statics)
+    buffer.array = _call(_scatter, (buffer.array, value), (jdtype, shape, stride, offset))
 
 
 def _call(helper: Any, arrays: tuple, statics: tuple) -> Any:
