@@ -169,7 +169,8 @@ def _steady_state(rank: int, world: int, half: dist.ProcessGroup) -> None:
     for _ in range(3):
         step()
     assert collectives.compiles == built, f"steady state built {collectives.compiles - built} programs"
-    dist.all_reduce(_input(rank, (7,)).to("tpu"))
+    # (all_gather: on the CPU platform all_reduce runs on gloo over host memory, building no program)
+    dist.all_gather_into_tensor(torch.empty(world * 7, dtype=torch.float64, device="tpu"), _input(rank, (7,)).to("tpu"))
     assert collectives.compiles == built + 1, "a new shape must build its own program"
     step(dist.new_group(list(range(world))))  # another group of the same ranks: the same programs
     assert collectives.compiles == built + 1, "a group of the same ranks rebuilt programs"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import weakref
 
 import numpy as np
 import torch
@@ -44,15 +45,17 @@ class Group:
         self._gathered = self.gathered.numpy().reshape(len(self.ranks), MESSAGE)
 
 
-_groups: dict[str, Group] = {}
+# Keyed weakly by the group: a destroyed group's state (its gloo backend, whose store the next group's rendezvous
+# would meet) goes with it.
+_groups: weakref.WeakKeyDictionary[dist.ProcessGroup, Group] = weakref.WeakKeyDictionary()
 
 
 def group(process_group: dist.ProcessGroup) -> Group:
     """The check's state of `process_group` (made again when a group of the same name has a new backend)."""
     gloo = process_group._get_backend(_CPU)
-    found = _groups.get(process_group.group_name)
+    found = _groups.get(process_group)
     if found is None or found.gloo is not gloo:
-        found = _groups[process_group.group_name] = Group(process_group, gloo)
+        found = _groups[process_group] = Group(process_group, gloo)
     return found
 
 

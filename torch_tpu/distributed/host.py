@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch._C._distributed_c10d import AllreduceOptions, BroadcastOptions, ReduceOp
 
-from torch_tpu.runtime import deferred, dtypes, platform, storage
+from torch_tpu.runtime import deferred, dtypes, mapping, platform, storage
 
 # What ProcessGroupGloo reduces (bool travels as uint8).
 DTYPES = frozenset(
@@ -81,7 +81,7 @@ def claim(tensor: torch.Tensor) -> jax.Array | None:
     buffer = storage.buffer_of(tensor)
     if (
         not isinstance(buffer._array, jax.Array)
-        or not storage._covers(tensor, buffer)
+        or mapping.classify(tensor, buffer, tensor.shape, tensor.dtype)[0] not in (mapping.WHOLE, mapping.RESHAPE)
         or tensor.is_conj()
         or tensor.is_neg()
         or sys.getrefcount(buffer._array) > 2  # the buffer's own reference and this call's argument
