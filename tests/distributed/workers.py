@@ -18,7 +18,7 @@ from torch import nn
 _TIMEOUT = datetime.timedelta(seconds=60)
 
 
-def _input(rank: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def _input(rank: int, shape: tuple[int, ...], dtype: torch.dtype = torch.float64) -> torch.Tensor:
     generator = torch.Generator().manual_seed(1000 + rank)
     if dtype == torch.bool:
         return torch.rand(shape, generator=generator) > 0.5

@@ -11,22 +11,11 @@ import os
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
+from workers import _equal, _input
 
 from torch_tpu.distributed import collectives
 
 _TIMEOUT = datetime.timedelta(seconds=60)
-
-
-def _input(rank: int, shape: tuple[int, ...], dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(2000 + rank)
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype)
-    return torch.randint(-50, 50, shape, generator=generator, dtype=torch.int64).to(dtype)
-
-
-def _equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    if actual.dtype != expected.dtype or not torch.equal(actual.cpu(), expected):
-        raise AssertionError(f"{what}: got {actual.cpu()} expected {expected}")
 
 
 def _total(world: int, shape: tuple[int, ...], dtype: torch.dtype = torch.float64) -> torch.Tensor:

@@ -46,11 +46,17 @@ def _fold(values: jax.Array, combine: Callable) -> jax.Array:
     return result
 
 
-_FOLDS = {"product": jnp.multiply, "band": jnp.bitwise_and, "bor": jnp.bitwise_or, "bxor": jnp.bitwise_xor}
+# Bool reductions run on uint8: a sum or maximum is a logical or, a product or minimum a logical and.
+BOOL_OPS = {"sum": "max", "max": "max", "bor": "max", "product": "min", "min": "min", "band": "min", "bxor": "bxor"}
+FOLDS = {"product": jnp.multiply, "band": jnp.bitwise_and, "bor": jnp.bitwise_or, "bxor": jnp.bitwise_xor}
 
 
-def _reduce(block: jax.Array, op: str, size: int) -> jax.Array:
-    """The reduction of every rank's `block` (the same on all ranks)."""
+def reduce(block: jax.Array, op: str, size: int) -> jax.Array:
+    """The reduction of every rank's `block` over the `size` ranks of AXIS (the same on all ranks; rank order for
+    the folds, as a local loop over the ranks would). Eager programs and compiled SPMD graphs share it; a one-rank
+    group's block is its own reduction (a graph over one rank is not mapped over AXIS)."""
+    if size == 1:
+        return block
     if op == "sum":
         return jax.lax.psum(block, AXIS)
     if op == "avg":
@@ -59,7 +65,7 @@ def _reduce(block: jax.Array, op: str, size: int) -> jax.Array:
         return jax.lax.pmax(block, AXIS)
     if op == "min":
         return jax.lax.pmin(block, AXIS)
-    return _fold(jax.lax.all_gather(block, AXIS), _FOLDS[op])
+    return _fold(jax.lax.all_gather(block, AXIS), FOLDS[op])
 
 
 def _broadcast(block: jax.Array, root: int) -> jax.Array:
@@ -78,13 +84,13 @@ def _body(kind: str, op: str, size: int, root: int) -> Callable[[jax.Array], jax
 
     def body(local: jax.Array) -> jax.Array:
         if kind == "all_reduce":
-            result = _reduce(local, op, size)
+            result = reduce(local, op, size)
         elif kind == "broadcast":
             result = _broadcast(local, root)
         elif kind == "all_gather":  # (size, *shape)
             result = jax.lax.all_gather(local, AXIS)
         elif kind == "reduce_scatter":  # (size * n, ...) -> (n, ...)
-            reduced = _reduce(local, op, size)
+            reduced = reduce(local, op, size)
             rows = local.shape[0] // size
             result = jax.lax.dynamic_slice_in_dim(reduced, jax.lax.axis_index(AXIS) * rows, rows)
         elif kind == "all_to_all":  # (size * n, ...): row block j goes to rank j

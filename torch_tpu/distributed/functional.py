@@ -22,14 +22,12 @@ import jax.numpy as jnp
 import torch
 import torch.distributed as dist
 
-from torch_tpu.distributed.collectives import AXIS
+from torch_tpu.distributed.collectives import AXIS, BOOL_OPS, FOLDS, reduce
 from torch_tpu.ops.registry import lower_in_graphs
 
 ops = torch.ops._c10d_functional
 _UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
-_FOLDS = {"product": jnp.multiply, "band": jnp.bitwise_and, "bor": jnp.bitwise_or, "bxor": jnp.bitwise_xor}
-_BOOL_OPS = {"sum": "max", "max": "max", "bor": "max", "product": "min", "min": "min", "band": "min", "bxor": "bxor"}
-REDUCE_OPS = ("sum", "avg", "max", "min", *_FOLDS)
+REDUCE_OPS = ("sum", "avg", "max", "min", *FOLDS)
 
 
 def group_name(group: Any) -> str:
@@ -73,33 +71,14 @@ def _op(reduce_op: str, dtype: Any, collective: str) -> str:
         raise RuntimeError(f"torch_tpu: {collective} with reduce_op {op!r} needs an integer or bool dtype, got {dtype}")
     if op == "avg" and not floating:
         raise RuntimeError(f"torch_tpu: {collective} with reduce_op 'avg' needs a floating dtype, got {dtype}")
-    return _BOOL_OPS[op] if dtype == jnp.bool_ else op
-
-
-def _reduce(block: jax.Array, op: str, size: int) -> jax.Array:
-    """Every rank's `block` reduced with `op` (rank order for the folds, as a local loop over the ranks)."""
-    if size == 1:
-        return block
-    if op == "sum":
-        return jax.lax.psum(block, AXIS)
-    if op == "avg":
-        return jax.lax.psum(block, AXIS) / jnp.asarray(size, block.dtype)
-    if op == "max":
-        return jax.lax.pmax(block, AXIS)
-    if op == "min":
-        return jax.lax.pmin(block, AXIS)
-    gathered = jax.lax.all_gather(block, AXIS)
-    result = gathered[0]
-    for index in range(1, size):
-        result = _FOLDS[op](result, gathered[index])
-    return result
+    return BOOL_OPS[op] if dtype == jnp.bool_ else op
 
 
 def _reduced(block: jax.Array, reduce_op: str, size: int, collective: str) -> jax.Array:
     op = _op(reduce_op, block.dtype, collective)
     if block.dtype == jnp.bool_:  # a logical or/and as the maximum/minimum of bytes
-        return _reduce(block.astype(jnp.uint8), op, size).astype(jnp.bool_)
-    return _reduce(block, op, size)
+        return reduce(block.astype(jnp.uint8), op, size).astype(jnp.bool_)
+    return reduce(block, op, size)
 
 
 @lower_in_graphs(ops.all_reduce.default)

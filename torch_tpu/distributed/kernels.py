@@ -41,8 +41,6 @@ _OPS = {
     _RedOpType.PREMUL_SUM: "premul_sum",
 }
 _BITWISE = ("band", "bor", "bxor")
-# Bool reductions run on uint8: a sum or maximum is a logical or, a product or minimum a logical and.
-_BOOL_OPS = {"sum": "max", "max": "max", "bor": "max", "product": "min", "min": "min", "band": "min", "bxor": "bxor"}
 # PREMUL_SUM's factor, for the call in progress on this thread (see `_keeping_premul_factor`).
 _premul = threading.local()
 
@@ -121,7 +119,7 @@ def _op_name(collective: str, reduce_op: Any, dtype: torch.dtype) -> str:
         raise RuntimeError(f"tpu_dist: {collective} with ReduceOp.{kind.name} needs a floating dtype, got {dtype}")
     if op in ("max", "min") and dtype.is_complex:
         raise RuntimeError(f"tpu_dist: {collective} with ReduceOp.{kind.name} is not defined for {dtype}")
-    return _BOOL_OPS[op] if dtype == torch.bool else op
+    return collectives.BOOL_OPS[op] if dtype == torch.bool else op
 
 
 def _premultiplied(local: jax.Array, factor: float) -> jax.Array:
