@@ -183,15 +183,19 @@ class Watchdog:
             if peer not in self.exited:
                 self.peer_down(peer, LOST)
 
+    def _relay(self, rank: int, message: dict) -> None:
+        """Rank 0 (the hub) passes news about `rank` on to every other rank."""
+        if self.rank == 0:
+            for other, link in list(self.links.items()):
+                if other != rank:
+                    link.send(message)
+
     def peer_down(self, rank: int, why: str) -> None:
         """News that `rank` is gone: relayed by rank 0, said at once, and the process ended after GRACE_S."""
         if rank in self.down or rank in self.exited or rank == self.rank or self.failed:
             return
         self.down[rank] = why
-        if self.rank == 0:
-            for other, link in list(self.links.items()):
-                if other != rank:
-                    link.send({"kind": "down", "rank": rank, "why": why})
+        self._relay(rank, {"kind": "down", "rank": rank, "why": why})
         current = self.current
         doing = f"in {current[0]} #{current[2]} over ranks {list(current[1])}" if current else "not in a collective"
         _say(f"tpu_dist: rank {self.rank} ({doing}): rank {rank} {why}; ending this process in {GRACE_S:.0f} s")
@@ -202,10 +206,7 @@ class Watchdog:
     def peer_exited(self, rank: int, counts: dict[str, int]) -> None:
         """A clean exit (relayed by rank 0): fatal to a collective in flight over that rank that it never joined."""
         self.exited[rank] = counts
-        if self.rank == 0:
-            for other, link in list(self.links.items()):
-                if other != rank:
-                    link.send({"kind": "bye", "rank": rank, "counts": counts})
+        self._relay(rank, {"kind": "bye", "rank": rank, "counts": counts})
         current = self.current
         if current is not None and (deserted := self.deserted(current[1], current[2])) and not self.failed:
             what = f"{current[0]} (collective #{current[2]} over ranks {list(current[1])})"
