@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import sys
 import types
 from collections.abc import Iterator
@@ -89,37 +88,30 @@ def _is_in_bad_fork() -> bool:
 
 
 def device_count() -> int:
-    """One `tpu` device per process, as in TorchTPU (one process per chip)."""
-    return 1
+    """The host's `tpu` devices, one per process: under a launcher its LOCAL_WORLD_SIZE, else 1.
+
+    A process owns exactly one device (one process per chip). It is `tpu:0`, the index its tensors report and
+    `current_device()` returns, and under a launcher `tpu:LOCAL_RANK` names it too, so CUDA-style code
+    (`set_device(LOCAL_RANK)`, `torch.device("tpu", local_rank)`, `init_process_group(device_id=...)`, which
+    checks the index against this count) runs unchanged; any other index raises.
+    """
+    return platform.host_device_count()
 
 
 def current_device() -> int:
     return 0
 
 
-def _local_rank() -> int | None:
-    value = os.environ.get("LOCAL_RANK", "")
-    return int(value) if value.isdigit() else None
-
-
 def set_device(device: int | str | torch.device) -> None:
-    """Select the process's device: `tpu:0`, or its local rank as launchers pass it (`set_device(LOCAL_RANK)`).
-
-    Each process owns exactly one device (one process per chip), which is `tpu:0` in that process, so the local
-    rank names the same device and `current_device()` stays 0.
-    """
-    index = torch.device(device).index if not isinstance(device, int) else device
-    if index not in (None, 0, _local_rank()):
-        local = _local_rank()
-        also = f" or tpu:{local} (LOCAL_RANK)" if local else ""
-        raise RuntimeError(f"torch_tpu: one tpu device per process, tpu:0{also}; cannot select tpu:{index}")
+    """Select the process's device: `tpu:0`, or its local rank as launchers pass it (`set_device(LOCAL_RANK)`)."""
+    _index(device)
 
 
 class device:
-    """Context manager selecting a tpu device (only tpu:0 exists in a process)."""
+    """Context manager selecting a tpu device: the process's one device, under either of its names."""
 
     def __init__(self, device: Any) -> None:
-        set_device(device if device is not None else 0)
+        _index(device)
 
     def __enter__(self) -> None:
         return None
@@ -129,11 +121,15 @@ class device:
 
 
 def _index(device: Any) -> int:
+    """The index into this process's devices of `device` (None, an index, a string or a torch.device)."""
     if device is None:
         return 0
-    if isinstance(device, int):
-        return device
-    return torch.device(device).index or 0
+    if not isinstance(device, int):
+        device = torch.device(device)
+        if device.type != "tpu":
+            raise ValueError(f"torch_tpu: expected a tpu device, got {device}")
+        device = device.index
+    return platform.own_index(device)
 
 
 def get_device_name(device: Any = None) -> str:

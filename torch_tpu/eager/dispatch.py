@@ -415,6 +415,7 @@ def _to_meta(value: Any, mask_dtype: torch.dtype | None = None) -> Any:
         dtype = mask_dtype if mask_dtype is not None and value.dtype == torch.uint8 else value.dtype
         return torch.empty_strided(value.shape, value.stride(), dtype=dtype, device="meta")
     if isinstance(value, (torch.device, str)) and str(value).startswith("tpu"):
+        platform.check_device(value)  # a cache miss: the key holds the device, so each index is checked once
         return torch.device("meta")
     if isinstance(value, (list, tuple)):
         return type(value)(_to_meta(v, mask_dtype) for v in value)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from torch_tpu.ops.registry import aten, kernel, lower
-from torch_tpu.runtime import deferred, storage
+from torch_tpu.runtime import deferred, platform, storage
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -47,12 +47,14 @@ def _strides_for(size: tuple[int, ...], memory_format: torch.memory_format | Non
 
 @kernel(aten.empty.memory_format)
 def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None) -> torch.Tensor:
+    platform.check_device(device)
     size = tuple(size)
     return storage.empty(size, dtype or torch.get_default_dtype(), _strides_for(size, memory_format))
 
 
 @kernel(aten.empty_strided.default)
 def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None) -> torch.Tensor:
+    platform.check_device(device)
     return storage.empty(tuple(size), dtype or torch.get_default_dtype(), tuple(stride))
 
 
@@ -90,6 +92,7 @@ def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_
     if device is not None and torch.device(device).type != "tpu":
         host = storage.to_host(_value_of(self), self.dtype)
         return host.to(device=device, dtype=dtype)
+    platform.check_device(device)
     return storage.wrap(_value_of(self), dtype)
 
 

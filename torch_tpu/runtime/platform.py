@@ -6,6 +6,7 @@ import functools
 import os
 
 import jax
+import torch
 
 _CHOICES = ("auto", "tpu", "gpu", "cpu")
 _PLATFORM_NAMES = {"tpu": "TPU", "gpu": "GPU", "cpu": "XLA CPU"}
@@ -41,6 +42,41 @@ def devices() -> tuple[jax.Device, ...]:
             jax.config.update("jax_default_device", found[0])
             return tuple(found)
     raise RuntimeError(f"torch_tpu: no JAX devices for TORCH_TPU_PLATFORM={choice!r}")
+
+
+def _launcher_variable(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+def host_device_count() -> int:
+    """The `tpu` devices of this host as a launcher counts them: one per process (torchrun's LOCAL_WORLD_SIZE,
+    at least LOCAL_RANK + 1), else 1. Code written for CUDA checks `device_id.index < device_count()`."""
+    local_rank = _launcher_variable("LOCAL_RANK")
+    if local_rank is None:
+        return 1
+    return max(_launcher_variable("LOCAL_WORLD_SIZE") or 1, local_rank + 1)
+
+
+def own_index(index: int | None) -> int:
+    """The index into this process's devices that `tpu:index` names: the process owns one device, which
+    `tpu:0` and, under a launcher, `tpu:LOCAL_RANK` both name (CUDA code selects `cuda:LOCAL_RANK`)."""
+    if index is None or index <= 0:  # a negative index is the current device, as in torch.cuda
+        return 0
+    local_rank = _launcher_variable("LOCAL_RANK")
+    if index == local_rank:
+        return 0
+    also = f" or tpu:{local_rank} (LOCAL_RANK)" if local_rank else ""
+    owner = f"; tpu:{index} is local rank {index}'s device" if 0 < index < host_device_count() else ""
+    raise RuntimeError(f"torch_tpu: one tpu device per process, tpu:0{also}; cannot select tpu:{index}{owner}")
+
+
+def check_device(device: torch.device | str | None) -> None:
+    """Raise unless `device`, the `tpu` device an allocation or a copy names, is this process's."""
+    if device is not None:
+        index = device.index if type(device) is torch.device else torch.device(device).index
+        if index:
+            own_index(index)
 
 
 def device(index: int = 0) -> jax.Device:
