@@ -48,8 +48,8 @@ OURS_TPU = {
     "seed",
     "seed_all",
 }
-# TorchTPU 0.2.0's `torch.tpu.distributed` names that exist here (not yet: topology_aware_mesh).
-TORCHTPU_DISTRIBUTED = {"set_tpu_launch_env", "spmd_safe"}
+# TorchTPU 0.2.0's `torch.tpu.distributed` names.
+TORCHTPU_DISTRIBUTED = {"set_tpu_launch_env", "spmd_safe", "topology_aware_mesh"}
 TORCH_TPU = {
     "cpu_fallback_enabled",
     "export_stablehlo",

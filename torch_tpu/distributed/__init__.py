@@ -14,8 +14,9 @@ from torch_tpu.distributed import spmd as _spmd
 from torch_tpu.distributed import torch_patches as _torch_patches
 from torch_tpu.distributed.functional_eager import spmd_safe as spmd_safe
 from torch_tpu.distributed.launch_env import set_tpu_launch_env as set_tpu_launch_env
+from torch_tpu.distributed.topology import topology_aware_mesh as topology_aware_mesh
 
-__all__ = ["set_tpu_launch_env", "spmd_safe"]
+__all__ = ["set_tpu_launch_env", "spmd_safe", "topology_aware_mesh"]
 
 
 def _register() -> None:
