@@ -132,6 +132,28 @@ def _index(device: Any) -> int:
     return platform.own_index(device)
 
 
+def _alias_in_fake_tensors() -> None:
+    """Compiled code sees the alias too: a FakeTensor made on `tpu:LOCAL_RANK` (a factory in a compiled region
+    under a launcher) is on `tpu:0`, as the real tensor would be; another index raises while tracing."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    normalize = FakeTensor._normalize_fake_device
+    if getattr(normalize, "_tpu_alias", False):
+        return
+
+    def aliased(device: torch.device) -> torch.device:
+        device = normalize(device)
+        if device.type == "tpu" and device.index:
+            return torch.device("tpu", platform.own_index(device.index))
+        return device
+
+    aliased._tpu_alias = True
+    FakeTensor._normalize_fake_device = staticmethod(aliased)
+
+
+_alias_in_fake_tensors()
+
+
 def get_device_name(device: Any = None) -> str:
     """The platform's true name, e.g. "TPU v6e" or "XLA CPU (tpu device emulated on cpu)"."""
     _lazy_init()

@@ -100,3 +100,18 @@ def test_without_a_launcher_only_tpu_0(monkeypatch):
         torch.zeros(1, device="tpu:1")
     with pytest.raises(ValueError, match="expected a tpu device, got cpu"):
         torch.tpu.set_device("cpu")
+
+
+def test_compiled_code_sees_the_alias(local_rank_1_of_2):
+    """A factory on tpu:LOCAL_RANK inside a compiled region traces on tpu:0 (before: a device mismatch with its
+    tpu:0 inputs); another process's index raises while tracing."""
+
+    def shifted(x: torch.Tensor, device: str) -> torch.Tensor:
+        return x * 2 + torch.ones(3, device=device)
+
+    x = torch.arange(3.0)
+    compiled = torch.compile(shifted, backend="tpu", fullgraph=True)
+    result = compiled(x.to("tpu"), "tpu:1")
+    assert result.device == torch.device("tpu", 0) and torch.equal(result.cpu(), shifted(x, "cpu"))
+    with pytest.raises(Exception, match=r"cannot select tpu:3"):
+        compiled(x.to("tpu"), "tpu:3")
