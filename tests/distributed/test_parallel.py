@@ -29,7 +29,7 @@ _FOUR_RANKS = (
 
 
 def _ran_everywhere(output: str, world: int, checks: tuple[str, ...]) -> None:
-    missing = [f"rank {r}: {c}" for r in range(world) for c in checks if f"rank {r}: {c} ok" not in output]
+    missing = [f"rank {r}: {c}" for r in range(world) for c in checks if f"rank {r}: {c} ok (" not in output]
     assert not missing, f"checks that did not run: {missing}\n{output[-3000:]}"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 from collections.abc import Callable
 
 import torch
@@ -45,8 +46,15 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, what: str, **tolerance:
     torch.testing.assert_close(actual.cpu(), expected, **(tolerance or _F64), msg=lambda m: f"{what}: {m}")
 
 
+_started = time.monotonic()
+
+
 def _done(what: str) -> None:
-    print(f"rank {os.environ['RANK']}: {what} ok", flush=True)
+    """One line per check (the test looks for it), with the seconds since the previous one."""
+    global _started
+    now = time.monotonic()
+    print(f"rank {os.environ['RANK']}: {what} ok ({now - _started:.1f} s)", flush=True)
+    _started = now
 
 
 # -- device binding ----------------------------------------------------------------------------------------------
