@@ -3,8 +3,7 @@
 checkpoints go to the launch's scratch directory, which the launch removes."""
 
 import launch
-
-HOWS = ("save", "async_save", "full state dict, broadcast_from_rank0")
+from workers_fsdp import HOWS
 
 
 def test_checkpoints_of_fsdp2_resume_the_uninterrupted_run():

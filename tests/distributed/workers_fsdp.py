@@ -30,6 +30,7 @@ _BATCH = 3  # rows per rank per micro-batch
 _STEPS = 3
 _WIDTH, _HIDDEN, _BLOCKS = 8, 16, 4
 _F64 = {"rtol": 1e-12, "atol": 1e-14}
+HOWS = ("save", "async_save", "full state dict, broadcast_from_rank0")  # the checkpoints each resume is loaded from
 
 
 class Block(nn.Module):
@@ -83,7 +84,7 @@ CONFIGS = [
         optimizer="sgd",
     ),
     Config("CPUOffloadPolicy()", {"offload_policy": CPUOffloadPolicy()}),
-    Config("gradient accumulation", optimizer="sgd", accumulate=2),
+    Config("gradient accumulation", accumulate=2),
     Config("fused eager", fused=True),
 ]
 
@@ -431,7 +432,7 @@ def check_checkpoints(rank: int, world: int, scratch: str, mesh=None) -> None:  
     expected = _full(model)
     saving.result()
     broadcast = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    for how in ("save", "async_save", "full state dict, broadcast_from_rank0"):
+    for how in HOWS:
         resumed, resumed_optimizer = fresh(seed=1)
         if how in directories:
             state = sharded_state(resumed, resumed_optimizer)
