@@ -305,7 +305,8 @@ def read(tensor: torch.Tensor) -> jax.Array:
     if found is WHOLE_BUFFER:
         return buffer._array
     kind, jdtype, shape, stride, offset = found
-    check_fits(tensor, buffer, shape, stride)
+    if buffer._array is None:  # unwritten, or freed by resize_(0)
+        check_fits(tensor, buffer, shape, stride)
     if kind == RESHAPE:
         if buffer._array is None:  # unwritten: zeros in the tensor's shape, which later reads then take as is
             buffer.array = array = _zeros_of(shape, buffer.dtype)
@@ -350,7 +351,8 @@ def write(tensor: torch.Tensor, value: jax.Array) -> None:
         return
     if math.prod(shape) == 0:  # an empty view writes nothing
         return
-    check_fits(tensor, buffer, shape, stride)
+    if buffer._array is None:  # unwritten, or freed by resize_(0)
+        check_fits(tensor, buffer, shape, stride)
     buffer.array = _call(_scatter, (buffer.array, value), (jdtype, shape, stride, offset))
 
 
