@@ -77,6 +77,11 @@ def test_stream_record_event_and_synchronize():
     stream.wait_stream(torch.tpu.current_stream())
     stream.synchronize()
     assert stream.query()
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        pending = torch.ones(3, device="tpu") * 2
+        assert not stream.query()  # recorded work not run yet
+        stream.synchronize()
+        assert stream.query() and pending.cpu().tolist() == [2.0] * 3
 
 
 def test_event_in_fused_mode_runs_the_recorded_work_when_waited_for(device_syncs):

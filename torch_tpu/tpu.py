@@ -239,7 +239,8 @@ class Stream(torch.Stream):
         return None
 
     def query(self) -> bool:
-        return _marker().is_ready()
+        """Whether all work issued to the device is done (without waiting for it)."""
+        return not _pending_buffers and all(array.is_ready() for array in jax.live_arrays())
 
     def record_event(self, event: Event | None = None) -> Event:
         event = event or Event()
