@@ -200,11 +200,13 @@ def _check_freed(model: Net, arrays: list[weakref.ref], config: Config) -> int:
     return held
 
 
-def _train(config: Config, rank: int, world: int, mesh=None) -> tuple[Net, torch.Tensor, dict]:  # noqa: ANN001
+def _train(config: Config, rank: int, world: int) -> tuple[Net, torch.Tensor, dict]:
     """FSDP2 training on this rank's blocks: the model, the rank's losses and what was measured on the way."""
     dtype = torch.float32 if config.bf16 else torch.float64
+    gc.collect()  # an earlier configuration's model (FSDP2's hooks make cycles)
+    base = torch.tpu.memory_allocated()
     model = Net(dtype).to("tpu")
-    _shard(model, list(model.blocks), mesh=mesh, **config.shard)
+    _shard(model, list(model.blocks), **config.shard)
     optimizer = _optimizer(config.optimizer, model.parameters())
     inputs, targets = (t[:, :, rank].to("tpu") for t in _data(world, config.accumulate, dtype))
     losses, measured = [], {}
@@ -217,7 +219,7 @@ def _train(config: Config, rank: int, world: int, mesh=None) -> tuple[Net, torch
                 loss = _loss(model(inputs[step, m]), targets[step, m])
                 if arrays is not None:
                     measured["unsharded bytes after forward"] = _check_freed(model, arrays, config)
-                    measured["allocated after forward"] = torch.tpu.memory_allocated()
+                    measured["allocated after forward"] = torch.tpu.memory_allocated() - base
                 loss.backward()
                 losses.append(loss.detach())
             optimizer.step()
