@@ -155,8 +155,9 @@ def test_storage_constructors_on_tpu():
     assert storage.tolist() != clone.tolist()  # a copy, not an alias
     assert (storage.new().device.type, storage.new().nbytes()) == ("tpu", 0)
     assert torch.UntypedStorage(3).device.type == "cpu" and torch.UntypedStorage(3, device="meta").device.type == "meta"
-    with pytest.raises(NotImplementedError, match="resize"):
-        storage.resize_(100)
+    kept = storage.tolist()
+    storage.resize_(100)  # in place, keeping its bytes (tests/test_storage_resize.py)
+    assert storage.nbytes() == 100 and storage.tolist()[:16] == kept
 
 
 def test_host_tensor_mutated_after_a_transfer_leaves_the_device_copy_alone():

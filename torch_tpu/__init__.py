@@ -59,9 +59,10 @@ def _register() -> None:
     register.install()
     _accelerator.install(tpu.synchronize)
     from torch_tpu import interop
-    from torch_tpu.runtime import pinned
+    from torch_tpu.runtime import pinned, storage
 
     pinned.install()
+    storage.install()
     interop.install()
     _serialization.install()
     from torch_tpu.runtime import modules

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import sys
+import threading
+import time
 import types
 from collections.abc import Iterator
 from typing import Any
 
 import jax
+import numpy as np
 import torch
 
 from torch_tpu import precision as _precision
@@ -27,6 +31,7 @@ from torch_tpu.random import (
     set_rng_state,
 )
 from torch_tpu.runtime import checks, platform
+from torch_tpu.runtime.deferred import buffers as _pending_buffers
 from torch_tpu.runtime.storage import memory as _memory
 
 # The public names (tests/test_public_api.py holds them): TorchTPU 0.2.0's `torch.tpu` API that exists here, and
@@ -205,64 +210,129 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
 
 
-class Stream:
-    """A stream: JAX orders work per device, so every stream is the default stream."""
+_PRIVATE_USE_1 = int(torch._C._autograd.DeviceType.PrivateUse1)
+_stream_ids = itertools.count(1)
+_current = threading.local()
+
+
+@jax.jit
+def _next_marker(previous: jax.Array) -> jax.Array:
+    return previous + 1
+
+
+_last_marker: list[jax.Array] = []
+
+
+def _marker() -> jax.Array:
+    """A one-byte program on this process's device, issued now: ready once all work issued before it is done."""
+    if not _last_marker:
+        _last_marker.append(jax.device_put(np.uint8(0), platform.device()))
+    _last_marker[0] = marker = _next_marker(_last_marker[0])
+    return marker
+
+
+class Stream(torch.Stream):
+    """A `torch.Stream` of the tpu device (so `tensor.record_stream`, FSDP2 and `torch.Stream` APIs accept it).
+
+    A device runs its work in the order it was issued (PJRT's one execution queue per device; JAX's dataflow orders
+    the rest), so every stream is that queue: waits between streams have nothing to do, and synchronising a stream
+    waits for the device. Each stream has its own id, so streams compare and hash as distinct objects.
+    """
+
+    def __new__(cls, device: Any = None, priority: int = 0) -> Stream:
+        return super().__new__(
+            cls, stream_id=next(_stream_ids), device_index=_index(device), device_type=_PRIVATE_USE_1
+        )
 
     def __init__(self, device: Any = None, priority: int = 0) -> None:
-        self.device = torch.device("tpu", _index(device))
         self.priority = priority
 
     def synchronize(self) -> None:
         synchronize()
 
-    def wait_stream(self, stream: Stream) -> None:
+    def wait_stream(self, stream: torch.Stream) -> None:
         return None
 
-    def wait_event(self, event: Event) -> None:
+    def wait_event(self, event: torch.Event) -> None:
         return None
 
     def query(self) -> bool:
-        return True
+        """Whether all work issued to the device is done (without waiting for it)."""
+        return not _pending_buffers and all(array.is_ready() for array in jax.live_arrays())
 
     def record_event(self, event: Event | None = None) -> Event:
         event = event or Event()
         event.record(self)
         return event
 
+    def __enter__(self) -> Stream:
+        self._previous = current_stream()
+        _current.stream = self
+        return self
 
-class Event:
-    """An event that records a host timestamp once prior work is done (timing is honest, not overlapped)."""
+    def __exit__(self, *exc: object) -> None:
+        _current.stream = self._previous
+
+
+class Event(torch.Event):
+    """A `torch.Event` of the tpu device that marks the work issued before `record()` without waiting for it.
+
+    `record()` dispatches a one-byte marker program: the device runs its work in order, so the marker is ready
+    exactly when everything issued before it is done. `synchronize()` and `query()` wait for or ask about that
+    marker only (not the whole device); `wait()` has nothing to do, every stream being the device's one queue. In
+    Fused mode, work still recorded when the event is recorded runs when the event is waited for. With
+    `enable_timing`, `record()` waits for its marker, so that `elapsed_time` measures the work.
+    """
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> Event:
+        return super().__new__(cls, "tpu", enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
         self.enable_timing = enable_timing
+        self._marker: jax.Array | None = None
+        self._after_pending = False
         self._time: float | None = None
 
-    def record(self, stream: Stream | None = None) -> None:
-        import time
-
-        synchronize()
-        self._time = time.perf_counter()
+    def record(self, stream: torch.Stream | None = None) -> None:
+        self._after_pending = bool(_pending_buffers)
+        self._marker = _marker()
+        if self.enable_timing:
+            self.synchronize()
+            self._time = time.perf_counter()
 
     def synchronize(self) -> None:
-        synchronize()
+        if self._after_pending:
+            fused.flush()
+            self._marker = _marker()
+            self._after_pending = False
+        if self._marker is not None:
+            self._marker.block_until_ready()
+        checks.raise_pending()
 
     def query(self) -> bool:
-        return True
+        return not self._after_pending and (self._marker is None or self._marker.is_ready())
 
-    def wait(self, stream: Stream | None = None) -> None:
+    def wait(self, stream: torch.Stream | None = None) -> None:
         return None
 
     def elapsed_time(self, end: Event) -> float:
         if self._time is None or end._time is None:
-            raise RuntimeError("torch_tpu: both events must be recorded before elapsed_time")
+            raise RuntimeError("torch_tpu: both events must be recorded with enable_timing=True before elapsed_time")
         return (end._time - self._time) * 1000.0
 
 
-_default_stream = Stream()
+def _make_default_stream() -> Stream:
+    stream = torch.Stream.__new__(Stream, stream_id=0, device_index=0, device_type=_PRIVATE_USE_1)
+    stream.priority = 0
+    return stream
+
+
+_default_stream = _make_default_stream()
 
 
 def current_stream(device: Any = None) -> Stream:
-    return _default_stream
+    """The stream selected by `torch.tpu.stream(...)` on this thread, else the default stream."""
+    return getattr(_current, "stream", _default_stream)
 
 
 def default_stream(device: Any = None) -> Stream:
@@ -271,7 +341,12 @@ def default_stream(device: Any = None) -> Stream:
 
 @contextlib.contextmanager
 def stream(stream: Stream | None) -> Iterator[None]:
-    yield
+    """Select `stream` as this thread's current stream (None: leave it as it is)."""
+    if stream is None:
+        yield
+        return
+    with stream:
+        yield
 
 
 def _get_cache_stats() -> dict[str, Any]:

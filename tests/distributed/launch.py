@@ -8,6 +8,7 @@ outlives the test. The port is chosen free at run time; the persistent compile c
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pathlib
 import signal
@@ -76,6 +77,12 @@ def launch(worker: str, nprocs: int = 2, timeout: float = 150, env: dict[str, st
             )
             logs.append(log)
         return _collect(processes, logs, timeout)
+
+
+@functools.cache
+def launch_once(worker: str, nprocs: int = 2, timeout: float = 150) -> tuple[Rank, ...]:
+    """`launch`, run once per test session: test files that check different parts of one worker's output share it."""
+    return tuple(launch(worker, nprocs, timeout))
 
 
 def torchrun(worker: str, nprocs: int = 2, timeout: float = 150) -> Rank:

@@ -201,6 +201,80 @@ def wrap(array: jax.Array, dtype: torch.dtype | None = None) -> torch.Tensor:
     return wrap_as(array, layout(array.shape, array.dtype))
 
 
+def resize(storage: torch.UntypedStorage, nbytes: int) -> torch.UntypedStorage:
+    """`UntypedStorage.resize_` of a `tpu` storage, in place: its first min(old, new) bytes are kept and new bytes
+    read as zeros; resizing to 0 drops the device array, so its memory is released (and `memory_allocated` drops)
+    as soon as nothing else holds it. FSDP2 frees and regrows unsharded parameters this way.
+
+    The storage gets a fresh fake address of the new size (a CUDA resize reallocates too); every tensor on it keeps
+    its metadata, and one that no longer fits a storage resized to 0 raises when read or written (`check_fits`;
+    CPU reads freed memory)."""
+    if nbytes < 0:
+        raise RuntimeError(f"torch_tpu: UntypedStorage.resize_: size must be non-negative, got {nbytes}")
+    buffer = getattr(storage, _ATTR)
+    old = buffer.nbytes
+    if nbytes == old:
+        return storage
+    array = buffer._array
+    if type(array) is _Pending:
+        _pending_buffers.pop(id(buffer), None)
+    if array is None or nbytes == 0:
+        buffer._array = None
+        buffer.shape = None
+    else:
+        buffer.array = _call(_resized, (array,), (nbytes,))
+    buffer.nbytes = nbytes
+    stats = memory
+    stats.allocated += nbytes - old
+    if stats.allocated > stats.peak:
+        stats.peak = stats.allocated
+    if old and nbytes:  # torch swaps a storage's pointer and size only with a storage of its size or of 0 bytes
+        storage._swap_data_ptr_(_construct_storage(0, _DEVICE, 0))
+    storage._swap_data_ptr_(_construct_storage(_addresses.take(nbytes), _DEVICE, nbytes))
+    return storage
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _resized(array: jax.Array, nbytes: int) -> jax.Array:
+    """`array`'s first `nbytes` bytes, zero-padded: flat at its own dtype where the sizes allow, else as bytes."""
+    flat = array.reshape(-1)
+    itemsize = array.dtype.itemsize
+    if nbytes % itemsize or array.dtype == np.bool_ or dtypes.is_complex(array.dtype):
+        flat, itemsize = _bitcast_flat(flat, np.dtype(np.uint8)), 1
+    count = nbytes // itemsize
+    return flat[:count] if count <= flat.shape[0] else jnp.pad(flat, (0, count - flat.shape[0]))
+
+
+def check_fits(tensor: torch.Tensor, buffer: DeviceBuffer, shape: tuple[int, ...], stride: tuple[int, ...]) -> None:
+    """Raise if `tensor` (`shape`, `stride`) reaches past its storage's bytes: a storage resized smaller (FSDP2's
+    freed parameters) under a tensor still shaped for it. (CPU reads such memory unchecked.)"""
+    itemsize = tensor.element_size()
+    needed = storage_nbytes(shape, stride, itemsize)
+    if needed and needed + tensor.storage_offset() * itemsize > buffer.nbytes:
+        raise RuntimeError(
+            f"torch_tpu: a {tensor.dtype} tensor of shape {tuple(shape)} at storage offset {tensor.storage_offset()} "
+            f"needs {needed + tensor.storage_offset() * itemsize} bytes but its storage holds {buffer.nbytes} "
+            "(resized with untyped_storage().resize_); resize the storage back before using the tensor"
+        )
+
+
+def install() -> None:
+    """Route `torch.UntypedStorage.resize_` of `tpu` storages to `resize` (PyTorch asks the PrivateUse1 hooks'
+    `resizePrivateUse1Bytes`, which Python hooks cannot provide); other storages keep PyTorch's own (idempotent)."""
+    original = torch.UntypedStorage.resize_
+    if getattr(original, "_torch_tpu", False):
+        return
+
+    @functools.wraps(original)
+    def resize_(self: torch.UntypedStorage, size: int) -> torch.UntypedStorage:
+        if hasattr(self, _ATTR):
+            return resize(self, int(size))
+        return original(self, size)
+
+    resize_._torch_tpu = True
+    torch.UntypedStorage.resize_ = resize_
+
+
 def buffer_of(tensor: torch.Tensor) -> DeviceBuffer:
     """The DeviceBuffer of a `tpu` tensor."""
     try:
@@ -231,6 +305,8 @@ def read(tensor: torch.Tensor) -> jax.Array:
     if found is WHOLE_BUFFER:
         return buffer._array
     kind, jdtype, shape, stride, offset = found
+    if buffer._array is None:  # unwritten, or freed by resize_(0)
+        check_fits(tensor, buffer, shape, stride)
     if kind == RESHAPE:
         if buffer._array is None:  # unwritten: zeros in the tensor's shape, which later reads then take as is
             buffer.array = array = _zeros_of(shape, buffer.dtype)
@@ -275,6 +351,8 @@ def write(tensor: torch.Tensor, value: jax.Array) -> None:
         return
     if math.prod(shape) == 0:  # an empty view writes nothing
         return
+    if buffer._array is None:  # unwritten, or freed by resize_(0)
+        check_fits(tensor, buffer, shape, stride)
     buffer.array = _call(_scatter, (buffer.array, value), (jdtype, shape, stride, offset))
 
 

@@ -1,0 +1,23 @@
+"""FSDP2 (`fully_shard`) on tpu trains equal to one CPU process on the full batch (`workers_fsdp.py`): default
+resharding (its freed parameters' memory really released), no resharding, bfloat16 parameters with float32
+reduction, CPU offload with pinned memory, gradient accumulation, Fused eager, with no whole-device synchronisation
+per step; a Hugging Face Llama; and FSDP2 x tensor parallel on a (2, 2) mesh."""
+
+import launch
+from workers_fsdp import CONFIGS
+
+
+def test_fsdp2_on_two_ranks_every_configuration_and_llama():
+    results = launch.launch_once("workers_fsdp.two_ranks", nprocs=2, timeout=420)
+    launch.check(results)
+    for result in results:
+        for config in CONFIGS:
+            assert f"fsdp {config.name}: losses and parameters match" in result.output, result.output[-3000:]
+        assert "fsdp memory: resharding after forward frees" in result.output, result.output[-3000:]
+        assert "fsdp llama: losses and parameters match" in result.output, result.output[-3000:]
+
+
+def test_fsdp2_times_tensor_parallel_on_a_two_by_two_mesh():
+    results = launch.launch_once("workers_fsdp.four_ranks", nprocs=4, timeout=420)
+    launch.check(results)
+    assert all("fsdp 2-D (dp, tp) = (2, 2): losses and parameters match" in r.output for r in results)
