@@ -6,9 +6,9 @@ process."""
 import launch
 
 
-def test_tensor_parallel_and_simple_fsdp_compile_to_programs_with_collectives_equal_to_eager_and_one_process():
+def test_tensor_parallel_simple_fsdp_and_fsdp2_compiled_train_equal_to_eager_and_one_process():
     results = launch.launch("workers_compiled_parallel.compiled_parallel", timeout=150)
     launch.check(results)
     for result in results:
-        for name in ("tensor parallel", "simple fsdp"):
+        for name in ("tensor parallel", "simple fsdp", "fsdp2"):
             assert f"{name}: compiled and eager equal to one process" in result.output, result.output[-3000:]

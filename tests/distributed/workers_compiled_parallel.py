@@ -70,19 +70,20 @@ def _parameters(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _train(
-    model: nn.Module, rows: slice, compiled: bool, texts: list[str]
+    model: nn.Module, rows: slice, compiled: bool, texts: list[str], fullgraph: bool = True, scale: int = 1
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """3 steps on this rank's `rows` of each batch; the loss summed over ranks (each rank's loss is its rows')."""
+    """3 steps on this rank's `rows` of each batch; the loss summed over ranks (each rank's loss is its rows').
+    `scale` multiplies the loss for the backward (FSDP2 averages the ranks' gradients: `scale` = ranks)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     forward, step = model, optimizer.step
     if compiled:
         options = {"debug_callback": lambda _, text: texts.append(text)}
-        forward = torch.compile(model, backend="tpu", fullgraph=True, options=options)
+        forward = torch.compile(model, backend="tpu", fullgraph=fullgraph, options=options)
         step = torch.compile(optimizer.step, backend="tpu")
     losses = []
     for x in _batches():
         loss = forward(x[rows].to("tpu")).pow(2).sum()
-        loss.backward()
+        (loss * scale).backward()
         step()
         optimizer.zero_grad()
         losses.append(loss.detach())
@@ -151,8 +152,32 @@ def _simple_fsdp(mesh: DeviceMesh) -> nn.Module:
     return model
 
 
+def _fsdp2(mesh: DeviceMesh, rank: int, world: int) -> None:
+    """FSDP2 (`fully_shard` per layer and on the root) under torch.compile: its hooks run eager (Dynamo breaks
+    the graph around them), the layers' computation compiled; trains equal to eager FSDP2 and one process."""
+    from torch.distributed.fsdp import fully_shard
+
+    def build() -> nn.Module:
+        model = MLP().to("tpu")
+        model.load_state_dict(_initial())
+        for module in (model.up, model.down, model):
+            fully_shard(module, mesh=mesh)
+        return model
+
+    half = slice(rank * _BATCH // 2, (rank + 1) * _BATCH // 2)
+    expected = _reference()
+    eager = _train(build(), half, False, [], scale=world)
+    _check("fsdp2 eager", eager, expected)
+    texts: list[str] = []
+    compiled = _train(build(), half, True, texts, fullgraph=False, scale=world)
+    _check("fsdp2 compiled", compiled, expected)
+    _check("fsdp2 compiled against eager", compiled, eager)
+    assert texts, "fsdp2: nothing was compiled"
+    print("fsdp2: compiled and eager equal to one process", flush=True)
+
+
 def compiled_parallel() -> None:
-    """Tensor parallel (every rank the full batch) and SimpleFSDP (each rank its half), in one launch."""
+    """Tensor parallel (every rank the full batch), SimpleFSDP and FSDP2 (each rank its half), in one launch."""
     dist.init_process_group("tpu", timeout=_TIMEOUT)
     rank = dist.get_rank()
     mesh = init_device_mesh("tpu", (dist.get_world_size(),))
@@ -160,6 +185,7 @@ def compiled_parallel() -> None:
     _compare("tensor parallel", lambda: _tensor_parallel(mesh), slice(None), {0: ["all_reduce"], 1: []})
     half = slice(rank * _BATCH // 2, (rank + 1) * _BATCH // 2)
     _compare("simple fsdp", lambda: _simple_fsdp(mesh), half, {0: ["all_gather"], 1: ["reduce_scatter"]})
+    _fsdp2(mesh, rank, dist.get_world_size())
     dist.barrier()
     print("compiled parallel checks passed", os.environ["RANK"], flush=True)
     dist.destroy_process_group()

@@ -85,9 +85,9 @@ class CompiledGraph:
             executable, from_disk = warm.executable(
                 self.gm, self.fn.sizes, [key, *inputs], lower, usable=self.debug_callback is None
             )
-        else:  # its ranks agree first; a program over several processes' devices is compiled in each, never stored
+        else:  # its ranks agree first, then each lowers it (which records its 0-d outputs) and compiles or loads it
             self.spmd.agree(self.name, inputs)
-            executable, from_disk = lower().compile(precision.compiler_options()), False
+            executable, from_disk = cache.compile_lowered(lower(), self.spmd.devices)
         outputs = jax.block_until_ready(self._run(executable, key, inputs))
         entry = Entry(
             self.name,

@@ -13,7 +13,6 @@ caller promises every rank records the same ops, and Fused mode then records col
 
 from __future__ import annotations
 
-import functools
 import threading
 from typing import Any
 
@@ -35,9 +34,9 @@ def group_name(group: Any) -> str:
     return group if isinstance(group, str) else dist.ProcessGroup.unbox(group).group_name
 
 
-@functools.cache
 def group_ranks(name: str) -> tuple[int, ...]:
-    """The global ranks of the group called `name`, in group-rank order (a group's name never changes)."""
+    """The global ranks of the group called `name` now, in group-rank order: resolved at each call (two lookups),
+    since a name is reused by the next job's groups after `destroy_process_group()` and a new one."""
     return tuple(dist.get_process_group_ranks(dist.distributed_c10d._resolve_process_group(name)))
 
 

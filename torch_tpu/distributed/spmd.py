@@ -28,9 +28,8 @@ from jax._src.lax.lax import _convert_element_type
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from torch_tpu import precision
 from torch_tpu.distributed import collectives, functional
-from torch_tpu.runtime import platform
+from torch_tpu.runtime import persistent, platform
 
 _KEY = "tpu_dist/spmd/{ranks}/{sequence}/{rank}"
 # Per group (its ranks): how many programs over it this process has agreed on; every rank counts alike.
@@ -56,6 +55,7 @@ class Program:
     def __init__(self, ranks: tuple[int, ...]) -> None:
         self.ranks = ranks
         self.mesh = collectives.mesh(ranks)
+        self.devices = list(self.mesh.devices.flat)  # the program's device assignment, in group-rank order
         self.sharding = NamedSharding(self.mesh, P(collectives.AXIS))
 
     def _mapped(self, fn: Callable, values: Sequence[Any], scalars: list[bool]) -> tuple[Callable, list[int]]:
@@ -111,7 +111,7 @@ class Program:
         text = lowered.as_text()
         found = [f"{name} x{text.count(name)}" for name in _HLO_COLLECTIVES if name in text]
         agree(self.ranks, "a fused cluster", hashlib.sha256(text.encode()).hexdigest()[:16], found)
-        executable = lowered.compile(precision.compiler_options())
+        executable, _ = persistent.compile_lowered(lowered, self.devices)
         return lambda *values: self._call(executable, _arrays(values), scalars)
 
     def _call(self, executable: Callable, values: Sequence[Any], scalars: list[bool]) -> Any:
