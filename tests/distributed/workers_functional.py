@@ -237,8 +237,24 @@ def _fused_handshake_checks(rank: int) -> None:
     assert "a fused cluster" in message and "stablehlo.all_reduce x1" in message, message
 
 
+def _uneven_checks(rank: int) -> None:
+    """A compiled uneven all_to_all_single (each rank its own splits, so its own graph) is a clear error on every
+    rank before the handshake, which would otherwise report two fingerprints."""
+    splits = [[1, 3], [2, 2]][rank]
+    outputs = [[1, 2], [3, 2]][rank]
+    fn = torch.compile(lambda t: funcol.all_to_all_single(t, outputs, splits, dist.group.WORLD), backend="tpu")
+    try:
+        fn(torch.ones(4, 2, device="tpu"))
+    except Exception as error:  # Dynamo wraps the backend's error
+        assert "only even splits over 2 ranks are supported" in str(error), error
+        assert f"input splits {splits} and output splits {outputs}" in str(error), error
+    else:
+        raise AssertionError("a compiled uneven all_to_all_single did not raise")
+
+
 def handshake() -> None:
     dist.init_process_group("tpu", timeout=_TIMEOUT)
+    _uneven_checks(dist.get_rank())
     _handshake_checks(dist.get_rank())
     _fused_handshake_checks(dist.get_rank())
     dist.barrier()

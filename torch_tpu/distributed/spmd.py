@@ -192,6 +192,12 @@ def plan(gm: torch.fx.GraphModule) -> GraphProgram | None:
             f"of one graph must be over the same group (split the graph, e.g. with torch._dynamo.graph_break())"
         )
     (ranks,) = spanning
+    for node in nodes:  # before the handshake, whose fingerprints would differ first
+        if node.target is functional.ops.all_to_all_single.default:
+            shape = tuple(node.args[0].meta["val"].shape)
+            problem = functional.uneven_splits(shape, node.args[1], node.args[2], len(ranks))
+            if problem is not None:
+                raise NotImplementedError(problem)
     if dist.get_rank() not in ranks:
         raise RuntimeError(f"torch_tpu: rank {dist.get_rank()} runs a graph with collectives over ranks {ranks}")
     return GraphProgram(ranks, gm, nodes)
