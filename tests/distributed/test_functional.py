@@ -20,3 +20,14 @@ def test_ranks_compiling_different_graphs_or_clusters_fail_on_every_rank_naming_
 
 def test_compiled_collectives_over_subgroups_of_four_ranks_run_on_each_groups_mesh():
     launch.check(launch.launch("workers_functional.subgroups", nprocs=4, timeout=120))
+
+
+def test_compiled_spmd_programs_persist_and_a_second_job_loads_them(tmp_path):
+    cache = {"TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": str(tmp_path)}
+    runs = [launch.launch("workers_functional.persisted", timeout=90, env=cache) for _ in range(2)]
+    for results, expected in zip(
+        runs, ("spmd graph compiled cluster compiled", "spmd graph disk cluster disk"), strict=True
+    ):
+        launch.check(results)
+        for result in results:
+            assert expected in result.output.splitlines(), result.output[-3000:]

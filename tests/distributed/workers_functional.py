@@ -162,6 +162,18 @@ def _group_checks(rank: int, world: int) -> None:
     _equal(fn(x.to("tpu")), x * 2, "compiled collectives over a one-rank group")
 
 
+def _reused_name_checks(rank: int, world: int) -> None:
+    """After `destroy_process_group()` and a new job, group names start again: the first new group is called
+    what `_group_checks`' group of every rank was, and is now this rank's group of one (the ranks resolve anew)."""
+    from torch_tpu.distributed import functional
+
+    alone = [dist.new_group([r]) for r in range(world)][rank]
+    assert functional.group_ranks(alone.group_name) == (rank,), (alone.group_name, functional.group_ranks)
+    x = _input(rank, (4,), torch.float32)
+    fn = torch.compile(lambda t: funcol.all_reduce(t, "sum", alone) * 3, backend="tpu", fullgraph=True)
+    _equal(fn(x.to("tpu")), x * 3, "compiled all_reduce over a group of one under a reused name")
+
+
 def functional() -> None:
     """Every check of this module that expects no error, in one launch."""
     dist.init_process_group("tpu", timeout=_TIMEOUT)
@@ -169,6 +181,10 @@ def functional() -> None:
     _compiled_checks(rank, world)
     _group_checks(rank, world)
     _eager_checks(rank, world)
+    dist.barrier()
+    dist.destroy_process_group()
+    dist.init_process_group("tpu", timeout=_TIMEOUT)
+    _reused_name_checks(rank, world)
     dist.barrier()
     print("functional checks passed", os.environ["RANK"], flush=True)
     dist.destroy_process_group()
@@ -221,8 +237,24 @@ def _fused_handshake_checks(rank: int) -> None:
     assert "a fused cluster" in message and "stablehlo.all_reduce x1" in message, message
 
 
+def _uneven_checks(rank: int) -> None:
+    """A compiled uneven all_to_all_single (each rank its own splits, so its own graph) is a clear error on every
+    rank before the handshake, which would otherwise report two fingerprints."""
+    splits = [[1, 3], [2, 2]][rank]
+    outputs = [[1, 2], [3, 2]][rank]
+    fn = torch.compile(lambda t: funcol.all_to_all_single(t, outputs, splits, dist.group.WORLD), backend="tpu")
+    try:
+        fn(torch.ones(4, 2, device="tpu"))
+    except Exception as error:  # Dynamo wraps the backend's error
+        assert "only even splits over 2 ranks are supported" in str(error), error
+        assert f"input splits {splits} and output splits {outputs}" in str(error), error
+    else:
+        raise AssertionError("a compiled uneven all_to_all_single did not raise")
+
+
 def handshake() -> None:
     dist.init_process_group("tpu", timeout=_TIMEOUT)
+    _uneven_checks(dist.get_rank())
     _handshake_checks(dist.get_rank())
     _fused_handshake_checks(dist.get_rank())
     dist.barrier()
@@ -255,5 +287,35 @@ def subgroups() -> None:
         assert "every collective of one graph must be over the same group" in str(error), error
     else:
         raise AssertionError("a graph over two groups did not raise")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def persisted() -> None:
+    """A compiled graph with collectives and a Fused spmd_safe cluster; prints where each executable came from
+    (the test runs this twice over one persistent cache: the second job loads both from disk)."""
+    from torch_tpu.runtime import persistent
+
+    dist.init_process_group("tpu", timeout=_TIMEOUT)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    xs = [_input(r, (2, 3), torch.float64) for r in range(world)]
+    step = torch.compile(
+        lambda t: funcol.all_gather_tensor(funcol.all_reduce(t, "sum", dist.group.WORLD) * 2, 0, dist.group.WORLD),
+        backend="tpu",
+        fullgraph=True,
+        options={"name": "persisted"},
+    )
+    _equal(step(xs[rank].to("tpu")), torch.cat([sum(xs[1:], xs[0]) * 2] * world), "compiled graph")
+    (graph,) = [
+        e["source"] for e in torch.tpu._get_cache_stats()["per_entry_stats"] if e["name"].startswith("persisted:")
+    ]
+    x = xs[rank].to("tpu")
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        total = torch.tpu.distributed.spmd_safe(lambda t: funcol.all_reduce(t * 3, "max", dist.group.WORLD))
+        hits, misses = persistent.stats.hits, persistent.stats.misses
+        result = total(x).cpu()
+        loaded = persistent.stats.hits > hits and persistent.stats.misses == misses
+    _equal(result, torch.stack(xs).amax(0) * 3, "fused cluster")
+    print(f"spmd graph {graph} cluster {'disk' if loaded else 'compiled'}", flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -51,6 +51,7 @@ class CompiledGraph:
         self.bucket_options = bucket_options
         self.buckets: list[tuple[int, ...]] = []
         self.fn, self.mutations = graph.to_jax(gm)
+        self.opaque = set(graph.opaque_inputs(gm))
         self.spmd = spmd_plan(gm) if spmd_plan is not None else None
         output_node = next(n for n in gm.graph.nodes if n.op == "output")
         self.host_outputs = [
@@ -84,9 +85,9 @@ class CompiledGraph:
             executable, from_disk = warm.executable(
                 self.gm, self.fn.sizes, [key, *inputs], lower, usable=self.debug_callback is None
             )
-        else:  # its ranks agree first; a program over several processes' devices is compiled in each, never stored
+        else:  # its ranks agree first, then each lowers it (which records its 0-d outputs) and compiles or loads it
             self.spmd.agree(self.name, inputs)
-            executable, from_disk = lower().compile(precision.compiler_options()), False
+            executable, from_disk = cache.compile_lowered(lower(), self.spmd.devices)
         outputs = jax.block_until_ready(self._run(executable, key, inputs))
         entry = Entry(
             self.name,
@@ -106,7 +107,8 @@ class CompiledGraph:
         fused.flush()  # a compiled graph runs on computed values
         return [
             (storage.value(a) if a.device.type == "tpu" else storage.to_device(a)) if isinstance(a, torch.Tensor) else a
-            for a in args
+            for i, a in enumerate(args)
+            if i not in self.opaque
         ]
 
     def __call__(self, *args: Any) -> list[Any]:
@@ -131,6 +133,8 @@ class CompiledGraph:
                 outputs[position] = size
         else:
             outputs = self.plan.finish(outputs, self.mutations, real)
+        for position, index in self.fn.passthrough.items():
+            outputs[position] = args[index]
         for index, position in self.mutations:
             target = args[index]
             if target.device.type == "tpu":

@@ -149,10 +149,16 @@ def to_jax(gm: torch.fx.GraphModule) -> tuple[Callable[..., Any], list[tuple[int
 
     Outputs that are sizes (Python ints, known while tracing) come back as None; tracing records them in
     `fn.sizes[static size inputs][position]`.
+
+    Opaque inputs (`opaque_inputs`: a DTensor's DeviceMesh, which AOTAutograd passes beside its local tensor)
+    are not arguments of `fn`: no op reads them, and an output that is one comes back as None, its input index
+    in `fn.passthrough[position]`.
     """
     check_supported(gm)
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
+    opaque = set(opaque_inputs(gm))
+    arguments = [p for i, p in enumerate(placeholders) if i not in opaque]
     copies = [n for n in nodes if n.op == "call_function" and n.target is aten.copy_.default]
     mutated = list(dict.fromkeys(n.args[0] for n in copies))
     output_node = next(n for n in nodes if n.op == "output")
@@ -160,7 +166,8 @@ def to_jax(gm: torch.fx.GraphModule) -> tuple[Callable[..., Any], list[tuple[int
     mutations = [(placeholders.index(p), n_outputs + i) for i, p in enumerate(mutated)]
 
     def fn(key: jax.Array, *inputs: Any) -> tuple:
-        env: dict[torch.fx.Node, Any] = dict(zip(placeholders, inputs, strict=True))
+        env: dict[torch.fx.Node, Any] = dict(zip(arguments, inputs, strict=True))
+        env.update((placeholders[i], None) for i in opaque)
         written: dict[torch.fx.Node, Any] = {}
         draws = 0
         for node in nodes:
@@ -198,7 +205,23 @@ def to_jax(gm: torch.fx.GraphModule) -> tuple[Callable[..., Any], list[tuple[int
         return tuple(None if isinstance(value, int) else value for value in outputs)
 
     fn.sizes = {}
+    fn.passthrough = {
+        position: placeholders.index(node)
+        for position, node in enumerate(output_node.args[0])
+        if isinstance(node, torch.fx.Node) and node.op == "placeholder" and placeholders.index(node) in opaque
+    }
     return checks.collecting(fn), mutations  # device-side checks: a `Checked` output (`checks.take` unpacks)
+
+
+def opaque_inputs(gm: torch.fx.GraphModule) -> list[int]:
+    """The positions of the graph's inputs that are opaque objects (neither tensors nor numbers)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return [
+        i
+        for i, node in enumerate(placeholders)
+        if not isinstance(node.meta.get("val"), (torch.Tensor, torch.SymInt, torch.SymFloat, int, float, bool))
+        and "val" in node.meta
+    ]
 
 
 def _key(data: jax.Array) -> jax.Array:

@@ -12,6 +12,10 @@
    `torch._inductor.config.unsafe_marked_cacheable_functions`, PyTorch's registration of functions known to be
    cacheable, names them.
 
+3. Functions of ours that Dynamo meets in user code and must trace rather than break the graph on (`_TRACED`):
+   Fused mode's optimizer step hooks (`eager.fused._step_boundary`, run by every `optimizer.step()`) do nothing
+   under compilation, and a skipped frame would split every compiled optimizer step in two graphs.
+
 Importing Dynamo or Inductor's config costs seconds, so torch_tpu imports neither: `install()` registers at once
 with a module already loaded, else when it is (a one-shot post-import hook, removed once it has run).
 """
@@ -30,6 +34,7 @@ from collections.abc import Callable
 import torch
 
 _SKIPPED = ("torch_tpu", "jax", "jaxlib", "ml_dtypes", "opt_einsum")
+_TRACED = ("torch_tpu.eager.fused._step_boundary",)
 _TRACE_RULES = "torch._dynamo.trace_rules"
 _INDUCTOR_CONFIG = "torch._inductor.config"
 
@@ -37,6 +42,12 @@ _INDUCTOR_CONFIG = "torch._inductor.config"
 def _add_skips(trace_rules: types.ModuleType) -> None:
     for module in _SKIPPED:
         trace_rules.add(module)
+    from torch._dynamo.variables import UserFunctionVariable
+
+    trace_rules.manual_torch_name_rule_map.update(dict.fromkeys(_TRACED, UserFunctionVariable))
+    if trace_rules.get_torch_obj_rule_map.cache_info().currsize:  # the rules were read already
+        rules = trace_rules.get_torch_obj_rule_map()
+        rules.update(dict.fromkeys(map(trace_rules.load_object, _TRACED), UserFunctionVariable))
 
 
 def _cacheable_factories() -> dict[str, str]:

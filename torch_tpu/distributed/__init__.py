@@ -9,6 +9,7 @@ touched until a group is created. This package is also `torch.tpu.distributed`, 
 import sys
 
 from torch_tpu.distributed import functional_eager as _functional_eager
+from torch_tpu.distributed import point_to_point as _point_to_point
 from torch_tpu.distributed import process_group as _process_group
 from torch_tpu.distributed import spmd as _spmd
 from torch_tpu.distributed import torch_patches as _torch_patches
@@ -21,13 +22,14 @@ __all__ = ["set_tpu_launch_env", "spmd_safe", "topology_aware_mesh"]
 
 def _register() -> None:
     """Register the backend with torch.distributed, adapt torch's DDP and DeviceMesh, install the functional
-    collectives' eager kernels and the hook that makes compiled graphs with collectives run SPMD; this package
-    becomes `torch.tpu.distributed`."""
+    collectives' eager kernels, the order of batched send/recv, and the hook that makes compiled graphs with
+    collectives run SPMD; this package becomes `torch.tpu.distributed`."""
     from torch_tpu import tpu
 
     _process_group.register()
     _torch_patches.install()
     _functional_eager.install()
+    _point_to_point.install()
     _spmd.install()
     tpu.distributed = sys.modules[__name__]
     sys.modules["torch.tpu.distributed"] = sys.modules[__name__]

@@ -13,7 +13,6 @@ caller promises every rank records the same ops, and Fused mode then records col
 
 from __future__ import annotations
 
-import functools
 import threading
 from typing import Any
 
@@ -35,9 +34,9 @@ def group_name(group: Any) -> str:
     return group if isinstance(group, str) else dist.ProcessGroup.unbox(group).group_name
 
 
-@functools.cache
 def group_ranks(name: str) -> tuple[int, ...]:
-    """The global ranks of the group called `name`, in group-rank order (a group's name never changes)."""
+    """The global ranks of the group called `name` now, in group-rank order: resolved at each call (two lookups),
+    since a name is reused by the next job's groups after `destroy_process_group()` and a new one."""
     return tuple(dist.get_process_group_ranks(dist.distributed_c10d._resolve_process_group(name)))
 
 
@@ -138,6 +137,23 @@ def reduce_scatter_tensor_coalesced(
     return [reduce_scatter_tensor(x, reduce_op, group_size, group) for x in inputs]
 
 
+def uneven_splits(shape: tuple[int, ...], output_split_sizes: Any, input_split_sizes: Any, size: int) -> str | None:
+    """Why an all_to_all_single of an input of `shape` cannot be in a compiled program (None: it can). Uneven
+    splits are each rank's own compile-time sizes (and in general its own shapes), so ranks would compile
+    different programs where one SPMD program is needed; eager runs them (torch's kernel)."""
+    rows = shape[0] // size if shape else 0
+    even = [rows] * size
+    uneven = not shape or shape[0] % size or list(input_split_sizes or even) != even
+    if not uneven and list(output_split_sizes or even) == even:
+        return None
+    return (
+        f"torch_tpu: all_to_all_single with input splits {list(input_split_sizes or [])} and output splits "
+        f"{list(output_split_sizes or [])} of dim 0 ({list(shape[:1])}) in a compiled program: only even splits "
+        f"over {size} ranks are supported (uneven splits differ per rank, and all ranks run one SPMD program); "
+        "run this call eagerly, e.g. in a function under torch.compiler.disable"
+    )
+
+
 @lower_in_graphs(ops.all_to_all_single.default)
 def all_to_all_single(
     input: jax.Array,  # noqa: A002
@@ -145,20 +161,11 @@ def all_to_all_single(
     input_split_sizes: list[int],
     group: Any,
 ) -> jax.Array:
-    """Block j of dim 0 goes to rank j; blocks must be even (uneven splits need every rank's sizes)."""
+    """Block j of dim 0 goes to rank j; blocks must be even (`uneven_splits`)."""
     size = _size(group, "all_to_all_single")
-    rows = input.shape[0] // size if input.ndim else 0
-    even = [rows] * size
-    if input.ndim == 0 or input.shape[0] % size or list(input_split_sizes or even) != even:
-        raise NotImplementedError(
-            f"torch_tpu: all_to_all_single with splits {list(input_split_sizes)} of dim 0 "
-            f"({input.shape[:1]}) in a compiled program: only even splits over {size} ranks are supported"
-        )
-    if list(output_split_sizes or even) != even:
-        raise NotImplementedError(
-            f"torch_tpu: all_to_all_single with output splits {list(output_split_sizes)} in a compiled program: "
-            f"only even splits over {size} ranks are supported"
-        )
+    problem = uneven_splits(tuple(input.shape), output_split_sizes, input_split_sizes, size)
+    if problem is not None:
+        raise NotImplementedError(problem)
     if size == 1:
         return input
     return jax.lax.all_to_all(input, AXIS, split_axis=0, concat_axis=0, tiled=True)

@@ -119,3 +119,35 @@ def _mismatch(state: Group, headers: np.ndarray) -> str:
         f"tpu_dist: {what}: {', '.join(parts)} (every rank of a group must make the same collective calls in the "
         "same order, with the same shapes, dtypes and ops; nothing was written)"
     )
+
+
+# The gloo tag of the pair check's messages (apart from any tag a user's own gloo send/recv may use).
+_PAIR_TAG = 0x7470
+
+
+def agree_pair(state: Group, peer: int, kind: str, transfer: str) -> None:
+    """Check that this rank's point-to-point call (`kind`: "send" or "recv") and the call its peer (group rank
+    `peer`) makes now are the two ends of one `transfer` ("float32[4] from rank 0 to rank 1"); raise on both if
+    not (both sending, a different shape or dtype, another peer), before anything moves. The two exchange their
+    descriptions over the group's gloo backend, a send and a receive each, so the order cannot deadlock."""
+    mine = f"{kind} {transfer}".encode()[:HEADER]
+    sent = torch.zeros(HEADER, dtype=torch.uint8)
+    sent[: len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+    received = torch.zeros(HEADER, dtype=torch.uint8)
+    try:
+        works = [state.gloo.send([sent], peer, _PAIR_TAG), state.gloo.recv([received], peer, _PAIR_TAG)]
+        for work in works:
+            work.wait()
+    except RuntimeError as error:
+        raise RuntimeError(
+            f"tpu_dist: {kind} {transfer} failed while waiting for rank {state.ranks[peer]} to make the other end "
+            f"of it: {error}"
+        ) from error
+    theirs = bytes(received.numpy()).rstrip(b"\0").decode(errors="replace")
+    their_kind, _, their_transfer = theirs.partition(" ")
+    if their_transfer != transfer or {kind, their_kind} != {"send", "recv"}:
+        raise RuntimeError(
+            f"tpu_dist: send/recv mismatch: rank {state.ranks[state.rank]} makes {kind} {transfer}, its peer rank "
+            f"{state.ranks[peer]} makes {theirs} (a send must meet a recv of the same dtype and shape between the "
+            "same ranks; nothing was sent)"
+        )

@@ -374,9 +374,13 @@ def scatter_(output_tensors, input_tensors, process_group, root_rank, async_op=T
 
 def _point_to_point(tensor: torch.Tensor, process_group: Any, src: int, dst: int) -> jax.Array:
     """The program both ends run: a two-rank mesh (in global-rank order) that moves src's tensor to dst."""
-    ranks = _ranks(process_group)
+    state = _state(process_group)
+    ranks = state.ranks
     pair = tuple(sorted((ranks[src], ranks[dst])))
-    name = "send" if ranks[src] == _state(process_group).rank else "recv"
+    name = "send" if src == state.rank else "recv"
+    if handshake.enabled:
+        transfer = f"{_describe(tensor)} from rank {ranks[src]} to rank {ranks[dst]}"
+        handshake.agree_pair(state, dst if name == "send" else src, name, transfer)
     program = functools.partial(collectives.run, "send", pair, root=pair.index(ranks[src]))
     return watchdog.guarded(name, pair, program, _read(tensor))
 

@@ -28,9 +28,8 @@ from jax._src.lax.lax import _convert_element_type
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from torch_tpu import precision
 from torch_tpu.distributed import collectives, functional
-from torch_tpu.runtime import platform
+from torch_tpu.runtime import persistent, platform
 
 _KEY = "tpu_dist/spmd/{ranks}/{sequence}/{rank}"
 # Per group (its ranks): how many programs over it this process has agreed on; every rank counts alike.
@@ -56,6 +55,7 @@ class Program:
     def __init__(self, ranks: tuple[int, ...]) -> None:
         self.ranks = ranks
         self.mesh = collectives.mesh(ranks)
+        self.devices = list(self.mesh.devices.flat)  # the program's device assignment, in group-rank order
         self.sharding = NamedSharding(self.mesh, P(collectives.AXIS))
 
     def _mapped(self, fn: Callable, values: Sequence[Any], scalars: list[bool]) -> tuple[Callable, list[int]]:
@@ -111,7 +111,7 @@ class Program:
         text = lowered.as_text()
         found = [f"{name} x{text.count(name)}" for name in _HLO_COLLECTIVES if name in text]
         agree(self.ranks, "a fused cluster", hashlib.sha256(text.encode()).hexdigest()[:16], found)
-        executable = lowered.compile(precision.compiler_options())
+        executable, _ = persistent.compile_lowered(lowered, self.devices)
         return lambda *values: self._call(executable, _arrays(values), scalars)
 
     def _call(self, executable: Callable, values: Sequence[Any], scalars: list[bool]) -> Any:
@@ -192,6 +192,12 @@ def plan(gm: torch.fx.GraphModule) -> GraphProgram | None:
             f"of one graph must be over the same group (split the graph, e.g. with torch._dynamo.graph_break())"
         )
     (ranks,) = spanning
+    for node in nodes:  # before the handshake, whose fingerprints would differ first
+        if node.target is functional.ops.all_to_all_single.default:
+            shape = tuple(node.args[0].meta["val"].shape)
+            problem = functional.uneven_splits(shape, node.args[1], node.args[2], len(ranks))
+            if problem is not None:
+                raise NotImplementedError(problem)
     if dist.get_rank() not in ranks:
         raise RuntimeError(f"torch_tpu: rank {dist.get_rank()} runs a graph with collectives over ranks {ranks}")
     return GraphProgram(ranks, gm, nodes)

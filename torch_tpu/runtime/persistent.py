@@ -27,7 +27,7 @@ import sys
 import tempfile
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib.metadata import version
 from typing import Any
 
@@ -187,16 +187,19 @@ def _verified_body(data: bytes) -> bytes:
     return body
 
 
-def _deserialize(payload: tuple) -> Any:
-    # Onto this process's device only: by default it is loaded onto every device of the job.
-    compiled = serialize_executable.deserialize_and_load(*payload, execution_devices=[platform.device()])
+def _deserialize(payload: tuple, devices: Sequence[Any] | None = None) -> Any:
+    # Onto this process's device only (by default it is loaded onto every device of the job), or an SPMD
+    # program's devices.
+    execution_devices = list(devices) if devices is not None else [platform.device()]
+    compiled = serialize_executable.deserialize_and_load(*payload, execution_devices=execution_devices)
     _footprints[compiled] = len(payload[0])
     return compiled
 
 
-def load(key: str) -> Any | None:
-    """The executable stored under the program key `key`, or None."""
-    return read_entry(_path(key), _deserialize)
+def load(key: str, devices: Sequence[Any] | None = None) -> Any | None:
+    """The executable stored under the program key `key` (loaded onto `devices`, default this process's
+    device), or None."""
+    return read_entry(_path(key), lambda payload: _deserialize(payload, devices))
 
 
 def _store(key: str, compiled: Any) -> None:
@@ -230,23 +233,28 @@ def footprint(executable: Any) -> int:
         return DEFAULT_FOOTPRINT
 
 
-def compile_lowered(lowered: jax.stages.Lowered) -> tuple[Any, bool]:
-    """The executable of `lowered`, from disk if present (and then True), else compiled and stored."""
-    compiled, from_disk, _ = compile_keyed(lowered)
+def compile_lowered(lowered: jax.stages.Lowered, devices: Sequence[Any] | None = None) -> tuple[Any, bool]:
+    """The executable of `lowered`, from disk if present (and then True), else compiled and stored. `devices`:
+    an SPMD program's devices, in its mesh's order (default: the program runs on this process's device)."""
+    compiled, from_disk, _ = compile_keyed(lowered, devices)
     return compiled, from_disk
 
 
-def compile_keyed(lowered: jax.stages.Lowered) -> tuple[Any, bool, str | None]:
+def compile_keyed(lowered: jax.stages.Lowered, devices: Sequence[Any] | None = None) -> tuple[Any, bool, str | None]:
     """`compile_lowered`, and the program key the executable is stored under (None with the tier off), which
-    `compile.warm` records so that a later process can load the executable without lowering again."""
+    `compile.warm` records so that a later process can load the executable without lowering again.
+
+    An SPMD program's executable is bound to its device assignment, which its StableHLO does not name (only the
+    device count): the key holds the ids of `devices`, besides the process count and this process's device."""
     options = precision.compiler_options()
     if not enabled():
         return lowered.compile(options), False, None
     # The signature too: jax.jit drops unused arguments, so two calling conventions can share one StableHLO.
     signature = f"{lowered.in_tree}\n{lowered.args_info}\n{lowered.out_tree}"
-    text = f"{environment()}\n{sorted(options.items())}\n{signature}\n{lowered.as_text()}"
+    assignment = "" if devices is None else f"devices={[device.id for device in devices]}\n"
+    text = f"{environment()}\n{assignment}{sorted(options.items())}\n{signature}\n{lowered.as_text()}"
     key = hashlib.sha256(text.encode()).hexdigest()
-    compiled = load(key)
+    compiled = load(key, devices)
     if compiled is not None:
         stats.hits += 1
         return compiled, True, key
