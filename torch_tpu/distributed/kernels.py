@@ -76,8 +76,13 @@ def _check(
 
 
 def _done(result: Any) -> Any:
+    """A completed Work whose future holds the call's outputs as one list of tensors, as gloo's and NCCL's do."""
+    if isinstance(result, torch.Tensor):
+        values = [result]
+    else:
+        values = [tensor for item in result for tensor in (item if isinstance(item, (list, tuple)) else [item])]
     future = torch.futures.Future()
-    future.set_result(result)
+    future.set_result(values)
     return _create_work_from_future(future).boxed()
 
 
@@ -234,6 +239,11 @@ def allgather_(output_tensors, input_tensors, process_group, async_op=True, time
         for index, output in enumerate(outputs):
             storage.write(output, gathered[index])
     return output_tensors, _done(output_tensors)
+
+
+def allgather_coalesced_(output_lists, input_list, process_group, async_op=True):  # noqa: ANN001, ANN201
+    allgather_(output_lists, input_list, process_group)
+    return _done(output_lists)
 
 
 def _allgather_base_(output_tensor, input_tensor, process_group, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
@@ -427,6 +437,7 @@ _NAMES = {
     "allreduce_coalesced_": "all_reduce_coalesced",
     "broadcast_": "broadcast",
     "allgather_": "all_gather",
+    "allgather_coalesced_": "all_gather_coalesced",
     "_allgather_base_": "all_gather_into_tensor",
     "allgather_into_tensor_coalesced_": "all_gather_into_tensor_coalesced",
     "_reduce_scatter_base_": "reduce_scatter_tensor",
@@ -463,6 +474,7 @@ _KERNELS = (
     allreduce_coalesced_,
     broadcast_,
     allgather_,
+    allgather_coalesced_,
     _allgather_base_,
     allgather_into_tensor_coalesced_,
     _reduce_scatter_base_,
@@ -507,6 +519,7 @@ def install() -> None:
     global _library
     if _library is not None:
         return
+    watchdog.guard_api()
     for name in _REDUCING:
         method = getattr(dist.ProcessGroup, name)
         if not getattr(method, "_tpu_dist", False):
