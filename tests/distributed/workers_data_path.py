@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,17 @@ def _all_reduce_values(rank: int, world: int) -> None:
             tensor = values[rank].to("tpu")
             dist.all_reduce(tensor, op=op)
             _equal(tensor, _reference(op, values), f"all_reduce {op} int32{list(shape)}")
+
+
+def _overflow_is_silent(rank: int, world: int) -> None:
+    """A float32 sum past its range is inf, as PyTorch's, without a NumPy RuntimeWarning (carrier and rows)."""
+    for shape in ((1,), (2,)):
+        values = [torch.full(shape, 3e38) for _ in range(world)]
+        tensor = values[rank].to("tpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            dist.all_reduce(tensor)
+        _equal(tensor, _reference(dist.ReduceOp.SUM, values), f"all_reduce past float32's range {list(shape)}")
 
 
 def _in_place_is_safe(rank: int, world: int) -> None:
@@ -141,11 +153,14 @@ def _premul_sum(rank: int, world: int) -> None:
 def _unchecked(rank: int, world: int) -> None:
     handshake.enabled = False
     try:
-        for shape in ((4,), _LARGE):
+        for shape in ((1,), (4,), _LARGE):  # the carrier alone, gloo in place
             values = [_integral(r, shape, torch.float32) for r in range(world)]
             tensor = values[rank].to("tpu")
             dist.all_reduce(tensor)
             _equal(tensor, _reference(dist.ReduceOp.SUM, values), f"unchecked all_reduce {list(shape)}")
+        tensor = torch.tensor([rank - 0.5], device="tpu")
+        dist.broadcast(tensor, src=world - 1)
+        _equal(tensor, torch.tensor([world - 1.5]), "unchecked broadcast of one element")
     finally:
         handshake.enabled = True
 
@@ -156,6 +171,7 @@ def exact() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     assert host.available(), "the CPU platform's host route is off"
     _all_reduce_values(rank, world)
+    _overflow_is_silent(rank, world)
     _in_place_is_safe(rank, world)
     _rooted_values(rank, world)
     _premul_sum(rank, world)

@@ -123,7 +123,7 @@ def agree(state: Group, description: str, carrier: Carrier | None = None) -> Non
         raise RuntimeError(_mismatch(state, _descriptions(state, description, text)))
 
 
-def run(state: Group, carrier: Carrier, description: str) -> None:
+def carry(state: Group, carrier: Carrier, description: str) -> None:
     """`carrier` alone, as the unchecked call's data exchange."""
     try:
         state.gloo.allreduce([carrier.tensor], carrier.options).wait()

@@ -166,7 +166,8 @@ def carrier(tensor: torch.Tensor, op: str, factor: float | None) -> handshake.Ca
     value = _rows(data(tensor)[None], tensor)[0]
     if op == "premul_sum":
         compute = np.dtype(np.float32) if value.dtype.itemsize == 2 else value.dtype
-        value = (value.astype(compute) * compute.type(factor)).astype(value.dtype)
+        with np.errstate(over="ignore"):
+            value = (value.astype(compute) * compute.type(factor)).astype(value.dtype)
     wide = np.float64 if tensor.dtype.is_floating_point else np.int64
     return handshake.Carrier(torch.from_numpy(value.astype(wide)), _CARRIER_OPTIONS[op])
 
@@ -179,9 +180,10 @@ def from_carrier(tensor: torch.Tensor, owned: jax.Array | None, carried: handsha
         return
     dtype = np.dtype(dtypes.to_jax(tensor.dtype))
     compute = np.dtype(np.float32) if tensor.dtype in (torch.float16, torch.bfloat16) else dtype
-    result = wide.astype(compute).astype(dtype)
-    if op == "avg":  # in the dtype, as PyTorch divides (16-bit floats in float32)
-        result = (result.astype(compute) / compute.type(size)).astype(dtype)
+    with np.errstate(over="ignore"):  # overflow to inf, as PyTorch's casts, without NumPy's warning
+        result = wide.astype(compute).astype(dtype)
+        if op == "avg":  # in the dtype, as PyTorch divides (16-bit floats in float32)
+            result = (result.astype(compute) / compute.type(size)).astype(dtype)
     _store(tensor, owned, result)
 
 

@@ -68,7 +68,7 @@ def _check(
     """
     if not handshake.enabled:
         if carrier is not None:
-            handshake.run(state, carrier, description)
+            handshake.carry(state, carrier, description)
         return
     if handshake.detail():
         description += f" | tensors {', '.join(map(_describe, tensors))} | ranks {list(state.ranks)}"
