@@ -119,6 +119,33 @@ def test_a_hung_rank_times_the_collective_out_naming_it_and_the_absent_rank():
     assert 9 <= elapsed < 10 + 20, report
 
 
+def test_a_rank_killed_in_a_barrier_is_named_as_in_a_tpu_collective():
+    """A barrier goes to gloo directly, not through the tpu kernels: the same error, naming it and the rank."""
+    results, end = _launch("killed", 2, TPU_DIST_DRILL_VICTIM="1", TPU_DIST_DRILL_OP="barrier")
+    report = _report("killed in a barrier", results)
+    elapsed = _since_fault(results[1].output, end)
+    print(f"killed rank 1 of 2 in a barrier loop (launch): the job ended {elapsed:.1f} s after the kill")
+    assert results[1].returncode == -9 and results[0].returncode not in (0, None), report
+    expected = "tpu_dist: barrier (collective #6 over ranks [0, 1]) failed on rank 0: rank 1 was lost"
+    assert expected in results[0].output, report
+    assert elapsed < _REQUIRED_S, report
+
+
+def test_a_rank_hung_in_a_cpu_tensors_all_reduce_times_out_naming_it():
+    """A CPU tensor's all_reduce in a tpu_dist job (gloo directly): the timeout names it and the absent rank."""
+    results, end = _launch("hung", 2, TPU_DIST_DRILL_VICTIM="1", TPU_DIST_DRILL_TIMEOUT="10", TPU_DIST_DRILL_OP="cpu")
+    report = _report("hung in a CPU all_reduce", results)
+    elapsed = _since_fault(results[1].output, end)
+    print(f"hung rank 1 of 2 in a CPU all_reduce loop (launch, timeout=10 s): the job ended {elapsed:.1f} s after")
+    assert all(r.returncode not in (0, None) for r in results), report
+    expected = (
+        "tpu_dist: all_reduce (collective #6 over ranks [0, 1]) timed out after 10 s on rank 0: rank 1 did not "
+        "join it (it has started 5 collectives over these ranks and is not in a collective)"
+    )
+    assert expected in results[0].output, report
+    assert elapsed < 10 + 20, report
+
+
 # In-process checks of the watchdog's decisions (no sockets: a Watchdog whose peers' news is filled in by hand).
 
 
@@ -158,6 +185,6 @@ def test_a_transport_error_names_the_collective_and_the_lost_rank(dog: watchdog.
         watchdog.guarded("all_reduce", (0, 1, 2), fail)
     assert str(raised.value).startswith(
         "tpu_dist: all_reduce (collective #1 over ranks [0, 1, 2]) failed on rank 0: rank 1 was lost (its process "
-        "ended without a clean exit: killed or crashed). XLA's error: UNKNOWN: Gloo all-reduce failed"
+        "ended without a clean exit: killed or crashed). The transport's error: UNKNOWN: Gloo all-reduce failed"
     ), raised.value
     assert isinstance(raised.value.__cause__, ValueError)

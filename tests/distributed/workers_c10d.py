@@ -120,6 +120,104 @@ def _into_views(rank: int, world: int) -> None:
     _equal(outputs, expected.reshape(world, 3), "all_to_all_single into a flat view of a base")
 
 
+def _into_views_of_every_collective(rank: int, world: int) -> None:
+    """The collectives _into_views leaves out, each writing a strided view of a base whose other elements stay."""
+    root = world - 1
+
+    def check(what: str, base: torch.Tensor, on_tpu: torch.Tensor, index: tuple, expected_part: torch.Tensor) -> None:
+        expected = base.clone()
+        expected[index] = expected_part
+        _equal(on_tpu, expected, f"{what} into a view of a base")
+
+    base = _input(rank, (world, 3, 2))
+    on_tpu = base.to("tpu")
+    dist.all_gather([on_tpu[r, :, 1] for r in range(world)], _input(rank + 70, (3,)).to("tpu"))
+    check(
+        "all_gather",
+        base,
+        on_tpu,
+        (slice(None), slice(None), 1),
+        torch.stack([_input(r + 70, (3,)) for r in range(world)]),
+    )
+    base = _input(rank, (3, 4))
+    on_tpu = base.to("tpu")
+    dist.reduce_scatter(on_tpu[:, 2], [_input(rank * world + j, (3,)).to("tpu") for j in range(world)])
+    check("reduce_scatter", base, on_tpu, (slice(None), 2), sum(_input(r * world + rank, (3,)) for r in range(world)))
+    base = _input(rank, (3, 4))
+    on_tpu = base.to("tpu")
+    dist.reduce(on_tpu[1, ::2], dst=root)
+    part = sum(_input(r, (3, 4))[1, ::2] for r in range(world)) if rank == root else base[1, ::2]
+    check("reduce", base, on_tpu, (1, slice(None, None, 2)), part)
+    base = _input(rank, (world, 2, 3))
+    on_tpu = base.to("tpu")
+    dist.gather(
+        _input(rank + 80, (2,)).to("tpu"), [on_tpu[r, :, 0] for r in range(world)] if rank == root else None, dst=root
+    )
+    part = torch.stack([_input(r + 80, (2,)) for r in range(world)]) if rank == root else base[:, :, 0]
+    check("gather", base, on_tpu, (slice(None), slice(None), 0), part)
+    base = _input(rank, (2, 5))
+    on_tpu = base.to("tpu")
+    dist.scatter(
+        on_tpu[:, 3], [_input(90 + r, (2,)).to("tpu") for r in range(world)] if rank == root else None, src=root
+    )
+    check("scatter", base, on_tpu, (slice(None), 3), _input(90 + rank, (2,)))
+    base = _input(rank, (world, 4))
+    on_tpu = base.to("tpu")
+    dist.all_to_all(
+        [on_tpu[r, 1::2] for r in range(world)], [_input(rank * world + j, (2,)).to("tpu") for j in range(world)]
+    )
+    check(
+        "all_to_all",
+        base,
+        on_tpu,
+        (slice(None), slice(1, None, 2)),
+        torch.stack([_input(r * world + rank, (2,)) for r in range(world)]),
+    )
+    if world >= 2 and rank < 2:
+        base = _input(rank, (3, 3))
+        on_tpu = base.to("tpu")
+        if rank == 0:
+            dist.send(_input(99, (3,)).to("tpu"), dst=1)
+        else:
+            dist.recv(on_tpu[:, 0], src=0)
+        check("recv", base, on_tpu, (slice(None), 0), _input(99, (3,)) if rank == 1 else base[:, 0])
+
+
+def _futures_and_names(rank: int, world: int) -> None:
+    """async_op=True: each collective's Work completes and its future holds its outputs as one list of tensors
+    (as gloo's and NCCL's do); 2.13's renamed all_gather_single and reduce_scatter_single; all_gather_coalesced."""
+    root = world - 1
+    tensor = _input(rank, (2,)).to("tpu")
+    outputs = [torch.empty(2, dtype=torch.float64, device="tpu") for _ in range(world)]
+    whole = torch.empty(world * 2, dtype=torch.float64, device="tpu")
+    part = torch.empty(2, dtype=torch.float64, device="tpu")
+    calls = {
+        "broadcast": (lambda: dist.broadcast(tensor, src=root, async_op=True), [tensor]),
+        "all_gather": (lambda: dist.all_gather(outputs, tensor, async_op=True), outputs),
+        "all_gather_single": (lambda: dist.all_gather_single(whole, tensor, async_op=True), [whole]),
+        "reduce_scatter_single": (lambda: dist.reduce_scatter_single(part, whole, async_op=True), [part]),
+        "all_to_all_single": (lambda: dist.all_to_all_single(whole, whole.clone(), async_op=True), [whole]),
+        "reduce": (lambda: dist.reduce(tensor, dst=root, async_op=True), [tensor]),
+    }
+    for name, (call, expected) in calls.items():
+        work = call()
+        work.wait()
+        value = work.get_future().wait()
+        assert isinstance(value, list) and len(value) == len(expected), (name, value)
+        assert all(got is want for got, want in zip(value, expected, strict=True)), f"{name}: the future's tensors"
+    start = _input(rank, (2,))
+    dist.broadcast(start_tpu := start.to("tpu"), src=root)
+    dist.all_gather_single(whole, start_tpu)
+    _equal(whole, torch.cat([_input(root, (2,))] * world), "all_gather_single")
+    dist.reduce_scatter_single(part, _input(rank, (world * 2,)).to("tpu"))
+    _equal(part, sum(_input(r, (world * 2,)) for r in range(world))[rank * 2 : rank * 2 + 2], "reduce_scatter_single")
+    lists = [[torch.empty(2, dtype=torch.float64, device="tpu") for _ in range(world)] for _ in range(2)]
+    dist.all_gather_coalesced(lists, [_input(rank, (2,)).to("tpu"), _input(rank + 5, (2,)).to("tpu")])
+    for index, offset in enumerate((0, 5)):
+        for r in range(world):
+            _equal(lists[index][r], _input(r + offset, (2,)), f"all_gather_coalesced [{index}] from rank {r}")
+
+
 def _split_groups(rank: int, world: int) -> dist.ProcessGroup:
     """`split_group` (it needs the default group bound to a device: `device_id`); returns this rank's half."""
     half = world // 2
@@ -181,6 +279,8 @@ def run() -> None:
     _cpu_goes_to_gloo(rank, world)
     _coalesced(rank, world)
     _into_views(rank, world)
+    _into_views_of_every_collective(rank, world)
+    _futures_and_names(rank, world)
     _split_groups(rank, world)
     _destroy()
     dist.init_process_group("tpu_dist", timeout=_TIMEOUT, device_id=torch.device("tpu", 0))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -26,7 +27,10 @@ def _integral(rank: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Te
 
 def _all_reduce_values(rank: int, world: int) -> None:
     ops = (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.AVG, dist.ReduceOp.PRODUCT)
-    for shape, make in (((2, 3), _input), (_LARGE, _integral)):
+    # One element rides in the check's carrier: on 2 ranks one rounding, bit-exact for any values; beyond, gloo's
+    # order of float additions (small integers: any order gives the same floats).
+    one = _input if world == 2 else _integral
+    for shape, make in (((1,), one), ((), one), ((2, 3), _input), (_LARGE, _integral)):
         for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.uint8, torch.bool):
             for op in ops:
                 if op == dist.ReduceOp.AVG and not dtype.is_floating_point:
@@ -42,6 +46,17 @@ def _all_reduce_values(rank: int, world: int) -> None:
             tensor = values[rank].to("tpu")
             dist.all_reduce(tensor, op=op)
             _equal(tensor, _reference(op, values), f"all_reduce {op} int32{list(shape)}")
+
+
+def _overflow_is_silent(rank: int, world: int) -> None:
+    """A float32 sum past its range is inf, as PyTorch's, without a NumPy RuntimeWarning (carrier and rows)."""
+    for shape in ((1,), (2,)):
+        values = [torch.full(shape, 3e38) for _ in range(world)]
+        tensor = values[rank].to("tpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            dist.all_reduce(tensor)
+        _equal(tensor, _reference(dist.ReduceOp.SUM, values), f"all_reduce past float32's range {list(shape)}")
 
 
 def _in_place_is_safe(rank: int, world: int) -> None:
@@ -75,7 +90,7 @@ def _in_place_is_safe(rank: int, world: int) -> None:
 def _rooted_values(rank: int, world: int) -> None:
     special = torch.tensor([-0.0, float("nan"), float("inf"), 1e-45, -3.5], dtype=torch.float32)
     for root in range(world):
-        for source in (special, special.repeat(300), torch.complex(special, -special)):
+        for source in (special, special.repeat(300), torch.complex(special, -special), *special.split(1)):
             tensor = (source if rank == root else torch.zeros_like(source)).to("tpu")
             dist.broadcast(tensor, src=root)
             got = torch.view_as_real(tensor.cpu()) if source.is_complex() else tensor.cpu()
@@ -88,7 +103,7 @@ def _rooted_values(rank: int, world: int) -> None:
         dist.broadcast(tensor, src=root)
         _equal(tensor, values[root], f"broadcast bool from {root}")
     root = world - 1
-    for shape in ((4,), _LARGE):
+    for shape in ((1,), (4,), _LARGE):
         values = [_integral(r, shape, torch.float64) for r in range(world)]
         tensor = values[rank].to("tpu")
         dist.reduce(tensor, dst=root, op=dist.ReduceOp.SUM)
@@ -100,11 +115,11 @@ def _premul_sum(rank: int, world: int) -> None:
     """PREMUL_SUM: each rank's input times the factor, then summed (as NCCL does), in rank order."""
     for factor in (0.1, torch.tensor(0.3, dtype=torch.float64), torch.tensor([2.5], dtype=torch.float32)):
         scale = factor if isinstance(factor, float) else factor.item()
-        for shape, make in (((2, 3), _input), (_LARGE, _integral)):
+        for shape, make in (((1,), _input if world == 2 else _integral), ((2, 3), _input), (_LARGE, _integral)):
             # Beyond 2 ranks gloo's ring adds in another order than rank order: its sums equal the local one's
             # only where every partial sum is exact (float32 and float64, a factor of 2.5 on small integers); else
             # float32 and float64 agree to rounding, and bfloat16's rounding at each addition is too coarse.
-            in_ring = shape == _LARGE and world > 2
+            in_ring = shape in (_LARGE, (1,)) and world > 2
             in_order = not in_ring or scale == 2.5
             for dtype in (torch.float32, torch.float64) if in_ring else (torch.float32, torch.float64, torch.bfloat16):
                 values = [make(r, shape, dtype) for r in range(world)]
@@ -138,11 +153,14 @@ def _premul_sum(rank: int, world: int) -> None:
 def _unchecked(rank: int, world: int) -> None:
     handshake.enabled = False
     try:
-        for shape in ((4,), _LARGE):
+        for shape in ((1,), (4,), _LARGE):  # the carrier alone, gloo in place
             values = [_integral(r, shape, torch.float32) for r in range(world)]
             tensor = values[rank].to("tpu")
             dist.all_reduce(tensor)
             _equal(tensor, _reference(dist.ReduceOp.SUM, values), f"unchecked all_reduce {list(shape)}")
+        tensor = torch.tensor([rank - 0.5], device="tpu")
+        dist.broadcast(tensor, src=world - 1)
+        _equal(tensor, torch.tensor([world - 1.5]), "unchecked broadcast of one element")
     finally:
         handshake.enabled = True
 
@@ -153,6 +171,7 @@ def exact() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     assert host.available(), "the CPU platform's host route is off"
     _all_reduce_values(rank, world)
+    _overflow_is_silent(rank, world)
     _in_place_is_safe(rank, world)
     _rooted_values(rank, world)
     _premul_sum(rank, world)
@@ -188,7 +207,14 @@ def mismatches() -> None:
         [tensor],
         lambda: dist.all_reduce(tensor),
     )
-    for length in (4, 1500):  # in the check's message, and beside it
+    tensor = torch.ones(1, dtype=torch.int32 if odd else torch.float32, device="tpu")
+    _expect_mismatch(  # both in the check's carrier, as float64 and as int64
+        "dtype of one element",
+        f"tpu_dist: all_reduce mismatch: {ranks} float32[1] SUM, rank 1 int32[1] SUM",
+        [tensor],
+        lambda: dist.all_reduce(tensor),
+    )
+    for length in (1, 4, 1500):  # in the check's carrier, gathered after the check, reduced by gloo
         tensor = torch.ones(length + odd, device="tpu")
         _expect_mismatch(
             f"shape {length}",
@@ -219,6 +245,14 @@ def mismatches() -> None:
         f"into float32[{4 * world}]",
         [tensor, gathered],
         lambda: dist.all_gather_into_tensor(gathered, tensor) if odd else dist.all_reduce(tensor),
+    )
+    scalar, gathered = torch.ones(1, device="tpu"), torch.zeros(world, device="tpu")
+    _expect_mismatch(  # a value in the carrier on one side, an XLA program's check on the other
+        "kind of one element",
+        f"tpu_dist: collective mismatch: {ranks} broadcast float32[1] from rank 0, rank 1 all_gather_into_tensor "
+        f"float32[1] into float32[{world}]",
+        [scalar, gathered],
+        lambda: dist.all_gather_into_tensor(gathered, scalar) if odd else dist.broadcast(scalar, src=0),
     )
     _expect_mismatch(
         "root",

@@ -1,8 +1,9 @@
 """Fault drills (launched by test_faults.py): one rank is killed, raises or hangs in an all_reduce loop.
 
 `TPU_DIST_DRILL_VICTIM` is the rank that fails at step 5, `TPU_DIST_DRILL_TIMEOUT` the group's timeout in
-seconds. The victim prints "drill: fault at <time.time()>" just before its fault, so that the test can measure
-how long the job took to end after it.
+seconds, `TPU_DIST_DRILL_OP` what the loop runs: `tpu` (all_reduce of a tpu tensor, the default), `cpu` (of a
+CPU tensor: gloo directly) or `barrier`. The victim prints "drill: fault at <time.time()>" just before its
+fault, so that the test can measure how long the job took to end after it.
 """
 
 from __future__ import annotations
@@ -24,11 +25,15 @@ def _all_reduce_loop(fault: Callable[[], None]) -> None:
     timeout = datetime.timedelta(seconds=float(os.environ.get("TPU_DIST_DRILL_TIMEOUT", "60")))
     dist.init_process_group("tpu_dist", timeout=timeout)
     rank, victim = dist.get_rank(), int(os.environ.get("TPU_DIST_DRILL_VICTIM", "1"))
-    tensor = torch.ones(4, device="tpu")
+    kind = os.environ.get("TPU_DIST_DRILL_OP", "tpu")
+    tensor = torch.ones(4, device="cpu" if kind == "cpu" else "tpu")
     for step in range(_STEPS):
         if rank == victim and step == 5:
             print(f"drill: fault at {time.time():.3f}", flush=True)
             fault()
+        if kind == "barrier":
+            dist.barrier()
+            continue
         dist.all_reduce(tensor)
         if tensor.cpu().tolist() != [float(dist.get_world_size())] * 4:
             raise AssertionError(f"all_reduce gave {tensor.cpu()}")

@@ -2,11 +2,15 @@
 
 gloo and XLA trust every rank to call the same collective on the same shapes and dtypes: a float32[4] all_reduce
 against an int32[4] one returns garbage, a different shape hangs or corrupts. So before each collective the ranks
-of the group all-gather one fixed-size message over the group's gloo backend: a header (the call's number in the
-group, a digest and a description of what it is: kind, dtype, shape, op, root; with TORCH_DISTRIBUTED_DEBUG=DETAIL
-every tensor of the call too) and, when the data is small, the data itself, so that a small collective is this
-one exchange (`host.py` computes its result from the gathered data). Results are written only once every header
-agrees. `TORCH_TPU_DIST_CHECK=0` (or `enabled = False`) turns the check off; the bench measures its cost so.
+of the group compare a fingerprint of the call (its number in the group and a description of what it is: kind,
+dtype, shape, op, root; with TORCH_DISTRIBUTED_DEBUG=DETAIL every tensor of the call too). The comparison is one
+gloo all_reduce(MAX) of two int64 words, (f, -f), which gives every rank the same (max f, -min f): the calls agree
+where max f == min f. Beside it runs a one-element all_reduce of 8 bytes (`Carrier`): a one-element all_reduce's
+own data (`host.py`), or nothing; its layout is the same whatever the call, so a mismatch cannot corrupt it, and
+its result is used only once the words agree. A small collective is thus one round trip, the cheapest gloo has.
+Only when the words differ do the ranks all-gather their descriptions, to name each side. Results are written
+only once every rank agrees. `TORCH_TPU_DIST_CHECK=0` (or `enabled = False`) turns the check off; the bench
+measures its cost so.
 """
 
 from __future__ import annotations
@@ -19,30 +23,51 @@ import weakref
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import AllreduceOptions, ReduceOp
 
+# Bytes of each rank's description in the exchange that names the sides of a mismatch.
 HEADER = 256
-# Data bytes a message carries besides its header: a collective this small costs one exchange.
+# Data bytes up to which a collective's result is computed here, in rank order, from every rank's data.
 INLINE = 4096
-MESSAGE = HEADER + INLINE
-_LAYOUT = struct.Struct(f"<q8sq{HEADER - 24}s")  # call number, digest, data bytes, description
+_LAYOUT = struct.Struct(f"<q8s{HEADER - 16}s")  # call number, digest, description
 _CPU = torch.device("cpu")
+# Fingerprints are below 2**62: f and -f never overflow.
+_FINGERPRINT_MASK = (1 << 62) - 1
 enabled = os.environ.get("TORCH_TPU_DIST_CHECK", "1") != "0"
 
 
-class Group:
-    """What the check keeps per process group: its gloo backend, global ranks, call count and message buffers."""
+def _options(op: ReduceOp) -> AllreduceOptions:
+    options = AllreduceOptions()
+    options.reduceOp = op
+    return options
 
-    __slots__ = ("gloo", "ranks", "rank", "calls", "mine", "gathered", "_mine", "_gathered")
+
+_MAX = _options(ReduceOp.MAX)
+
+
+class Carrier:
+    """A one-element all_reduce of 8 bytes run beside the check: `tensor` (float64 or int64) reduced by `options`."""
+
+    __slots__ = ("tensor", "options")
+
+    def __init__(self, tensor: torch.Tensor, options: AllreduceOptions) -> None:
+        self.tensor = tensor
+        self.options = options
+
+
+class Group:
+    """What the check keeps per process group: its gloo backend, global ranks, call count and buffers."""
+
+    __slots__ = ("gloo", "ranks", "rank", "calls", "words", "_words", "idle", "__weakref__")
 
     def __init__(self, group: dist.ProcessGroup, gloo: dist.ProcessGroup) -> None:
         self.gloo = gloo
         self.ranks = tuple(dist.get_process_group_ranks(group))
         self.rank = group.rank()
         self.calls = 0
-        self.mine = torch.zeros(MESSAGE, dtype=torch.uint8)
-        self.gathered = torch.zeros(len(self.ranks) * MESSAGE, dtype=torch.uint8)
-        self._mine = self.mine.numpy()
-        self._gathered = self.gathered.numpy().reshape(len(self.ranks), MESSAGE)
+        self.words = torch.zeros(2, dtype=torch.int64)
+        self._words = self.words.numpy()
+        self.idle = Carrier(torch.zeros(1, dtype=torch.int64), _MAX)  # MAX: whatever it meets stays in range
 
 
 # Keyed weakly by the group: a destroyed group's state (its gloo backend, whose store the next group's rendezvous
@@ -64,41 +89,76 @@ def detail() -> bool:
     return dist.get_debug_level() == dist.DebugLevel.DETAIL
 
 
-def agree(state: Group, description: str, data: np.ndarray | None = None) -> np.ndarray | None:
-    """Check that every rank of the group is making the same call; raise on every rank if not.
+def _digest(text: bytes) -> bytes:
+    return hashlib.blake2b(text, digest_size=8).digest()
 
-    `description` names the call ("all_reduce float32[4] SUM"); `data` (bytes, at most INLINE) travels with the
-    header. Returns every rank's data, one row per group rank (None without data).
-    """
+
+def _failed(state: Group, description: str, error: RuntimeError) -> RuntimeError:
+    return RuntimeError(
+        f"tpu_dist: {description} (call {state.calls} on the group) failed while waiting for the group's other "
+        f"ranks {list(state.ranks)}: {error}"
+    )
+
+
+def agree(state: Group, description: str, carrier: Carrier | None = None) -> None:
+    """Check that every rank of the group is making the same call (`description` names it: "all_reduce
+    float32[4] SUM"), running `carrier` beside the check; raise on every rank if the calls differ."""
     state.calls += 1
     if len(state.ranks) == 1:
-        return None if data is None else data[None]
-    size = 0 if data is None else data.size
+        return
     text = description.encode()
-    digest = hashlib.blake2b(text, digest_size=8).digest()
-    header = _LAYOUT.pack(state.calls, digest, size, text)
-    mine = state._mine
-    mine[:HEADER] = np.frombuffer(header, np.uint8)
-    if size:
-        mine[HEADER : HEADER + size] = data
+    fingerprint = int.from_bytes(_digest(b"%d " % state.calls + text), "little") & _FINGERPRINT_MASK
+    words = state._words
+    words[0], words[1] = fingerprint, -fingerprint
+    if carrier is None:
+        carrier = state.idle
     try:
-        state.gloo._allgather_base(state.gathered, state.mine).wait()
+        check = state.gloo.allreduce([state.words], _MAX)
+        data = state.gloo.allreduce([carrier.tensor], carrier.options)
+        check.wait()
+        data.wait()
     except RuntimeError as error:
-        raise RuntimeError(
-            f"tpu_dist: {description} (call {state.calls} on the group) failed while waiting for the group's other "
-            f"ranks {list(state.ranks)}: {error}"
-        ) from error
-    headers = state._gathered[:, :HEADER]
-    if headers.tobytes() != header * len(state.ranks):
-        raise RuntimeError(_mismatch(state, headers))
-    return None if data is None else state._gathered[:, HEADER : HEADER + size]
+        raise _failed(state, description, error) from error
+    if words[0] != -words[1]:
+        raise RuntimeError(_mismatch(state, _descriptions(state, description, text)))
+
+
+def carry(state: Group, carrier: Carrier, description: str) -> None:
+    """`carrier` alone, as the unchecked call's data exchange."""
+    try:
+        state.gloo.allreduce([carrier.tensor], carrier.options).wait()
+    except RuntimeError as error:
+        raise _failed(state, description, error) from error
+
+
+def _descriptions(state: Group, description: str, text: bytes) -> np.ndarray:
+    """Every rank's call (one fixed-size row per group rank), all-gathered once the fingerprints differ."""
+    mine = torch.frombuffer(bytearray(_LAYOUT.pack(state.calls, _digest(text), text)), dtype=torch.uint8)
+    gathered = torch.zeros(len(state.ranks) * HEADER, dtype=torch.uint8)
+    try:
+        state.gloo._allgather_base(gathered, mine).wait()
+    except RuntimeError as error:
+        raise _failed(state, description, error) from error
+    return gathered.numpy().reshape(len(state.ranks), HEADER)
+
+
+def gather(state: Group, description: str, data: np.ndarray) -> np.ndarray:
+    """Every rank's `data` (bytes, the same size on every rank once `agree` has passed), one row per group rank."""
+    if len(state.ranks) == 1:
+        return data[None]
+    rows = torch.empty(len(state.ranks) * data.size, dtype=torch.uint8)
+    try:
+        state.gloo._allgather_base(rows, torch.from_numpy(data)).wait()
+    except RuntimeError as error:
+        raise _failed(state, description, error) from error
+    return rows.numpy().reshape(len(state.ranks), data.size)
 
 
 def _mismatch(state: Group, headers: np.ndarray) -> str:
     """The error every rank raises: each distinct call and the ranks that made it."""
     sides = []
     for row in headers:
-        calls, digest, _, text = _LAYOUT.unpack(row.tobytes())
+        calls, digest, text = _LAYOUT.unpack(row.tobytes())
         sides.append((calls, digest, text.rstrip(b"\0").decode(errors="replace")))
     kinds = {text.split(" ", 1)[0] for _, _, text in sides}
     numbered = len({calls for calls, _, _ in sides}) > 1

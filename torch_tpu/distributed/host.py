@@ -1,12 +1,19 @@
 """Eager all_reduce and broadcast on the XLA CPU platform: the group's gloo backend on the device buffers as host
 memory, as torch's gloo runs on CPU tensors (XLA:CPU's collective program is 2-4x slower on the same data).
 
+A one-element all_reduce or broadcast travels in the mismatch check's 8-byte carrier (`handshake.Carrier`), so it
+costs one round trip: its value widened to float64 or int64 (exact), reduced by gloo, and rounded back to the
+dtype through float32 as CPU PyTorch computes 16-bit floats; where two ranks combine, one operation rounded
+(twice, innocuously: float64 holds more than twice float32's digits) equals the dtype's own arithmetic bit for
+bit; over more ranks, gloo's order of float additions, as for large tensors. (Floating MAX and MIN do not go
+this way: gloo's do not propagate NaN as PyTorch's do.)
+
 On the CPU platform a rank's jax.Array is host memory: DLPack hands it to torch as a CPU tensor without a copy.
 When the tensor is its storage's whole buffer and nothing else holds the array, the array is donated to a no-op
 program (which waits for any computation still reading it and hands the same memory back as an array the storage
 alone owns) and gloo works on it in place: no copy. Otherwise (a view, an array shared with another tensor or a
 cache) gloo works on a copy, which becomes the storage's new array (DLPack again, no copy). A small collective's
-result is computed here, in rank order, from the data gathered by the mismatch check (`handshake.py`). Only
+result is computed here, in rank order, from every rank's data (`handshake.gather`). Only
 eager goes this way: compiled graphs keep XLA's collectives.
 """
 
@@ -22,6 +29,7 @@ import numpy as np
 import torch
 from torch._C._distributed_c10d import AllreduceOptions, BroadcastOptions, ReduceOp
 
+from torch_tpu.distributed import handshake
 from torch_tpu.runtime import deferred, dtypes, mapping, platform, storage
 
 # What ProcessGroupGloo reduces (bool travels as uint8).
@@ -51,6 +59,17 @@ _FOLDS = {
     "bxor": np.bitwise_xor,
 }
 _take = jax.jit(lambda array: array, donate_argnums=0)
+
+
+def _options(op: ReduceOp) -> AllreduceOptions:
+    options = AllreduceOptions()
+    options.reduceOp = op
+    return options
+
+
+# The carrier's reduction for each op (bool's ops arrive as max, min and bxor: `collectives.BOOL_OPS`).
+_CARRIER_OPTIONS = {op: _options(gloo_op) for op, gloo_op in _GLOO_OPS.items()}
+_BOR = _CARRIER_OPTIONS["bor"]
 
 
 @functools.cache
@@ -136,6 +155,51 @@ def broadcast(tensor: torch.Tensor, owned: jax.Array | None, gloo: object, root:
         storage.write(tensor, jax.dlpack.from_dlpack(host))
 
 
+def in_carrier(tensor: torch.Tensor, op: str) -> bool:
+    """Whether this all_reduce of `tensor` travels in the check's carrier (a rule of the call alone, never of
+    the data: every rank making the call decides alike)."""
+    return tensor.numel() == 1 and not (tensor.dtype.is_floating_point and op in ("max", "min"))
+
+
+def carrier(tensor: torch.Tensor, op: str, factor: float | None) -> handshake.Carrier:
+    """This rank's one-element `tensor`, premultiplied by PREMUL_SUM's factor, widened into a carrier."""
+    value = _rows(data(tensor)[None], tensor)[0]
+    if op == "premul_sum":
+        compute = np.dtype(np.float32) if value.dtype.itemsize == 2 else value.dtype
+        with np.errstate(over="ignore"):
+            value = (value.astype(compute) * compute.type(factor)).astype(value.dtype)
+    wide = np.float64 if tensor.dtype.is_floating_point else np.int64
+    return handshake.Carrier(torch.from_numpy(value.astype(wide)), _CARRIER_OPTIONS[op])
+
+
+def from_carrier(tensor: torch.Tensor, owned: jax.Array | None, carried: handshake.Carrier, op: str, size: int) -> None:
+    """Write the carrier's reduction, rounded back to the dtype, into `tensor`."""
+    wide = carried.tensor.numpy()
+    if tensor.dtype == torch.bool:
+        _store(tensor, owned, (wide != 0).view(np.uint8))
+        return
+    dtype = np.dtype(dtypes.to_jax(tensor.dtype))
+    compute = np.dtype(np.float32) if tensor.dtype in (torch.float16, torch.bfloat16) else dtype
+    with np.errstate(over="ignore"):  # overflow to inf, as PyTorch's casts, without NumPy's warning
+        result = wide.astype(compute).astype(dtype)
+        if op == "avg":  # in the dtype, as PyTorch divides (16-bit floats in float32)
+            result = (result.astype(compute) / compute.type(size)).astype(dtype)
+    _store(tensor, owned, result)
+
+
+def broadcast_carrier(tensor: torch.Tensor, root: bool) -> handshake.Carrier:
+    """A one-element broadcast as a carrier: the root's bytes, zeros elsewhere, reduced by bitwise or."""
+    word = np.zeros(8, np.uint8)
+    if root:
+        value = data(tensor)
+        word[: value.size] = value
+    return handshake.Carrier(torch.from_numpy(word.view(np.int64)), _BOR)
+
+
+def from_broadcast_carrier(tensor: torch.Tensor, owned: jax.Array | None, carried: handshake.Carrier) -> None:
+    _store(tensor, owned, _rows(carried.tensor.numpy().view(np.uint8)[None, : tensor.element_size()], tensor)[0])
+
+
 def _rows(rows: np.ndarray, tensor: torch.Tensor) -> np.ndarray:
     return rows.view(np.uint8 if tensor.dtype == torch.bool else dtypes.to_jax(tensor.dtype))
 
@@ -162,13 +226,9 @@ def reduce_rows(tensor: torch.Tensor, owned: jax.Array | None, rows: np.ndarray,
         values = (values.astype(compute) * compute.type(factor)).astype(values.dtype)
     fold = _FOLDS[op]
     result = values[0]
-    for value in values[1:]:
-        result = fold(result, value)
+    with np.errstate(all="ignore"):  # overflow to inf, as PyTorch's arithmetic, without NumPy's warning
+        for value in values[1:]:
+            result = fold(result, value)
     if op == "avg":
         result = np.true_divide(result, len(values)).astype(values.dtype)
     _store(tensor, owned, result)
-
-
-def broadcast_rows(tensor: torch.Tensor, owned: jax.Array | None, rows: np.ndarray, root: int) -> None:
-    """Write into `tensor` group rank `root`'s data gathered in `rows`."""
-    _store(tensor, owned, _rows(rows, tensor)[root])

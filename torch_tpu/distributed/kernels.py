@@ -57,22 +57,32 @@ def _describe(tensor: torch.Tensor) -> str:
     return f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}"
 
 
-def _check(state: handshake.Group, description: str, tensors: list[torch.Tensor], data: Any = None) -> Any:
-    """Every rank's `data` once every rank of the group makes this call (None when the check is off).
+def _check(
+    state: handshake.Group, description: str, tensors: list[torch.Tensor], carrier: handshake.Carrier | None = None
+) -> None:
+    """Return once every rank of the group makes this call, `carrier` exchanged beside the check (alone when the
+    check is off).
 
     With TORCH_DISTRIBUTED_DEBUG=DETAIL the description also lists every tensor of the call (`tensors`: those
     whose shapes must agree across ranks) and the group's ranks.
     """
     if not handshake.enabled:
-        return None
+        if carrier is not None:
+            handshake.carry(state, carrier, description)
+        return
     if handshake.detail():
         description += f" | tensors {', '.join(map(_describe, tensors))} | ranks {list(state.ranks)}"
-    return handshake.agree(state, description, data)
+    handshake.agree(state, description, carrier)
 
 
 def _done(result: Any) -> Any:
+    """A completed Work whose future holds the call's outputs as one list of tensors, as gloo's and NCCL's do."""
+    if isinstance(result, torch.Tensor):
+        values = [result]
+    else:
+        values = [tensor for item in result for tensor in (item if isinstance(item, (list, tuple)) else [item])]
     future = torch.futures.Future()
-    future.set_result(result)
+    future.set_result(values)
     return _create_work_from_future(future).boxed()
 
 
@@ -87,7 +97,12 @@ def _check_tpu(name: str, tensors: list[torch.Tensor]) -> None:
 
 
 def _red_op_type(reduce_op: Any) -> _RedOpType:
-    kind = reduce_op.op() if hasattr(reduce_op, "op") else reduce_op
+    if isinstance(reduce_op, _RedOpType):
+        return reduce_op
+    try:
+        kind = reduce_op.op()
+    except AttributeError:  # an int
+        kind = reduce_op
     return _RedOpType(kind) if isinstance(kind, int) else kind
 
 
@@ -139,31 +154,37 @@ def _reduced(collective: str, kind: str, ranks: tuple[int, ...], tensor: torch.T
     return collectives.run(kind, ranks, local, op)
 
 
-def _on_host(tensor: torch.Tensor) -> tuple[bool, bool]:
-    """Whether this collective goes to gloo on host memory, and whether its data travels in the check's message."""
-    fast = host.available() and host.supports(tensor.dtype)
-    return fast, fast and handshake.enabled and tensor.numel() * tensor.element_size() <= handshake.INLINE
-
-
 def _all_reduce(collective: str, state: handshake.Group, tensor: torch.Tensor, reduce_op: Any, root: int = -1) -> None:
     """all_reduce of `tensor` in place; with a group rank `root` (reduce), only the root's tensor is written."""
+    reduce_op = _red_op_type(reduce_op)  # once: a boxed ReduceOp's kind is a TorchScript call
     text, factor = _op_text(collective, reduce_op)
-    target = f" to rank {state.ranks[root]}" if root >= 0 else ""
-    fast, inline = _on_host(tensor)
-    write = root < 0 or state.rank == root
-    data = host.data(tensor) if inline else None
-    owned = host.claim(tensor) if fast and write else None
-    rows = _check(state, f"{collective} {_describe(tensor)} {text}{target}", [tensor], data)
     op = _op_name(collective, reduce_op, tensor.dtype)
-    if rows is not None:
-        if write:
-            host.reduce_rows(tensor, owned, rows, op, factor)
-    elif fast:
-        host.all_reduce(tensor, owned, state.gloo, op, factor, write)
-    else:
+    target = f" to rank {state.ranks[root]}" if root >= 0 else ""
+    description = f"{collective} {_describe(tensor)} {text}{target}"
+    write = root < 0 or state.rank == root
+    if not (host.available() and host.supports(tensor.dtype)):
+        _check(state, description, [tensor])
         result = _reduced(collective, "all_reduce", state.ranks, tensor, reduce_op)
         if write:
             storage.write(tensor, result)
+        return
+    if host.in_carrier(tensor, op):  # one round trip: the value rides beside the check
+        carrier = host.carrier(tensor, op, factor)
+        owned = host.claim(tensor) if write else None
+        _check(state, description, [tensor], carrier)
+        if write:
+            host.from_carrier(tensor, owned, carrier, op, len(state.ranks))
+        return
+    small = handshake.enabled and tensor.numel() * tensor.element_size() <= handshake.INLINE
+    data = host.data(tensor) if small else None
+    owned = host.claim(tensor) if write else None
+    _check(state, description, [tensor])
+    if data is not None:  # computed here in rank order from every rank's data
+        rows = handshake.gather(state, description, data)
+        if write:
+            host.reduce_rows(tensor, owned, rows, op, factor)
+    else:
+        host.all_reduce(tensor, owned, state.gloo, op, factor, write)
 
 
 def allreduce_(tensors, process_group, reduce_op, sparse_indices, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
@@ -183,19 +204,22 @@ def broadcast_(tensors, process_group, root_rank, root_tensor, async_op=True, ti
     _check_tpu("broadcast", tensors)
     state = _state(process_group)
     for tensor in tensors:
-        fast, inline = _on_host(tensor)
-        data = host.data(tensor) if inline else None
-        owned = host.claim(tensor) if fast else None
-        rows = _check(state, f"broadcast {_describe(tensor)} from rank {state.ranks[root_rank]}", [tensor], data)
-        if rows is not None:
-            host.broadcast_rows(tensor, owned, rows, root_rank)
-        elif fast:
-            host.broadcast(tensor, owned, state.gloo, root_rank)
-        else:
+        description = f"broadcast {_describe(tensor)} from rank {state.ranks[root_rank]}"
+        if not (host.available() and host.supports(tensor.dtype)):
+            _check(state, description, [tensor])
             local = _read(tensor)
             if tensor.dtype == torch.bool:
                 local = local.astype(jnp.uint8)
             storage.write(tensor, collectives.run("broadcast", state.ranks, local, root=root_rank).astype(local.dtype))
+        elif tensor.numel() == 1:  # one round trip: the root's value rides beside the check
+            carrier = host.broadcast_carrier(tensor, state.rank == root_rank)
+            owned = host.claim(tensor)
+            _check(state, description, [tensor], carrier)
+            host.from_broadcast_carrier(tensor, owned, carrier)
+        else:
+            owned = host.claim(tensor)
+            _check(state, description, [tensor])
+            host.broadcast(tensor, owned, state.gloo, root_rank)
     return tensors, _done(tensors)
 
 
@@ -215,6 +239,11 @@ def allgather_(output_tensors, input_tensors, process_group, async_op=True, time
         for index, output in enumerate(outputs):
             storage.write(output, gathered[index])
     return output_tensors, _done(output_tensors)
+
+
+def allgather_coalesced_(output_lists, input_list, process_group, async_op=True):  # noqa: ANN001, ANN201
+    allgather_(output_lists, input_list, process_group)
+    return _done(output_lists)
 
 
 def _allgather_base_(output_tensor, input_tensor, process_group, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
@@ -412,6 +441,7 @@ _NAMES = {
     "allreduce_coalesced_": "all_reduce_coalesced",
     "broadcast_": "broadcast",
     "allgather_": "all_gather",
+    "allgather_coalesced_": "all_gather_coalesced",
     "_allgather_base_": "all_gather_into_tensor",
     "allgather_into_tensor_coalesced_": "all_gather_into_tensor_coalesced",
     "_reduce_scatter_base_": "reduce_scatter_tensor",
@@ -448,6 +478,7 @@ _KERNELS = (
     allreduce_coalesced_,
     broadcast_,
     allgather_,
+    allgather_coalesced_,
     _allgather_base_,
     allgather_into_tensor_coalesced_,
     _reduce_scatter_base_,
@@ -492,6 +523,7 @@ def install() -> None:
     global _library
     if _library is not None:
         return
+    watchdog.guard_api()
     for name in _REDUCING:
         method = getattr(dist.ProcessGroup, name)
         if not getattr(method, "_tpu_dist", False):

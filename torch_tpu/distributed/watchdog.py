@@ -14,7 +14,9 @@ with a C++ log line. So every process of a `tpu_dist` job keeps one TCP connecti
 - a clean exit (also `sys.exit(n)`, and mp.spawn's way out of an exception) says goodbye with its final counts: a
   peer waiting in a collective that the leaver never started cannot complete, and ends at once;
 - a forked child (a multiprocessing or DataLoader worker) closes its copies of the star's sockets;
-- a failed collective becomes a `DistBackendError` naming the collective, its ranks and the lost or absent rank;
+- a failed collective becomes a `DistBackendError` naming the collective, its ranks and the lost or absent rank:
+  the tpu kernels' (`kernels.py`), and the torch.distributed calls that go to gloo directly (`guard_api`: a
+  barrier, a CPU tensor's collective), so that they count alike on every rank;
 - a rank told of a peer's loss or failure says so at once and, unless its main thread has ended the process by
   then, ends it after `GRACE_S` (torch's TORCH_NCCL_ASYNC_ERROR_HANDLING: the job dies, with a readable reason).
 """
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
+import inspect
 import json
 import os
 import re
@@ -33,6 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 ADDRESS_KEY = "tpu_dist/watchdog"
@@ -122,7 +127,7 @@ class Watchdog:
         else:
             head = f"tpu_dist: {what} failed on rank {self.rank}"
         reason = "; ".join(findings) or "a connection to a peer failed"
-        return dist.DistBackendError(f"{head}: {reason}. XLA's error: {text}")
+        return dist.DistBackendError(f"{head}: {reason}. The transport's error: {text}")
 
     def _absent(self, ranks: tuple[int, ...], number: int) -> list[str]:
         """The ranks of the group that have not started collective #`number` over it, from rank 0's table."""
@@ -348,3 +353,56 @@ def guarded(name: str, ranks: tuple[int, ...], function: Callable[..., Any], *ar
             raise explained from error
     finally:
         watchdog.current = None
+
+
+# The torch.distributed calls whose barrier or CPU tensors go to the group's gloo backend directly, not through the
+# tpu kernels (which are guarded themselves). all_gather_into_tensor and reduce_scatter_tensor call the _single ones.
+API = (
+    "barrier", "all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather", "all_gather_coalesced",
+    "all_gather_single", "reduce_scatter", "reduce_scatter_single", "all_to_all", "all_to_all_single", "gather",
+    "scatter",
+)  # fmt: skip
+
+
+def _on_tpu(values: Any) -> bool:
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if value.device.type == "tpu":
+                return True
+        elif isinstance(value, (list, tuple)) and _on_tpu(value):
+            return True
+    return False
+
+
+def _guarding(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function` (a torch.distributed call) guarded as one collective over its group when it waits on gloo
+    itself: a barrier, or CPU tensors, called synchronously (an async call's Work is the caller's to wait on)."""
+    parameters = list(inspect.signature(function).parameters)
+    group_at, async_at = parameters.index("group"), parameters.index("async_op")
+    name = function.__name__
+    c10d = dist.distributed_c10d
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if _watchdog is None or _on_tpu(args) or _on_tpu(kwargs.values()):
+            return function(*args, **kwargs)
+        group = args[group_at] if group_at < len(args) else kwargs.get("group")
+        if (args[async_at] if async_at < len(args) else kwargs.get("async_op", False)) or c10d._rank_not_in_group(
+            group
+        ):
+            return function(*args, **kwargs)
+        ranks = tuple(dist.get_process_group_ranks(group or c10d._get_default_group()))
+        return guarded(name, ranks, functools.partial(function, *args, **kwargs))
+
+    call._tpu_dist = True
+    return call
+
+
+def guard_api() -> None:
+    """Guard the `API` calls, in torch.distributed and its `distributed_c10d` module (once per process)."""
+    for name in API:
+        function = getattr(dist.distributed_c10d, name)
+        if not getattr(function, "_tpu_dist", False):
+            guarding = _guarding(function)
+            setattr(dist.distributed_c10d, name, guarding)
+            setattr(dist, name, guarding)
