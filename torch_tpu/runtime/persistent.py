@@ -32,10 +32,9 @@ from importlib.metadata import version
 from typing import Any
 
 import jax
-from jax.experimental import serialize_executable
 
 from torch_tpu import precision
-from torch_tpu.runtime import platform
+from torch_tpu.runtime import compat, platform
 
 _FORMAT = 2
 _MAGIC = b"TTPUXLA2"
@@ -189,7 +188,7 @@ def _verified_body(data: bytes) -> bytes:
 
 def _deserialize(payload: tuple) -> Any:
     # Onto this process's device only: by default it is loaded onto every device of the job.
-    compiled = serialize_executable.deserialize_and_load(*payload, execution_devices=[platform.device()])
+    compiled = compat.deserialize_executable(payload, [platform.device()])
     _footprints[compiled] = len(payload[0])
     return compiled
 
@@ -201,7 +200,7 @@ def load(key: str) -> Any | None:
 
 def _store(key: str, compiled: Any) -> None:
     try:
-        payload = serialize_executable.serialize(compiled)
+        payload = compat.serialize_executable(compiled)
     except Exception as error:
         warnings.warn(f"torch_tpu: could not serialize compile-cache entry {key}: {error}", stacklevel=3)
         return
