@@ -134,3 +134,20 @@ def test_version_dependent_private_apis_are_named_only_in_compat():
         text = path.read_text()
         offenders += [f"{path.relative_to(ROOT)}: {name}" for name in _PRIVATE if name in text]
     assert offenders == []
+
+
+def test_an_op_this_torch_lacks_registers_nothing():
+    """torch 2.14 dropped `aten.cholesky`: the op tables must still import, registering what exists."""
+    from torch_tpu.ops import registry
+
+    assert compat.aten.add.Tensor is torch.ops.aten.add.Tensor
+    assert compat.aten.__lshift__.Tensor is torch.ops.aten.__lshift__.Tensor  # aten's dunder-named ops
+    absent = compat.aten.no_such_op_in_any_torch.default
+    assert isinstance(absent, compat.AbsentOp) and "no_such_op_in_any_torch.default" in repr(absent)
+    before = (len(registry.LOWERINGS), len(registry.KERNELS), len(registry.GRAPH_LOWERINGS))
+    registry.lower(absent)(lambda x: x)
+    registry.kernel(absent)(lambda x: x)
+    registry.lower_in_graphs(absent)(lambda x: x)
+    assert (len(registry.LOWERINGS), len(registry.KERNELS), len(registry.GRAPH_LOWERINGS)) == before
+    with pytest.raises(AttributeError):
+        getattr(compat.aten, "__no_such_dunder__")  # noqa: B009  (an attribute lookup is what is tested)

@@ -133,6 +133,46 @@ create_work_from_future = _first(
     lambda: __import__("torch._C._distributed_c10d", fromlist=["_"])._create_work_from_future,
 )
 
+
+class AbsentOp:
+    """An ATen op, or an overload of one, that the running torch does not have (torch 2.14 dropped
+    `aten.cholesky`): registering a lowering or kernel for it registers nothing."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, overload: str) -> AbsentOp:
+        if overload.startswith("__"):
+            raise AttributeError(overload)
+        return AbsentOp(f"{self.name}.{overload}")
+
+    def __repr__(self) -> str:
+        return f"<{self.name}: not in torch {torch.__version__}>"
+
+
+class _Aten:
+    """`torch.ops.aten`, except that an op this torch lacks is an `AbsentOp` instead of an AttributeError, so
+    that the op tables import on every supported release. Each op is looked up once, then cached here."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            found = getattr(torch.ops.aten, name)  # aten has dunder-named ops too (`__lshift__`)
+        except AttributeError:
+            if name.startswith("__"):
+                raise
+            found = AbsentOp(f"aten.{name}")
+        setattr(self, name, found)
+        return found
+
+
+aten = _Aten()
+
+
+def present(ops: tuple) -> tuple:
+    """`ops` without those the running torch lacks."""
+    return tuple(op for op in ops if not isinstance(op, AbsentOp))
+
+
 # --- jax ---------------------------------------------------------------------------------------------------------
 
 
