@@ -13,7 +13,8 @@
 #   bench/device_run.sh [platform]            e.g. OUT=/tmp/out bench/device_run.sh gpu
 #   DEVICE_RUN_SMALL=1 TORCH_TPU_PLATFORM=cpu bench/device_run.sh    the dry run (CPU platform, small sizes;
 #   DEVICE_RUN_TIMEOUT_SCALE=N and DEVICE_RUN_BUDGET_S=S give a slow, shared machine more time)
-# DEVICE_RUN_SMOKE=PATH names smoke.py where it is elsewhere. PEAK_TFLOPS_FP32 / PEAK_TFLOPS_BF16 (the device's peaks) make compile_step print the MFU.
+# DEVICE_RUN_SMOKE=PATH names smoke.py where it is elsewhere. PEAK_TFLOPS_FP32 / PEAK_TFLOPS_BF16 (the device's
+# peaks) make compile_step print the MFU.
 set -u
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
