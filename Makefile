@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP_PINS := torch==2.13.0 jax==0.10.2 jaxlib==0.10.2
 
-.PHONY: venv demo test test-slow bench bench-compile lint clean
+.PHONY: venv demo test test-slow test-compat bench bench-compile lint clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,34 @@ test: venv
 
 test-slow: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
+
+# `make test-compat` (not part of `make test`): the fast suite once per supported torch/JAX pair, each in a venv of
+# its own under COMPAT_VENVS (outside the checkout; built once, kept). A pair is PYTHON:TORCH:JAX; a pair whose
+# Python or wheels are not obtainable here is reported "not installable" and skipped. docs/compatibility.md has
+# the results. COMPAT_TESTS narrows the suite (default: all of the fast suite but tests/distributed).
+COMPAT_VENVS ?= $(abspath ..)/compat-venvs
+COMPAT_PAIRS ?= 3.11:2.13.0:0.10.2 3.11:2.14.1:0.10.2 3.11:2.12.1:0.10.2 3.12:2.11.0:0.11.2
+COMPAT_TESTS ?= tests --ignore=tests/distributed
+COMPAT_TIMEOUT ?= 5400
+COMPAT_DEPS := numpy ml_dtypes pytest expecttest hypothesis "setuptools>=70.1,<82" transformers kubernetes jsonschema pyyaml
+
+test-compat: SHELL := /bin/bash
+test-compat:
+	@mkdir -p $(COMPAT_VENVS); summary=$(COMPAT_VENVS)/summary.txt; : > $$summary; \
+	for pair in $(COMPAT_PAIRS); do \
+		IFS=: read -r py torch jax <<< "$$pair"; venv=$(COMPAT_VENVS)/py$$py-torch$$torch-jax$$jax; \
+		if [ ! -f $$venv/.installed ]; then \
+			if ! command -v python$$py >/dev/null; then echo "$$pair: not installable here (no python$$py)" >> $$summary; continue; fi; \
+			rm -rf $$venv && python$$py -m venv $$venv && \
+			$$venv/bin/python -m pip install -q torch==$$torch jax==$$jax jaxlib==$$jax $(COMPAT_DEPS) > $$venv.install.log 2>&1 \
+			|| { echo "$$pair: not installable here (see $$venv.install.log)" >> $$summary; continue; }; \
+			touch $$venv/.installed; \
+		fi; \
+		$$venv/bin/python -m pip install -q --no-deps --no-build-isolation -e . > /dev/null; \
+		echo "== $$pair: pytest -q $(COMPAT_TESTS)"; \
+		timeout $(COMPAT_TIMEOUT) $$venv/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_TESTS) > $$venv.pytest.log 2>&1; \
+		status=$$?; echo "$$pair: $$(tail -n 1 $$venv.pytest.log) (exit $$status; log $$venv.pytest.log)" | tee -a $$summary; \
+	done; echo "--- $$summary"; cat $$summary
 
 bench: venv
 	$(PY) bench/eager_overhead.py

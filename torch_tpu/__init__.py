@@ -6,19 +6,7 @@ this package itself through the `torch.backends` entry point, so `import torch` 
 
 import torch
 
-if torch._C._get_privateuse1_backend_name() != "tpu":
-    torch.utils.rename_privateuse1_backend("tpu")
-
-from torch_tpu import metrics as metrics  # noqa: E402  (the device must be named before these import)
-from torch_tpu import tpu as tpu  # noqa: E402
-from torch_tpu.eager.fallback import cpu_fallback_enabled as cpu_fallback_enabled  # noqa: E402
-from torch_tpu.eager.fallback import set_cpu_fallback as set_cpu_fallback  # noqa: E402
-from torch_tpu.interop import from_jax as from_jax  # noqa: E402
-from torch_tpu.interop import to_jax as to_jax  # noqa: E402
-from torch_tpu.runtime import accelerator as _accelerator  # noqa: E402
-from torch_tpu.runtime import serialization as _serialization  # noqa: E402
-from torch_tpu.runtime.checks import index_checks as index_checks  # noqa: E402
-from torch_tpu.runtime.checks import set_index_checks as set_index_checks  # noqa: E402
+from torch_tpu.runtime import compat as _compat
 
 __version__ = "0.2.0"
 # The public names (tests/test_public_api.py holds them); `torch.tpu` (this package's `tpu`) has its own.
@@ -48,8 +36,8 @@ def _register() -> None:
         return
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     torch._register_device_module("tpu", tpu)
-    torch._C._acc.register_python_privateuseone_hook(_accelerator.Hooks())
-    torch._C._acc.register_python_privateuseone_device_guard(_accelerator.Guard())
+    _compat.register_hooks(_accelerator.Hooks())
+    _compat.register_device_guard(_accelerator.Guard())
     from torch_tpu.compile import skips
 
     skips.install()  # before anything can compile: Dynamo must not trace our kernels, whatever the backend
@@ -74,4 +62,23 @@ def _register() -> None:
     distributed._register()  # the `tpu_dist` c10d backend (JAX starts with a group); `torch.tpu.distributed`
 
 
-_register()
+# The supported torch and JAX releases, checked before anything touches their private APIs (runtime/compat.py);
+# an unsupported one found while torch autoloads us registers nothing, and _loader.load() forgets this module.
+_SUPPORTED = _compat.supported()
+if _SUPPORTED:
+    if torch._C._get_privateuse1_backend_name() != "tpu":
+        torch.utils.rename_privateuse1_backend("tpu")
+
+    # The device must be named before these import.
+    from torch_tpu import metrics as metrics
+    from torch_tpu import tpu as tpu
+    from torch_tpu.eager.fallback import cpu_fallback_enabled as cpu_fallback_enabled
+    from torch_tpu.eager.fallback import set_cpu_fallback as set_cpu_fallback
+    from torch_tpu.interop import from_jax as from_jax
+    from torch_tpu.interop import to_jax as to_jax
+    from torch_tpu.runtime import accelerator as _accelerator
+    from torch_tpu.runtime import serialization as _serialization
+    from torch_tpu.runtime.checks import index_checks as index_checks
+    from torch_tpu.runtime.checks import set_index_checks as set_index_checks
+
+    _register()

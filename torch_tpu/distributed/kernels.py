@@ -22,11 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from torch_tpu.distributed import collectives, handshake, host, watchdog
 from torch_tpu.eager import fused
-from torch_tpu.runtime import storage
+from torch_tpu.runtime import compat, storage
 
 _RedOpType = dist.ReduceOp.RedOpType
 _OPS = {
@@ -83,7 +82,7 @@ def _done(result: Any) -> Any:
         values = [tensor for item in result for tensor in (item if isinstance(item, (list, tuple)) else [item])]
     future = torch.futures.Future()
     future.set_result(values)
-    return _create_work_from_future(future).boxed()
+    return compat.create_work_from_future(future).boxed()
 
 
 def _read(tensor: torch.Tensor) -> jax.Array:

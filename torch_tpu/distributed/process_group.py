@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo
 
+from torch_tpu.runtime import compat
+
 NAME = "tpu_dist"
 ALIAS = "tpu"
 _COORDINATOR_KEY = "tpu_dist/jax_coordinator"
@@ -58,9 +60,7 @@ def _default_to_tpu_dist(init_process_group: Any) -> Any:
 
 
 def _backend_initialized() -> bool:
-    from jax._src import xla_bridge
-
-    return xla_bridge.backends_are_initialized()
+    return compat.jax_backends_initialized()
 
 
 def _free_port(host: str) -> int:
@@ -91,9 +91,7 @@ def _set_collective_timeout(seconds: int) -> None:
 
 def initialize_jax(store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta) -> None:
     """`jax.distributed.initialize` from torch's rendezvous, once per process, before JAX's backend starts."""
-    from jax._src import distributed as jax_distributed
-
-    if jax_distributed.global_state.client is not None:
+    if compat.jax_distributed_client() is not None:
         if jax.process_count() != world_size or jax.process_index() != rank:
             raise RuntimeError(
                 f"tpu_dist: JAX is already initialised as process {jax.process_index()} of {jax.process_count()}, "

@@ -24,12 +24,11 @@ import jax
 import jax.numpy as jnp
 import torch
 import torch.distributed as dist
-from jax._src.lax.lax import _convert_element_type
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from torch_tpu.distributed import collectives, functional
-from torch_tpu.runtime import persistent, platform
+from torch_tpu.runtime import compat, persistent, platform
 
 _KEY = "tpu_dist/spmd/{ranks}/{sequence}/{rank}"
 # Per group (its ranks): how many programs over it this process has agreed on; every rank counts alike.
@@ -69,7 +68,7 @@ class Program:
             merged = list(values)
             for position, array, (scalar, weak) in zip(positions, arrays, kinds, strict=True):
                 array = array.reshape(()) if scalar else array
-                merged[position] = _convert_element_type(array, weak_type=True) if weak else array
+                merged[position] = compat.convert_element_type(array, weak_type=True) if weak else array
             previous, functional.tracing.ranks = functional.tracing.ranks, self.ranks
             try:
                 outputs = fn(*merged)

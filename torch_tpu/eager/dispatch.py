@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from jax._src.lax.lax import _convert_element_type
 from torch._ops import OpOverload
 
 from torch_tpu import precision
@@ -23,7 +22,7 @@ from torch_tpu.eager import fused, modes, validation
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import Lowering, mutated_args
 from torch_tpu.runtime import checks as device_checks
-from torch_tpu.runtime import dtypes, persistent, platform, storage
+from torch_tpu.runtime import compat, dtypes, persistent, platform, storage
 from torch_tpu.runtime.mapping import GATHER, WHOLE_BUFFER, classify
 
 _MATH_BIT_KEYS = (torch._C.DispatchKey.Conjugate, torch._C.DispatchKey.Negative)
@@ -402,7 +401,7 @@ def _fill(template: Any, values: Iterator) -> Any:
         if template.view is not None:
             return storage.read_view(value, *template.view, next(values) if template.offset else 0)
         if template.count is not None:  # packed Python numbers: weakly typed again, as Python numbers trace
-            return [_convert_element_type(value[i], weak_type=True) for i in range(template.count)]
+            return [compat.convert_element_type(value[i], weak_type=True) for i in range(template.count)]
         return value
     if isinstance(template, list):
         return [_fill(v, values) for v in template]

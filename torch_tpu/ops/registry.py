@@ -20,7 +20,9 @@ from collections.abc import Callable, Iterable
 import torch
 from torch._ops import OpOverload
 
-aten = torch.ops.aten
+from torch_tpu.runtime import compat
+
+aten = compat.aten  # torch.ops.aten, where an op this torch lacks registers nothing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +86,7 @@ def lower(
     writes = tuple(writes)
 
     def register(fn: Callable) -> Callable:
-        for op in ops:
+        for op in compat.present(ops):
             _check_new(op, composite)
             mutating = mutating_variant(op, writes) if writes else None
             if mutating is not None:
@@ -100,7 +102,7 @@ def lower_in_graphs(*ops: OpOverload, rng: bool = False) -> Callable[[Callable],
     """Register `fn` as the JAX lowering of `ops` inside compiled graphs only (see GRAPH_LOWERINGS)."""
 
     def register(fn: Callable) -> Callable:
-        for op in ops:
+        for op in compat.present(ops):
             if op in GRAPH_LOWERINGS or op in LOWERINGS:
                 raise ValueError(f"torch_tpu: {op} is registered twice")
             GRAPH_LOWERINGS[op] = Lowering(op, fn, rng=rng)
@@ -118,7 +120,7 @@ def kernel(*ops: OpOverload) -> Callable[[Callable], Callable]:
     """Register `fn` as the direct PrivateUse1 kernel of `ops` (minimal tier: no JAX tracing)."""
 
     def register(fn: Callable) -> Callable:
-        for op in ops:
+        for op in compat.present(ops):
             _check_new(op)
             KERNELS[op] = fn
         return fn
@@ -141,7 +143,7 @@ def _signature(op: OpOverload) -> tuple[tuple[str, str], ...]:
 
 def inplace_variant(op: OpOverload) -> OpOverload | None:
     """The `aten.x_` overload with functional `op`'s arguments that mutates only `self`, if any."""
-    packet = getattr(aten, op._schema.name.split("::")[1] + "_", None)
+    packet = getattr(torch.ops.aten, op._schema.name.split("::")[1] + "_", None)
     if packet is None:
         return None
     signature = [(a.name, str(a.type)) for a in op._schema.arguments[1:]]
@@ -161,7 +163,7 @@ def mutating_variant(op: OpOverload, writes: tuple[str, ...]) -> OpOverload:
     name = op._schema.name.split("::")[1]
     arguments = [(a.name, str(a.type)) for a in op._schema.arguments]
     for packet_name in (name.removesuffix("_functional"), name + "_"):
-        packet = getattr(aten, packet_name, None) if packet_name != name else None
+        packet = getattr(torch.ops.aten, packet_name, None) if packet_name != name else None
         for overload in packet.overloads() if packet is not None else ():
             candidate = getattr(packet, overload)
             if tuple(a.name for a in mutated_args(candidate)) != writes:
@@ -175,7 +177,7 @@ def mutating_variant(op: OpOverload, writes: tuple[str, ...]) -> OpOverload:
 
 def out_variant(op: OpOverload) -> OpOverload | None:
     """The `out=` overload whose non-out arguments equal those of functional `op`."""
-    packet = getattr(aten, op._schema.name.split("::")[1])
+    packet = getattr(torch.ops.aten, op._schema.name.split("::")[1])
     signature = _signature(op)
     for name in packet.overloads():
         candidate = getattr(packet, name)

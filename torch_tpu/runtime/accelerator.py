@@ -16,8 +16,10 @@ import torch
 import torch.accelerator
 import torch.accelerator.memory
 
+from torch_tpu.runtime import compat
 
-class Hooks(torch._C._acc.PrivateUse1Hooks):
+
+class Hooks(compat.PrivateUse1Hooks):
     def is_available(self) -> bool:
         return True
 
@@ -28,9 +30,9 @@ class Hooks(torch._C._acc.PrivateUse1Hooks):
         return True
 
 
-class Guard(torch._C._acc.DeviceGuard):
-    def type_(self) -> torch._C._autograd.DeviceType:
-        return torch._C._autograd.DeviceType.PrivateUse1
+class Guard(compat.DeviceGuard):
+    def type_(self) -> object:
+        return compat.PRIVATEUSE1_DEVICE_TYPE
 
 
 def _is_tpu(device: object) -> bool:

@@ -32,10 +32,9 @@ from importlib.metadata import version
 from typing import Any
 
 import jax
-from jax.experimental import serialize_executable
 
 from torch_tpu import precision
-from torch_tpu.runtime import platform
+from torch_tpu.runtime import compat, platform
 
 _FORMAT = 2
 _MAGIC = b"TTPUXLA2"
@@ -191,7 +190,7 @@ def _deserialize(payload: tuple, devices: Sequence[Any] | None = None) -> Any:
     # Onto this process's device only (by default it is loaded onto every device of the job), or an SPMD
     # program's devices.
     execution_devices = list(devices) if devices is not None else [platform.device()]
-    compiled = serialize_executable.deserialize_and_load(*payload, execution_devices=execution_devices)
+    compiled = compat.deserialize_executable(payload, execution_devices)
     _footprints[compiled] = len(payload[0])
     return compiled
 
@@ -204,7 +203,7 @@ def load(key: str, devices: Sequence[Any] | None = None) -> Any | None:
 
 def _store(key: str, compiled: Any) -> None:
     try:
-        payload = serialize_executable.serialize(compiled)
+        payload = compat.serialize_executable(compiled)
     except Exception as error:
         warnings.warn(f"torch_tpu: could not serialize compile-cache entry {key}: {error}", stacklevel=3)
         return

@@ -15,6 +15,8 @@ import torch
 import torch.serialization
 import torch.storage
 
+from torch_tpu.runtime import compat
+
 
 def storage_to_tpu(storage: torch.UntypedStorage, device: Any = None, non_blocking: bool = False) -> Any:
     """A `tpu` copy of a storage (untyped bytes)."""
@@ -33,8 +35,8 @@ def _construct(cls: type, *args: Any, device: Any = None, **kwargs: Any) -> Any:
     return _new_storage(cls, *args, **kwargs)
 
 
-_new_storage = torch._C.StorageBase.__new__
-_new_like = torch._C.StorageBase.new
+_new_storage = compat.new_storage
+_new_like = compat.new_storage_like
 
 
 def _new(self: Any) -> Any:

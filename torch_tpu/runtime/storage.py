@@ -19,14 +19,15 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torch_tpu.runtime import checks, deferred, dtypes, platform
+from torch_tpu.runtime import checks, compat, deferred, dtypes, platform
 from torch_tpu.runtime.mapping import RESHAPE, WHOLE_BUFFER, classify
 
 _ATTR = "_tpu_buffer"
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
-_create_empty = torch._C._acc.create_empty_tensor
-_construct_storage = torch._C._construct_storage_from_data_pointer
+_create_empty = compat.create_empty_tensor
+_construct_storage = compat.storage_from_data_pointer
+_CAN_SWAP_POINTER = compat.STORAGE_SWAPS_DATA_POINTER
 _DEVICE = torch.device("tpu", 0)
 _JAX_DTYPE = dtypes._TORCH_TO_JAX
 _Pending = deferred.Pending
@@ -185,6 +186,10 @@ def wrap_as(array: Any, layout: tuple) -> torch.Tensor:
     """
     shape, torch_dtype, jdtype, nbytes = layout
     tensor = _create_empty(shape, torch_dtype)
+    if not _CAN_SWAP_POINTER:  # this torch cannot repoint a storage (runtime/compat.py): `set_`, as `empty` does
+        buffer = DeviceBuffer(nbytes, jdtype, array, shape)
+        _set_storage(_CPU_KEYS, tensor, _new_storage(buffer), 0, shape, contiguous_strides(shape))
+        return tensor
     storage = tensor.untyped_storage()
     storage._swap_data_ptr_(
         _construct_storage(next(_small_slots) * _SLOT if nbytes <= _SLOT else _addresses.take(nbytes), _DEVICE, nbytes)

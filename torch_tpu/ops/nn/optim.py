@@ -15,16 +15,16 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
-from jax._src.lax.lax import _convert_element_type
 
 from torch_tpu.ops.nn.common import upcast
 from torch_tpu.ops.registry import aten, kernel, lower
+from torch_tpu.runtime import compat
 
 
 def _learning_rate(lr):
     """`lr` as the weakly typed float64 scalar that a Python float traces as, whichever way it came (a float, a CPU
     tensor's value, a device tensor): `lr * weight_decay` is then computed in float64, as CPU's double `lr` is."""
-    return _convert_element_type(jnp.asarray(lr), np.dtype(np.float64), weak_type=True)
+    return compat.convert_element_type(jnp.asarray(lr), np.dtype(np.float64), weak_type=True)
 
 
 def _upcast(tensors):

@@ -1,0 +1,175 @@
+"""The supported torch/JAX releases (runtime/compat.py): the import-time check, what a user with an unsupported
+release sees, and the private APIs found in one place (docs/compatibility.md has the tested pairs)."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+import torch
+
+from torch_tpu.runtime import compat, storage
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _declared() -> dict[str, str]:
+    requirements = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return {re.match(r"[\w-]+", r).group(0): r for r in requirements}
+
+
+def test_pyproject_declares_the_ranges_the_import_check_enforces():
+    declared = _declared()
+    for name, (low, high) in compat.SUPPORTED.items():
+        assert declared[name] == f"{name}>={compat._spell(low)},<{compat._spell(high)}"
+
+
+@pytest.mark.parametrize(
+    ("found", "ok"),
+    [
+        ("2.11.0+cu130", True),
+        ("2.13.0+cpu", True),
+        ("2.14.1", True),
+        ("2.10.2", False),
+        ("2.15.0", False),
+        ("2.15.0.dev20260101+cpu", False),
+    ],
+)
+def test_torch_release_range(monkeypatch, found, ok):
+    real = compat.metadata.version
+    monkeypatch.setattr(compat.metadata, "version", lambda name: found if name == "torch" else real(name))
+    problem = compat.version_problem()
+    assert (problem is None) is ok
+    if not ok:
+        assert f"found torch {found}" in problem and "torch>=2.11,<2.15" in problem and "jax>=0.10.2,<0.12" in problem
+
+
+@pytest.mark.parametrize(("found", "ok"), [("0.10.2", True), ("0.11.2", True), ("0.10.1", False), ("0.12.0", False)])
+def test_jaxlib_release_range(monkeypatch, found, ok):
+    real = compat.metadata.version
+    monkeypatch.setattr(compat.metadata, "version", lambda name: found if name == "jaxlib" else real(name))
+    assert (compat.version_problem() is None) is ok
+
+
+def test_the_check_can_be_skipped_on_purpose(monkeypatch):
+    monkeypatch.setattr(compat.metadata, "version", lambda name: "9.0")
+    assert compat.version_problem() is not None
+    monkeypatch.setenv(compat.SKIP_CHECK_ENV, "1")
+    assert compat.version_problem() is None
+
+
+_UNSUPPORTED_TORCH = """
+import importlib.metadata as md, warnings
+real = md.version
+md.version = lambda name: {fake!r} if name == {name!r} else real(name)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import torch
+print("WARNING:", [str(w.message) for w in caught if "torch_tpu" in str(w.message)])
+print("REGISTERED:", hasattr(torch, "tpu"), torch._C._get_privateuse1_backend_name())
+print("CPU:", (torch.ones(2) + 1).tolist())
+try:
+    import torch_tpu
+except ImportError as error:
+    print("IMPORT ERROR:", error)
+"""
+
+
+def _run_unsupported(name: str, fake: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop(compat.SKIP_CHECK_ENV, None)
+    out = subprocess.run(
+        [sys.executable, "-c", _UNSUPPORTED_TORCH.format(name=name, fake=fake)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+@pytest.mark.parametrize(("name", "fake"), [("torch", "2.15.0"), ("jax", "0.12.0")])
+def test_unsupported_release_keeps_import_torch_working_and_import_torch_tpu_says_why(name, fake):
+    stdout = _run_unsupported(name, fake)
+    expected = f"torch_tpu supports torch>=2.11,<2.15, jax>=0.10.2,<0.12, jaxlib>=0.10.2,<0.12; found {name} {fake}."
+    # `import torch` autoloads us: a warning naming the release and the range, torch usable, no tpu device.
+    assert "WARNING: ['" + expected in stdout and "The tpu device is not registered." in stdout
+    assert "REGISTERED: False privateuseone" in stdout
+    assert "CPU: [2.0, 2.0]" in stdout
+    # An explicit import fails with the same reason, not with whatever private API the release lacks.
+    assert "IMPORT ERROR: " + expected in stdout
+
+
+def test_a_missing_private_api_fails_where_it_is_used_and_names_it():
+    missing = compat._first("torch._C._no_such_api", lambda: torch._C._no_such_api)
+    with pytest.raises(RuntimeError, match=r"this release has no torch\._C\._no_such_api \(torch 2\.\d+"):
+        missing()
+
+
+def test_fresh_tensors_without_the_in_place_storage_swap(monkeypatch):
+    """torch 2.11 has no `UntypedStorage._swap_data_ptr_`: op results then get their storage through `set_`."""
+    monkeypatch.setattr(storage, "_CAN_SWAP_POINTER", False)
+    a = torch.arange(12.0).reshape(3, 4)
+    t = a.to("tpu")
+    result = (t * 2 + 1).t()
+    assert result.untyped_storage().nbytes() == 48 and result.stride() == (1, 4)
+    torch.testing.assert_close(result.cpu(), (a * 2 + 1).t(), rtol=0, atol=0)
+    result.add_(1)  # the new storage is written in place and read back
+    torch.testing.assert_close(result.cpu(), (a * 2 + 2).t(), rtol=0, atol=0)
+
+
+# Private APIs whose home moves between releases: only runtime/compat.py may name them.
+_PRIVATE = ("jax._src", "torch._C._acc", "_construct_storage_from_data_pointer", "import serialize_executable")
+
+
+def test_version_dependent_private_apis_are_named_only_in_compat():
+    offenders = []
+    for path in (ROOT / "torch_tpu").rglob("*.py"):
+        if path.name == "compat.py":
+            continue
+        text = path.read_text()
+        offenders += [f"{path.relative_to(ROOT)}: {name}" for name in _PRIVATE if name in text]
+    assert offenders == []
+
+
+def test_an_op_this_torch_lacks_registers_nothing():
+    """torch 2.14 dropped `aten.cholesky`: the op tables must still import, registering what exists."""
+    from torch_tpu.ops import registry
+
+    assert compat.aten.add.Tensor is torch.ops.aten.add.Tensor
+    assert compat.aten.__lshift__.Tensor is torch.ops.aten.__lshift__.Tensor  # aten's dunder-named ops
+    absent = compat.aten.no_such_op_in_any_torch.default
+    assert isinstance(absent, compat.AbsentOp) and "no_such_op_in_any_torch.default" in repr(absent)
+    before = (len(registry.LOWERINGS), len(registry.KERNELS), len(registry.GRAPH_LOWERINGS))
+    registry.lower(absent)(lambda x: x)
+    registry.kernel(absent)(lambda x: x)
+    registry.lower_in_graphs(absent)(lambda x: x)
+    assert (len(registry.LOWERINGS), len(registry.KERNELS), len(registry.GRAPH_LOWERINGS)) == before
+    with pytest.raises(AttributeError):
+        getattr(compat.aten, "__no_such_dunder__")  # noqa: B009  (an attribute lookup is what is tested)
+
+
+@pytest.mark.slow
+def test_device_run_dry_run_on_the_cpu_platform(tmp_path):
+    """bench/device_run.sh end to end on the XLA CPU platform at small sizes (minutes: marked slow)."""
+    env = dict(
+        os.environ,
+        OUT=str(tmp_path),
+        PYTHON=sys.executable,
+        TORCH_TPU_PLATFORM="cpu",
+        DEVICE_RUN_SMALL="1",
+        DEVICE_RUN_BUDGET_S="3000",
+        DEVICE_RUN_TIMEOUT_SCALE="5",
+    )
+    out = subprocess.run(["bash", str(ROOT / "bench" / "device_run.sh")], capture_output=True, text=True, env=env)
+    summary = (tmp_path / "summary.txt").read_text()
+    assert out.returncode == 0, summary
+    steps = ["install", "platform", "device_checks", "compile_step_fp32", "compile_step_bf16", "eager_modes"]
+    smoke = ROOT / "shared" / "seeds" / "smoke.py", ROOT.parent / "shared" / "seeds" / "smoke.py"
+    steps += ["smoke_eager", "smoke_compiled"] if any(path.exists() for path in smoke) else []
+    for step in steps:
+        assert f"PASS  {step} " in summary, summary

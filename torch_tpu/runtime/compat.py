@@ -1,0 +1,214 @@
+"""The one place that knows which torch and JAX releases torch_tpu runs on, and where their private APIs live.
+
+torch_tpu leans on private PyTorch and JAX APIs: a storage made from a fake data pointer, the PrivateUse1 hook
+and guard classes, AOTAutograd's cache hooks, JAX's weak-typed cast and its backend and multi-process state.
+Each is found here by feature (where the running release keeps it), not by version string, and call sites take
+it from this module; a release that moves one is handled here alone. `supported()` is the import-time check of
+the releases themselves (docs/compatibility.md lists what was tested).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+import warnings
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+import jax
+import torch
+
+# (lowest supported, first unsupported), the ranges pyproject.toml declares (tests/test_compat.py checks they agree).
+SUPPORTED: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    "torch": ((2, 11), (2, 15)),
+    "jax": ((0, 10, 2), (0, 12)),
+    "jaxlib": ((0, 10, 2), (0, 12)),
+}
+SKIP_CHECK_ENV = "TORCH_TPU_SKIP_VERSION_CHECK"
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """`2.11.0+cu130` -> (2, 11, 0): the numeric release, local build and pre-release tags dropped."""
+    found = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(part) for part in found.group(0).split(".")) if found else ()
+
+
+def _spell(release: tuple[int, ...]) -> str:
+    return ".".join(map(str, release))
+
+
+def _installed(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def version_problem() -> str | None:
+    """What is outside the supported ranges among the installed torch, jax and jaxlib, with the ranges; None when
+    all are inside (or TORCH_TPU_SKIP_VERSION_CHECK=1 asks to try anyway)."""
+    if os.environ.get(SKIP_CHECK_ENV) == "1":
+        return None
+    wrong = []
+    for name, (low, high) in SUPPORTED.items():
+        found = _installed(name)
+        if found is not None and not low <= _release(found) < high:
+            wrong.append(f"{name} {found}")
+    if not wrong:
+        return None
+    ranges = ", ".join(f"{name}>={_spell(low)},<{_spell(high)}" for name, (low, high) in SUPPORTED.items())
+    return (
+        f"torch_tpu supports {ranges}; found {', '.join(wrong)}. Install a supported release, or set "
+        f"{SKIP_CHECK_ENV}=1 to try this one unsupported."
+    )
+
+
+def _torch_is_importing() -> bool:
+    """Whether `import torch` is still running: torch imports torch_tpu itself (its `torch.backends` entry point)
+    before its own import has finished."""
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(getattr(getattr(torch, "__spec__", None), "_initializing", False))
+
+
+def supported() -> bool:
+    """True when the installed releases are supported. Otherwise an explicit `import torch_tpu` raises
+    ImportError naming them; torch's autoload of us gets a warning and False instead, so that `import torch`
+    still works (without the `tpu` device) for whatever else the environment runs."""
+    problem = version_problem()
+    if problem is None:
+        return True
+    if _torch_is_importing():
+        warnings.warn(f"{problem} The tpu device is not registered.", RuntimeWarning, stacklevel=2)
+        return False
+    raise ImportError(problem)
+
+
+def _first(where: str, *finders: Callable[[], Any]) -> Any:
+    """The first of `finders` that finds its API in the running release; else a stand-in that raises naming
+    `where` when used (so an unsupported release fails at the feature, not at import)."""
+    for finder in finders:
+        try:
+            return finder()
+        except (ImportError, AttributeError):
+            continue
+
+    def missing(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"torch_tpu: this release has no {where} (torch {torch.__version__}, jax {jax.__version__})")
+
+    return missing
+
+
+# --- torch: PrivateUse1 device and storage -------------------------------------------------------------------------
+
+PrivateUse1Hooks = _first("torch._C._acc.PrivateUse1Hooks", lambda: torch._C._acc.PrivateUse1Hooks)
+DeviceGuard = _first("torch._C._acc.DeviceGuard", lambda: torch._C._acc.DeviceGuard)
+register_hooks = _first(
+    "torch._C._acc.register_python_privateuseone_hook", lambda: torch._C._acc.register_python_privateuseone_hook
+)
+register_device_guard = _first(
+    "torch._C._acc.register_python_privateuseone_device_guard",
+    lambda: torch._C._acc.register_python_privateuseone_device_guard,
+)
+PRIVATEUSE1_DEVICE_TYPE = _first(
+    "torch._C._autograd.DeviceType.PrivateUse1", lambda: torch._C._autograd.DeviceType.PrivateUse1
+)
+create_empty_tensor: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] = _first(
+    "torch._C._acc.create_empty_tensor", lambda: torch._C._acc.create_empty_tensor
+)
+"""A `tpu` tensor of `shape` and `dtype` with no storage of its own yet (set_ gives it one)."""
+storage_from_data_pointer: Callable[[int, torch.device, int], torch.UntypedStorage] = _first(
+    "torch._C._construct_storage_from_data_pointer", lambda: torch._C._construct_storage_from_data_pointer
+)
+"""`(address, device, nbytes)` -> an untyped storage over that (here fake, never dereferenced) address."""
+STORAGE_SWAPS_DATA_POINTER = hasattr(torch._C.StorageBase, "_swap_data_ptr_")
+"""Whether a storage can take another's data pointer in place (`_swap_data_ptr_`, torch >= 2.12): the fast way to
+give a fresh tensor its storage; without it, `set_`."""
+new_storage = torch._C.StorageBase.__new__
+new_storage_like = torch._C.StorageBase.new
+create_work_from_future = _first(
+    "torch._C._distributed_c10d._create_work_from_future",
+    lambda: __import__("torch._C._distributed_c10d", fromlist=["_"])._create_work_from_future,
+)
+
+
+class AbsentOp:
+    """An ATen op, or an overload of one, that the running torch does not have (torch 2.14 dropped
+    `aten.cholesky`): registering a lowering or kernel for it registers nothing."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, overload: str) -> AbsentOp:
+        if overload.startswith("__"):
+            raise AttributeError(overload)
+        return AbsentOp(f"{self.name}.{overload}")
+
+    def __repr__(self) -> str:
+        return f"<{self.name}: not in torch {torch.__version__}>"
+
+
+class _Aten:
+    """`torch.ops.aten`, except that an op this torch lacks is an `AbsentOp` instead of an AttributeError, so
+    that the op tables import on every supported release. Each op is looked up once, then cached here."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            found = getattr(torch.ops.aten, name)  # aten has dunder-named ops too (`__lshift__`)
+        except AttributeError:
+            if name.startswith("__"):
+                raise
+            found = AbsentOp(f"aten.{name}")
+        setattr(self, name, found)
+        return found
+
+
+aten = _Aten()
+
+
+def present(ops: tuple) -> tuple:
+    """`ops` without those the running torch lacks."""
+    return tuple(op for op in ops if not isinstance(op, AbsentOp))
+
+
+# --- jax ---------------------------------------------------------------------------------------------------------
+
+
+def _jax_private(module: str, name: str) -> Callable[[], Any]:
+    return lambda: getattr(importlib.import_module(module), name)
+
+
+convert_element_type = _first(
+    "jax._src.lax.lax._convert_element_type", _jax_private("jax._src.lax.lax", "_convert_element_type")
+)
+"""`convert_element_type(x, new_dtype=None, weak_type=False)`: jax.lax's cast that can also set weak typing (how a
+Python scalar traces), which the public `jax.lax.convert_element_type` cannot."""
+_backends_are_initialized = _first(
+    "jax._src.xla_bridge.backends_are_initialized", _jax_private("jax._src.xla_bridge", "backends_are_initialized")
+)
+_distributed_state = _first("jax._src.distributed.global_state", _jax_private("jax._src.distributed", "global_state"))
+
+
+def jax_backends_initialized() -> bool:
+    """Whether JAX has started its backends (after which jax.distributed.initialize cannot run)."""
+    return bool(_backends_are_initialized())
+
+
+def jax_distributed_client() -> Any:
+    """JAX's multi-process client, None before jax.distributed.initialize."""
+    return getattr(_distributed_state, "client", None)
+
+
+def serialize_executable(compiled: Any) -> tuple:
+    """`jax.experimental.serialize_executable.serialize`: (bytes, in tree, out tree) of a compiled executable."""
+    from jax.experimental import serialize_executable as serialization
+
+    return serialization.serialize(compiled)
+
+
+def deserialize_executable(payload: tuple, devices: list) -> Any:
+    from jax.experimental import serialize_executable as serialization
+
+    return serialization.deserialize_and_load(*payload, execution_devices=devices)
