@@ -87,7 +87,7 @@ def check_op(
     With `reference64`, a float result that misses the fixed tolerance is judged by a float64 CPU run instead
     (`assert_as_accurate_as_cpu`): for ops whose long reductions round differently on each device.
     """
-    expected = fn(*args, **kwargs)
+    expected = _reference(fn, args, kwargs)
     tpu_args, tpu_kwargs = to_tpu(args), to_tpu(kwargs)
     actual = fn(*tpu_args, **tpu_kwargs)
     for value in _flatten(actual):
@@ -107,6 +107,19 @@ def check_op(
             lambda: _grads(fn(*wide_args, **wide_kwargs), wide_args, seeds) if reference64 else None,
         )
     return actual
+
+
+def _reference(fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """`fn` on CPU. Where the running PyTorch has no CPU kernel for a dtype (older releases: bfloat16 `trace`
+    before 2.13) there is nothing to compare with, so the test is skipped, naming the release; it never passes."""
+    try:
+        return fn(*args, **kwargs)
+    except (RuntimeError, NotImplementedError) as error:
+        if "not implemented for" not in str(error):
+            raise
+        import pytest
+
+        pytest.skip(f"CPU PyTorch {torch.__version__} has no reference for this case: {error}")
 
 
 def _differentiable(outputs: Any) -> list[torch.Tensor]:
