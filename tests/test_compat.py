@@ -104,6 +104,15 @@ def test_unsupported_release_keeps_import_torch_working_and_import_torch_tpu_say
     assert "IMPORT ERROR: " + expected in stdout
 
 
+def test_import_torch_tpu_before_torch_registers_the_device():
+    """`import torch_tpu` first: torch's autoload runs while torch_tpu is still importing torch (it raised an
+    AttributeError on the half-imported package, so no script could import us first)."""
+    code = "import torch_tpu, torch; print(torch.arange(3.0, device='tpu').mul(2).tolist())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == str(torch.arange(3.0).mul(2).tolist())
+
+
 def test_a_missing_private_api_fails_where_it_is_used_and_names_it():
     missing = compat._first("torch._C._no_such_api", lambda: torch._C._no_such_api)
     with pytest.raises(RuntimeError, match=r"this release has no torch\._C\._no_such_api \(torch 2\.\d+"):
