@@ -26,8 +26,11 @@ def test_two_nodes_under_torchrun_train_and_reduce_like_one():
 
 @pytest.fixture
 def clean_environment(monkeypatch):
+    """No launch variable set, and every one restored afterwards, also those set_tpu_launch_env writes: a PET_NNODES
+    left behind made a later test's torchrun wait for nodes that never came."""
     for name in _LAUNCH_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # recorded, so that teardown removes what the test wrote
+        monkeypatch.delenv(name)
     return monkeypatch
 
 
