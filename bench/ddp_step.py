@@ -13,13 +13,10 @@ import argparse
 import datetime
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
 
+import jobs
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -75,43 +72,9 @@ def rank_main(rounds: int, steps: int) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def launch(nprocs: int, rounds: int, steps: int, timeout: float = 300) -> dict:
     """Run one job of `nprocs` ranks; rank 0's samples."""
-    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(nprocs)}
-    command = [sys.executable, __file__, "--rank-of-job", "--rounds", str(rounds), "--steps", str(steps)]
-    ranks = [
-        subprocess.Popen(
-            command,
-            env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
-            stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
-            start_new_session=True,
-            text=True,
-        )
-        for r in range(nprocs)
-    ]
-    deadline = time.monotonic() + timeout
-    try:
-        output, _ = ranks[0].communicate(timeout=timeout)
-        for process in ranks[1:]:
-            process.wait(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        for process in ranks:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-    if any(process.returncode for process in ranks):
-        raise RuntimeError(f"the {nprocs}-rank job failed: exit codes {[p.returncode for p in ranks]}")
-    return json.loads(output.strip().splitlines()[-1])
-
-
-def _summary(samples: list[float]) -> str:
-    return f"{statistics.median(samples) * 1e3:8.2f} ms ({min(samples) * 1e3:.2f}-{max(samples) * 1e3:.2f})"
+    return jobs.launch(__file__, ["--rounds", str(rounds), "--steps", str(steps)], nprocs, timeout)
 
 
 def main() -> None:
@@ -131,7 +94,8 @@ def main() -> None:
     for result in results:
         tpu, gloo = (statistics.median(result["samples"][name]) for name in ("tpu", "gloo"))
         print(
-            f"{result['ranks']:>5}  {_summary(result['samples']['tpu']):>28}  {_summary(result['samples']['gloo']):>28}"
+            f"{result['ranks']:>5}  {jobs.summary(result['samples']['tpu']):>28}"
+            f"  {jobs.summary(result['samples']['gloo']):>28}"
             f"  {tpu / gloo:8.2f}  {base['tpu'] / tpu:14.2f}  {base['gloo'] / gloo:4.2f}"
         )
 

@@ -16,14 +16,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
 
+import jobs
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -118,43 +114,9 @@ def rank_main(rounds: int, steps: int, width: int, blocks: int) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def launch(arguments: list[str], nprocs: int = 2, timeout: float = 900) -> dict:
-    """Run the job on `nprocs` ranks, each in a session of its own killed (by PID) at `timeout`; rank 0's result."""
-    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(nprocs)}
-    command = [sys.executable, __file__, "--rank-of-job", *arguments]
-    ranks = [
-        subprocess.Popen(
-            command,
-            env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
-            stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
-            start_new_session=True,
-            text=True,
-        )
-        for r in range(nprocs)
-    ]
-    deadline = time.monotonic() + timeout
-    try:
-        output, _ = ranks[0].communicate(timeout=timeout)
-        for process in ranks[1:]:
-            process.wait(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        for process in ranks:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-    if any(process.returncode for process in ranks):
-        raise RuntimeError(f"the {nprocs}-rank job failed: exit codes {[p.returncode for p in ranks]}")
-    return json.loads(output.strip().splitlines()[-1])
-
-
-def _summary(samples: list[float]) -> str:
-    return f"{statistics.median(samples) * 1e3:8.2f} ms ({min(samples) * 1e3:.2f}-{max(samples) * 1e3:.2f})"
+    """Run the job on `nprocs` ranks; rank 0's result."""
+    return jobs.launch(__file__, arguments, nprocs, timeout)
 
 
 def main() -> None:
@@ -192,7 +154,7 @@ def main() -> None:
     alone = statistics.median(samples["alone"])
     print(f"step time, median (min-max) of {args.rounds} rounds of {args.steps} steps; ratio to one process")
     for way in WAYS:
-        print(f"{way:>10}  {_summary(samples[way]):>28}  {statistics.median(samples[way]) / alone:6.2f}")
+        print(f"{way:>10}  {jobs.summary(samples[way]):>28}  {statistics.median(samples[way]) / alone:6.2f}")
 
 
 if __name__ == "__main__":
