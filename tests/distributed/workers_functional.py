@@ -175,7 +175,9 @@ def _reused_name_checks(rank: int, world: int) -> None:
 
 
 def functional() -> None:
-    """Every check of this module that expects no error, in one launch."""
+    """Every check of this module that expects no error, in one launch. The second job starts while the first
+    one's compiled graphs still hold its groups (their gloo contexts alive, listening): its rendezvous must not
+    meet them."""
     dist.init_process_group("tpu", timeout=_TIMEOUT)
     rank, world = dist.get_rank(), dist.get_world_size()
     _compiled_checks(rank, world)

@@ -27,6 +27,11 @@ from torch_tpu.runtime import compat
 NAME = "tpu_dist"
 ALIAS = "tpu"
 _COORDINATOR_KEY = "tpu_dist/jax_coordinator"
+# How many default groups this process has made. After `destroy_process_group()` torch names the next job's groups
+# as it named the last one's, so their gloo rendezvous would read the old keys from the same store, and a rank
+# would connect to a peer's previous gloo context (alive while anything, a compiled graph's guards, holds its
+# group) and wait there. Every rank makes the same sequence of default groups, so the count is a common prefix.
+_generation = 0
 # Seconds without a heartbeat before JAX's coordination service declares a process dead (JAX's default: 100).
 HEARTBEAT_TIMEOUT_S = 10
 
@@ -125,8 +130,10 @@ def _create_backend(
     """torch's creator for a group: JAX started (the default group), tpu kernels installed, a gloo backend."""
     from torch_tpu.distributed import kernels, watchdog
 
+    global _generation
     if not dist.is_initialized():  # the default group is being made: rank and world size are global
+        _generation += 1
         initialize_jax(store, rank, world_size, timeout)
         watchdog.start(store, rank, world_size, timeout.total_seconds(), _host())
     kernels.install()
-    return ProcessGroupGloo(store, rank, world_size, timeout)
+    return ProcessGroupGloo(dist.PrefixStore(f"tpu_dist/job{_generation}", store), rank, world_size, timeout)
