@@ -164,7 +164,7 @@ def check_platform() -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[st
         info["available"][candidate] = len(platform._devices_of(candidate))
     try:
         chosen = platform.devices()
-    except RuntimeError as exc:
+    except Exception as exc:  # no devices, or a plugin that fails to start (its error is the evidence)
         findings.append(
             _finding_of(
                 "no_devices",
@@ -182,7 +182,10 @@ def check_platform() -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[st
     else:
         info["why"] = f"TORCH_TPU_PLATFORM={requested} asks for it"
     for index, device in enumerate(chosen):
-        stats = device.memory_stats() or {}
+        try:
+            stats = device.memory_stats() or {}
+        except Exception:  # some PJRT plugins do not implement it
+            stats = {}
         devices.append(
             {
                 "index": index,
