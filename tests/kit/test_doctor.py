@@ -40,7 +40,7 @@ def test_clean_environment_has_no_finding_and_matches_the_schema(clean):
     assert report["eager"]["mode"] == "strict"
     assert report["eager"]["switches"] == {"TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": str(clean / "xla")}
     tier3 = report["caches"][0]
-    assert tier3["path"] == str(clean / "xla") and tier3["exists"] is False and tier3["private"] is True
+    assert tier3["path"] == str(clean / "xla") and tier3["exists"] is False and tier3["private"] is None
     assert report["kubernetes"]["in_pod"] is False
     text = doctor.format_text(report)
     for section in ("versions", "platform", "devices", "eager", "compile caches", "distributed", "kubernetes"):
@@ -134,6 +134,25 @@ def test_switch_findings(clean, monkeypatch, env, finding):
     for name, value in env.items():
         assert report["eager"]["switches"][name] == value
     _check_schema(report)
+
+
+def test_no_devices_and_unreadable_cache(clean, monkeypatch):
+    from torch_tpu.runtime import platform
+
+    def no_devices():
+        raise RuntimeError("torch_tpu: no JAX devices for TORCH_TPU_PLATFORM='tpu'")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(platform, "devices", no_devices)
+        info, devices, findings = doctor.check_platform()
+    assert info["chosen"] is None and devices == [] and [f["name"] for f in findings] == ["no_devices"]
+
+    def denied(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(doctor.pathlib.Path, "stat", denied)
+    info, findings = doctor.check_cache("tier3", clean / "xla")
+    assert [f["name"] for f in findings] == ["cache_unreadable"] and info["writable"] is False
 
 
 def test_known_switches_are_read_from_the_source():

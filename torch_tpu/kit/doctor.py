@@ -296,10 +296,11 @@ def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
 def check_cache(name: str, path: pathlib.Path) -> tuple[dict[str, Any], list[dict[str, str]]]:
     """Size, entries and permissions of one cache root. Entries are unpickled when read, so a directory others
     can write is a way to run code in this process: world-writable is an error, not private a warning."""
-    info: dict[str, Any] = {"name": name, "path": str(path), "exists": path.is_dir(), "size_bytes": 0, "entries": 0}
+    info: dict[str, Any] = {"name": name, "path": str(path), "exists": False, "size_bytes": 0, "entries": 0}
     findings = []
-    where = path if path.is_dir() else _nearest_existing(path)
-    try:
+    try:  # a parent this user cannot search raises PermissionError from is_dir/exists as well
+        info["exists"] = path.is_dir()
+        where = path if info["exists"] else _nearest_existing(path)
         st = where.stat()
     except OSError as exc:
         info |= {"mode": None, "private": False, "writable": False, "error": repr(exc)}
@@ -331,7 +332,7 @@ def check_cache(name: str, path: pathlib.Path) -> tuple[dict[str, Any], list[dic
                 )
             )
     else:
-        info["private"] = True  # created 0700 on the first write
+        info["private"] = None  # decided by whoever creates it (torch_tpu's own tier: 0700)
         info["created_under"] = str(where)
     if not writable:
         findings.append(

@@ -86,11 +86,6 @@ class JobSpec:
     serve: Serve | None = None
 
 
-def chips_for(accelerator: str, topology: str) -> int:
-    """Chips one host of this slice needs (the default machine type); raises ManifestError with the choices."""
-    return _shape(accelerator, topology, None).chips_per_host
-
-
 def _shape(accelerator: str, topology: str, chips: int | None) -> tpu_slices.Shape:
     try:
         return tpu_slices.resolve(accelerator, topology, chips)
