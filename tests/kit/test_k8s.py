@@ -412,6 +412,7 @@ def test_cli_prints_yaml_and_refuses_with_a_message(capsys, tmp_path):
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     k8s.validate(docs)
     assert _pod(docs)["containers"][0]["startupProbe"]["failureThreshold"] == 6  # 2 x 30 s in 10 s periods
+    assert _kind(docs, "Deployment")["metadata"]["name"] == "torchtpu-serve"
     assert cli.main([*base, "--topology", "9x9"]) == 2
     assert "not offered" in capsys.readouterr().err
     assert cli.main([*base, "--serve"]) == 2

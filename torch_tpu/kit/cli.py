@@ -82,7 +82,7 @@ def _k8s(args: argparse.Namespace) -> int:
             topology=args.topology,
             mode=args.mode,
             chips=args.chips,
-            name=args.name,
+            name=args.name or ("torchtpu-serve" if serve else "torchtpu-smoke"),
             namespace=args.namespace,
             service_account=args.service_account,
             deadline_seconds=args.deadline,
@@ -148,7 +148,7 @@ def parser() -> argparse.ArgumentParser:
     k8s.add_argument("--topology", default="1x1")
     k8s.add_argument("--mode", choices=("eager", "compiled"), default="compiled")
     k8s.add_argument("--chips", "--chips-per-host", dest="chips", type=int, help="chips per host (2x4: 8 or 4)")
-    k8s.add_argument("--name", default="torchtpu-smoke")
+    k8s.add_argument("--name", help="default torchtpu-smoke (a Job), torchtpu-serve (--serve)")
     k8s.add_argument("--namespace", default="ml-evaluation")
     k8s.add_argument("--service-account", default="torchtpu-runner", help="dedicated ServiceAccount (no RBAC)")
     k8s.add_argument("--gcp-service-account", help="Workload Identity: annotate the ServiceAccount with this GSA")
