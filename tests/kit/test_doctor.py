@@ -144,7 +144,7 @@ def test_no_devices_and_unreadable_cache(clean, monkeypatch):
 
     with monkeypatch.context() as patch:
         patch.setattr(platform, "devices", no_devices)
-        info, devices, findings = doctor.check_platform()
+        info, devices, findings = doctor.check_platform({})
     assert info["chosen"] is None and devices == [] and [f["name"] for f in findings] == ["no_devices"]
 
     def denied(self, *args, **kwargs):
@@ -153,6 +153,22 @@ def test_no_devices_and_unreadable_cache(clean, monkeypatch):
     monkeypatch.setattr(doctor.pathlib.Path, "stat", denied)
     info, findings = doctor.check_cache("tier3", clean / "xla")
     assert [f["name"] for f in findings] == ["cache_unreadable"] and info["writable"] is False
+
+
+def test_plugin_without_devices(clean, monkeypatch):
+    real = doctor._local_devices
+
+    def busy(backend):
+        if backend == "tpu":
+            raise RuntimeError("TPU initialization failed: the TPU is already in use by process 4242\nmore")
+        return real(backend)
+
+    monkeypatch.setattr(doctor, "_local_devices", busy)
+    info, _, findings = doctor.check_platform({"libtpu": "0.0.20"})
+    assert info["available"]["tpu"] == 0 and "in use by process 4242" in info["errors"]["tpu"]
+    (finding,) = findings
+    assert finding["name"] == "plugin_without_devices" and "libtpu installed but no tpu device" in finding["message"]
+    assert doctor.check_platform({})[2] == []  # no plugin installed: an absent TPU is no misconfiguration
 
 
 def test_known_switches_are_read_from_the_source():

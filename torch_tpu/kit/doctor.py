@@ -65,6 +65,7 @@ BOOLEAN_SWITCHES = (
 )
 PACKAGES = ("torch", "torch_tpu", "jax", "jaxlib", "libtpu", "libtpu-nightly")
 CUDA_PLUGINS = ("jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt")
+PLUGINS = {"tpu": ("libtpu", "libtpu-nightly"), "gpu": CUDA_PLUGINS}
 _WALK_LIMIT = 200_000  # files counted per cache root before giving up (an estimate is then marked as such)
 
 _string = {"type": "string"}
@@ -147,8 +148,18 @@ def check_versions() -> tuple[dict[str, str | None], list[dict[str, str]]]:
     return found, findings
 
 
-def check_platform() -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, str]]]:
-    """What TORCH_TPU_PLATFORM asks, which PJRT platforms have devices here, what was chosen and why."""
+def _local_devices(backend: str) -> list[Any]:
+    import jax
+
+    return jax.local_devices(backend=backend)
+
+
+def check_platform(
+    versions: Mapping[str, str | None],
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, str]]]:
+    """What TORCH_TPU_PLATFORM asks, which PJRT platforms have devices here (and why not), what was chosen and
+    why. An accelerator plugin installed without devices (a TPU held by another process, a pod that did not
+    request google.com/tpu) is a finding: `auto` would otherwise fall back to the CPU silently."""
     from torch_tpu.runtime import platform
 
     raw = os.environ.get("TORCH_TPU_PLATFORM", "auto")
@@ -160,8 +171,27 @@ def check_platform() -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[st
     except ValueError as exc:
         findings.append(_finding_of("invalid_platform", "error", str(exc), "unset it or use auto, tpu, gpu or cpu"))
         return info, devices, findings
+    errors: dict[str, str] = {}
     for candidate in ("tpu", "gpu", "cpu"):
-        info["available"][candidate] = len(platform._devices_of(candidate))
+        try:
+            info["available"][candidate] = len(_local_devices(candidate))
+        except RuntimeError as exc:
+            info["available"][candidate] = 0
+            errors[candidate] = (str(exc).strip().splitlines() or [repr(exc)])[0][:300]
+    info["errors"] = errors
+    for candidate, packages in PLUGINS.items():
+        installed = [name for name in packages if versions.get(name)]
+        if installed and not info["available"][candidate]:
+            reason = errors.get(candidate, "none found")
+            findings.append(
+                _finding_of(
+                    "plugin_without_devices",
+                    "error",
+                    f"{', '.join(installed)} installed but no {candidate} device: {reason}",
+                    "one process at a time owns a TPU: look for another one holding it; in a pod, request "
+                    "google.com/tpu and select a TPU node",
+                )
+            )
     try:
         chosen = platform.devices()
     except Exception as exc:  # no devices, or a plugin that fails to start (its error is the evidence)
@@ -488,7 +518,7 @@ def gather(connect_timeout: float = 2.0, env: Mapping[str, str] | None = None) -
     findings: list[dict[str, str]] = []
     versions, found = check_versions()
     findings += found
-    platform_info, devices, found = check_platform()
+    platform_info, devices, found = check_platform(versions)
     findings += found
     eager, found = check_switches(env)
     findings += found
