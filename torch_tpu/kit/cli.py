@@ -1,4 +1,4 @@
-"""`torch-tpu`: the migration kit's command line (smoke, evaluate, k8s).
+"""`torch-tpu`: the migration kit's command line (smoke, evaluate, k8s, doctor).
 
 Argument parsing only; each command lives in its own module so it can be imported and tested without a shell.
 Exit status is 0 only when the command's result is a pass, so CI and Jobs can rely on it; `evaluate` tells a
@@ -57,26 +57,59 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _k8s(args: argparse.Namespace) -> int:
+    import shlex
+
     from torch_tpu.kit import k8s
 
-    spec = k8s.JobSpec(
-        image=args.image,
-        accelerator=args.accelerator,
-        topology=args.topology,
-        mode=args.mode,
-        chips=args.chips,
-        name=args.name,
-        namespace=args.namespace,
-        deadline_seconds=args.deadline,
-        ttl_seconds=args.ttl,
-    )
     try:
+        serve = None
+        if args.serve:
+            if not args.workload:
+                raise k8s.ManifestError("--serve needs --workload MODULE:CALLABLE")
+            warmup = args.warmup_seconds
+            if args.warmup_from_report:
+                warmup = k8s.startup_seconds_from_report(args.warmup_from_report, args.mode)
+            serve = k8s.Serve(
+                args.workload,
+                replicas=args.replicas,
+                port=args.port,
+                warmup_seconds=warmup,
+                spread_zones=args.spread_zones,
+            )
+        spec = k8s.JobSpec(
+            image=args.image,
+            accelerator=args.accelerator,
+            topology=args.topology,
+            mode=args.mode,
+            chips=args.chips,
+            name=args.name or ("torchtpu-serve" if serve else "torchtpu-smoke"),
+            namespace=args.namespace,
+            service_account=args.service_account,
+            deadline_seconds=args.deadline,
+            ttl_seconds=args.ttl,
+            gcp_service_account=args.gcp_service_account,
+            egress=tuple(args.egress),
+            checkpoint_claim=args.checkpoint_claim,
+            checkpoint_storage_class=args.checkpoint_storage_class,
+            checkpoint_size=args.checkpoint_size,
+            max_restarts=args.max_restarts,
+            serve=serve,
+            **({"program": tuple(shlex.split(args.program))} if args.program else {}),
+        )
         text = k8s.render(spec)
     except k8s.ManifestError as exc:
         print(f"torch-tpu k8s: {exc}", file=sys.stderr)
         return 2
     sys.stdout.write(text)
     return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from torch_tpu.kit import doctor
+
+    report = doctor.gather(connect_timeout=args.connect_timeout)
+    print(json.dumps(report, indent=2, default=str) if args.json else doctor.format_text(report))
+    return doctor.exit_code(report)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -105,17 +138,45 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--no-performance", action="store_true", help="skip performance (its gate then fails)")
     ev.set_defaults(func=_evaluate)
 
-    k8s = sub.add_parser("k8s", help="a hardened Namespace/ServiceAccount/Job manifest for a GKE TPU node pool")
+    k8s = sub.add_parser(
+        "k8s",
+        help="hardened GKE TPU manifests: a Job (single- or multi-host) or, with --serve, a Deployment",
+        description="Print hardened manifests for a GKE TPU node pool (docs/kit.md, Kubernetes). Exit 2 when refused.",
+    )
     k8s.add_argument("--image", required=True)
-    k8s.add_argument("--accelerator", default="tpu-v6e-slice")
+    k8s.add_argument("--accelerator", default="tpu-v6e-slice", help="GKE label or v4, v5e/v5litepod, v5p, v6e")
     k8s.add_argument("--topology", default="1x1")
     k8s.add_argument("--mode", choices=("eager", "compiled"), default="compiled")
-    k8s.add_argument("--chips", type=int, help="cross-check: chips per node you expect")
-    k8s.add_argument("--name", default="torchtpu-smoke")
+    k8s.add_argument("--chips", "--chips-per-host", dest="chips", type=int, help="chips per host (2x4: 8 or 4)")
+    k8s.add_argument("--name", help="default torchtpu-smoke (a Job), torchtpu-serve (--serve)")
     k8s.add_argument("--namespace", default="ml-evaluation")
+    k8s.add_argument("--service-account", default="torchtpu-runner", help="dedicated ServiceAccount (no RBAC)")
+    k8s.add_argument("--gcp-service-account", help="Workload Identity: annotate the ServiceAccount with this GSA")
+    k8s.add_argument("--egress", action="append", default=[], help="allowed egress CIDR or CIDR:PORT (repeat)")
     k8s.add_argument("--deadline", type=int, default=1800, help="activeDeadlineSeconds")
     k8s.add_argument("--ttl", type=int, default=86400, help="ttlSecondsAfterFinished")
+    k8s.add_argument("--program", help="multi-host: what torchrun runs per rank (default: the smoke module)")
+    k8s.add_argument("--max-restarts", type=int, default=0, help="multi-host: torchrun --max-restarts")
+    k8s.add_argument("--checkpoint-claim", help="existing ReadWriteMany PVC for checkpoints and results")
+    k8s.add_argument("--checkpoint-storage-class", default="standard-rwx", help="class of the PVC generated")
+    k8s.add_argument("--checkpoint-size", default="100Gi")
+    k8s.add_argument("--serve", action="store_true", help="a serving Deployment + Service + PDB instead of a Job")
+    k8s.add_argument("--workload", help="serve: module:callable of the workload")
+    k8s.add_argument("--replicas", type=int, default=2)
+    k8s.add_argument("--port", type=int, default=8080)
+    k8s.add_argument("--warmup-seconds", type=float, help="serve: measured warm-up that sizes the startupProbe")
+    k8s.add_argument("--warmup-from-report", help="serve: take the warm-up from an evaluate report.json")
+    k8s.add_argument("--spread-zones", action="store_true", help="serve: spread replicas across zones")
     k8s.set_defaults(func=_k8s)
+
+    doc = sub.add_parser(
+        "doctor",
+        help="versions, platform, devices, switches, caches, distributed and Kubernetes facts; findings",
+        description="Gather the evidence for troubleshooting. Exit 0: no finding; 1: at least one finding.",
+    )
+    doc.add_argument("--json", action="store_true", help="print the report as JSON (doctor.DOCTOR_SCHEMA)")
+    doc.add_argument("--connect-timeout", type=float, default=2.0, help="seconds for the MASTER_ADDR TCP check")
+    doc.set_defaults(func=_doctor)
     return top
 
 
