@@ -482,6 +482,7 @@ def config(server: Server, port: int | None = None, host: str | None = None) -> 
         host=host or server.options.host,
         port=server.options.port if port is None else port,
         log_level="info",
+        access_log=False,  # a line per request costs the event loop; /metrics counts requests by status
         timeout_graceful_shutdown=server.options.drain_timeout_s,
         lifespan="on",
     )
