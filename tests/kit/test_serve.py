@@ -179,20 +179,47 @@ def test_unknown_model_is_404(warm):
     assert _request(warm.port, "GET", "/v1/models/other")[0] == 404
 
 
-def test_integer_inputs_are_checked_for_dtype(tmp_path):
-    """A token model (int64 inputs) refuses floats by name; its catalogue keys instances by sequence length."""
-    work = kit_workloads.tiny()
-    catalogue = serve.Catalogue(work, "float32")
-    assert catalogue.floating and catalogue.bucket((8,), 3) == 8 and catalogue.bucket((8,), 9) == 16
-    server = serve.Server.__new__(serve.Server)  # parse only: no device work, no HTTP
-    server.max_batch = 16
-    server.catalogue = catalogue
-    catalogue.input_dtype = torch.int64
-    with pytest.raises(serve.RequestError, match="wrong dtype: the model takes int64, got floats"):
-        server.parse(json.dumps({"instances": [[0.5] * 8]}).encode())
-    with pytest.raises(serve.RequestError, match="out of range"):
-        server.parse(json.dumps({"instances": [[2**63] * 8]}).encode())
-    assert server.parse(json.dumps({"instances": [[3] * 8]}).encode()).dtype == torch.int64
+@pytest.fixture(scope="module")
+def tokens():
+    """A token model (int64 inputs, an embedding of 10 ids), batch 4 of 6 tokens, a batch leaving only when full."""
+    server = serve.Server(serve.Options(workload="tests.kit.kit_workloads:tiny_tokens", max_wait_ms=600_000.0))
+    handle = _Running(server)
+    _wait(lambda: _ready(handle.port), "the token server's readiness")
+    yield handle
+    handle.stop()
+
+
+def test_integer_inputs_are_checked_for_dtype_and_range(tokens):
+    for instances, message in (
+        ([[0.5] * 6], "wrong dtype: the model takes int64, got floats"),
+        ([[2**63] * 6], "values out of range for torch.int64"),
+        ([[1] * 5], "wrong shape: each instance must have shape [6], got [5]"),
+    ):
+        status, body = _predict(tokens.port, instances, name="tiny_tokens")
+        assert status == 400 and message in body["error"], body
+
+
+def test_a_request_the_model_fails_on_does_not_fail_its_batch(tokens):
+    """Three good requests and one with an out-of-range id (11, the embedding has 10) in one batch of 4: the bad
+    one gets a 422 naming the model's error, the good ones their predictions (equal to CPU), and the server goes on."""
+    reference = kit_workloads.tiny_tokens().make_model(0).eval()
+    rows = [[1, 2, 3, 4, 5, 6], [0] * 6, [11] * 6, [9, 8, 7, 6, 5, 4]]
+    start = len(tokens.server.batch_sizes)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda row: _predict(tokens.port, [row], name="tiny_tokens"), rows))
+    assert tokens.server.batch_sizes[start] == 4
+    status, body = results[2]
+    assert status == 422 and "IndexError" in body["error"], body
+    tolerance = checks.policy("float32")["outputs"]
+    for row, (status, body) in zip(rows, results, strict=True):
+        if row[0] == 11:
+            continue
+        assert status == 200, body
+        with torch.no_grad():
+            expected = reference(torch.tensor([row]))
+        assert checks.compare(torch.tensor(body["predictions"]), expected, tolerance)["passed"]
+    status, body = _predict(tokens.port, [row for row in rows if row[0] != 11] + [[2] * 6], name="tiny_tokens")
+    assert status == 200 and len(body["predictions"]) == 4  # a full batch after the failure
 
 
 def test_sigterm_drains_in_flight_requests_then_exits_0():

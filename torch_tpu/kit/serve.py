@@ -302,18 +302,26 @@ class Server:
             await self._run(items, count)
 
     async def _run(self, items: list[_Pending], count: int) -> None:
+        """Run one batch; if it fails, run each of its requests alone, so that only the one whose instances the
+        model fails on (an out-of-range token id, say) gets the error and the others their predictions."""
         assert self.loop is not None
-        inputs = torch.cat([item.inputs for item in items])
         self.batch_sizes.append(count)
         self.batch_histogram.observe(count)
         self.padding.inc(self.catalogue.bucket(items[0].key, count) - count)
         try:
-            outputs = await self.loop.run_in_executor(self.device, self.model.infer, inputs)
-        except Exception as exc:  # the batch's requests fail; the server goes on
-            log.exception("batch of %d failed", count)
-            for item in items:
-                if not item.future.done():
-                    item.future.set_exception(exc)
+            outputs = await self.loop.run_in_executor(
+                self.device, self.model.infer, torch.cat([item.inputs for item in items])
+            )
+        except Exception as exc:
+            if len(items) > 1:
+                for item in items:
+                    await self._run([item], item.inputs.shape[0])
+                return
+            # Warm-up ran the model on every catalogue shape, so a failure on one request's values is its input's.
+            log.warning("the model failed on a request: %s: %s", type(exc).__name__, exc)
+            message = f"the model failed on these instances: {type(exc).__name__}: {exc}"
+            if not items[0].future.done():  # done: its handler was cancelled (a drain past its timeout)
+                items[0].future.set_exception(RequestError(422, message))
             return
         start = 0
         for item in items:
