@@ -1,7 +1,7 @@
 """Load test of `torch-tpu serve` on loopback: latency percentiles and throughput at fixed concurrency levels, and the
 SLO-bounded throughput (the guide's inference contract: the highest throughput whose p99 stays within the SLO).
 
-    python bench/serve_load.py [--workload examples.workloads:mlp] [--levels 1,2,4,8,16,32] [--requests 400] [--slo-ms 50]
+    python bench/serve_load.py [--workload examples.workloads:mlp] [--levels 1,2,4,8,16,32] [--slo-ms 50]
 
 The server runs as the real command in a subprocess (its own session, killed by PID at --timeout); each client is
 a thread with one keep-alive connection sending one-instance predict requests back to back (a closed loop, so
