@@ -222,6 +222,20 @@ def test_a_request_the_model_fails_on_does_not_fail_its_batch(tokens):
     assert status == 200 and len(body["predictions"]) == 4  # a full batch after the failure
 
 
+def test_eager_mode_also_runs_only_catalogue_shapes():
+    """--mode eager: per-op executables, each compiled at warm-up for the catalogue shapes; traffic adds none."""
+    handle = _Running(serve.Server(serve.Options(workload=SPEC, mode="eager", max_wait_ms=1.0)))
+    try:
+        _wait(lambda: _ready(handle.port), "the eager server's readiness")
+        before = serve._programs()
+        for count in (1, 5, 9, 16):
+            status, body = _predict(handle.port, [[0.1] * 8] * count)
+            assert status == 200 and len(body["predictions"]) == count
+        assert serve._programs() == before
+    finally:
+        handle.stop()
+
+
 def test_sigterm_drains_in_flight_requests_then_exits_0():
     """A request waiting in the batcher (max wait of 10 minutes) when SIGTERM arrives is answered, then exit 0."""
     port = _free_port()
