@@ -61,3 +61,24 @@ def fails_on_tpu(train_steps: int = 4) -> Workload:
 
 def not_a_workload(train_steps: int = 4) -> str:
     return "nope"
+
+
+def tiny_tokens(train_steps: int = 4) -> Workload:
+    """Token ids in, per-position logits out (an embedding and a linear head): the integer-input case for serve."""
+
+    def make_model(seed: int) -> nn.Module:
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 3))
+
+    def make_batch(shape: Shape, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = torch.randint(0, 10, (shape.batch, shape.seq or 6), generator=torch.Generator().manual_seed(seed))
+        return tokens, tokens % 3
+
+    return tiny(
+        train_steps,
+        name="tiny_tokens",
+        make_model=make_model,
+        make_batch=make_batch,
+        loss=lambda out, target: F.cross_entropy(out.reshape(-1, 3), target.reshape(-1)),
+        shapes=[Shape(4, 6)],
+    )

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from torch_tpu.kit import metrics as run_metrics
 from torch_tpu.kit.workload import Shape, Workload, to_device
 
 HELD_OUT_SEED = 10_000
@@ -163,13 +164,17 @@ def train(
     failed: dict[str, Any] | None = None
     start = time.perf_counter()
     checkpoint: pathlib.Path | None = None
+    observed = device.startswith("tpu")  # the run the metrics endpoint reports (not the reference's)
     for index, batch in enumerate(batches):
+        step_start = time.perf_counter()
         try:
             loss = _step(model, runner, optimizer, workload, batch)
         except Exception as exc:
             failed = {"step": index, **_error(exc)}
             break
         losses.append(loss)
+        if observed:
+            run_metrics.progress(time.perf_counter() - step_start, shape.batch, loss)
         if not math.isfinite(loss):
             failed = {
                 "step": index,
@@ -183,6 +188,8 @@ def train(
             torch.save(
                 {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": index + 1}, checkpoint
             )
+            if observed:
+                run_metrics.checkpoint()
     seconds = time.perf_counter() - start
     result: dict[str, Any] = {
         "device": device,
@@ -197,6 +204,8 @@ def train(
             inputs, target = to_device(workload.make_batch(shape, HELD_OUT_SEED), device, shape.torch_dtype)
             result["quality"] = workload.metric(model(inputs), target)
         result["meets_contract"] = workload.meets_contract(result["quality"])
+        if observed:
+            run_metrics.quality(result["quality"], workload.quality_target, result["meets_contract"])
     else:
         result["quality"], result["meets_contract"] = None, False
     if checkpoint is not None and checkpoint_at is not None and len(losses) > checkpoint_at:

@@ -1,4 +1,4 @@
-"""`torch-tpu`: the migration kit's command line (smoke, evaluate, k8s, doctor).
+"""`torch-tpu`: the migration kit's command line (smoke, evaluate, k8s, doctor, serve).
 
 Argument parsing only; each command lives in its own module so it can be imported and tested without a shell.
 Exit status is 0 only when the command's result is a pass, so CI and Jobs can rely on it; `evaluate` tells a
@@ -46,6 +46,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         train_steps=args.steps,
         performance=not args.no_performance,
     )
+    if args.metrics_port is not None:  # Prometheus endpoint for the run (torch_tpu.kit.metrics)
+        _metrics_endpoint(args.metrics_port, args.metrics_host)
     report = evaluate.run(options)
     code = evaluate.exit_code(report)
     bad = " (bad input)" if code == evaluate.EXIT_BAD_INPUT else ""
@@ -112,6 +114,55 @@ def _doctor(args: argparse.Namespace) -> int:
     return doctor.exit_code(report)
 
 
+def _metrics_endpoint(port: int, host: str) -> None:
+    from torch_tpu.kit import metrics
+
+    metrics.serve_http(port, host)
+    print(f"metrics: http://{host}:{port}/metrics", file=sys.stderr)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from torch_tpu.kit import serve
+    except ImportError as exc:
+        print(f"torch-tpu serve needs the serve extra (pip install 'torch_tpu[serve]'): {exc}", file=sys.stderr)
+        return 2
+    from torch_tpu.kit.workload import WorkloadError
+
+    options = serve.Options(
+        workload=args.workload,
+        mode=args.mode,
+        host=args.host,
+        port=args.port,
+        dtype=args.dtype,
+        max_batch=args.max_batch,
+        max_wait_ms=args.max_wait_ms,
+        drain_timeout_s=args.drain_timeout,
+    )
+    try:
+        return serve.run(options)
+    except (WorkloadError, ValueError) as exc:
+        print(f"torch-tpu serve: {exc}", file=sys.stderr)
+        return 2
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser(
+        "serve",
+        help="an HTTP inference server (KServe V1) for a workload's model, with probes and /metrics",
+        description="Serve a workload's model on tpu: POST /v1/models/<name>:predict, /healthz, /readyz, /metrics.",
+    )
+    serve.add_argument("workload", help="module:callable returning a torch_tpu.kit.workload.Workload")
+    serve.add_argument("--mode", choices=("eager", "compiled"), default="compiled")
+    serve.add_argument("--host", default="0.0.0.0", help="listen address (default all)")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--dtype", help="serving dtype (default: the catalogue's first shape's)")
+    serve.add_argument("--max-batch", type=int, help="instances per device batch (default: largest catalogued)")
+    serve.add_argument("--max-wait-ms", type=float, default=5.0, help="longest wait for a batch to fill")
+    serve.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to drain on SIGTERM")
+    serve.set_defaults(func=_serve)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="torch-tpu", description="torch_tpu migration kit")
     sub = top.add_subparsers(dest="command", required=True)
@@ -136,6 +187,8 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--iterations", type=int, default=50, help="steady-state calls per performance run")
     ev.add_argument("--steps", type=int, help="training steps (default: the workload's)")
     ev.add_argument("--no-performance", action="store_true", help="skip performance (its gate then fails)")
+    ev.add_argument("--metrics-port", type=int, help="serve Prometheus metrics of the run on this port")
+    ev.add_argument("--metrics-host", default="0.0.0.0", help="address for --metrics-port (default all)")
     ev.set_defaults(func=_evaluate)
 
     k8s = sub.add_parser(
@@ -177,6 +230,7 @@ def parser() -> argparse.ArgumentParser:
     doc.add_argument("--json", action="store_true", help="print the report as JSON (doctor.DOCTOR_SCHEMA)")
     doc.add_argument("--connect-timeout", type=float, default=2.0, help="seconds for the MASTER_ADDR TCP check")
     doc.set_defaults(func=_doctor)
+    _serve_parser(sub)
     return top
 
 
