@@ -2,9 +2,9 @@
 `torch.ops.torch_tpu.row_softmax`, made when this module is first imported).
 
 They are written once for TPU (Mosaic: a block's last two dimensions are multiples of (8, 128) or the whole array's),
-run interpreted on the CPU platform, and lower for GPUs too: `tiled_add` with the default lowering, `row_softmax`
-with Triton (`lax.platform_dependent` selects its compiler parameters; Mosaic GPU has no reductions over an axis of a
-2-D block yet). A `pallas_call` has no derivative rule of its own, so each has a `custom_vjp`.
+run interpreted on the CPU platform, and lower for GPUs with Triton (`lax.platform_dependent` selects its compiler
+parameters; Mosaic GPU has no reductions over an axis of a 2-D block yet, and `pallas_call` is deprecated for it).
+A `pallas_call` has no derivative rule of its own, so each has a `custom_vjp`.
 `tests/kernels/test_pallas.py` exports every kernel in `KERNELS` for TPU and CUDA from the CPU host.
 """
 
@@ -30,9 +30,7 @@ def _add_kernel(x_ref: jax.Array, y_ref: jax.Array, o_ref: jax.Array) -> None:
     o_ref[...] = x_ref[...] + y_ref[...]
 
 
-@jax.custom_vjp
-def add(x: jax.Array, y: jax.Array) -> jax.Array:
-    """`x + y` for 2-D arrays of one shape and dtype, in (8, 128) tiles."""
+def _add_call(x: jax.Array, y: jax.Array, params: pl.CompilerParams | None = None) -> jax.Array:
     rows, cols = _block(x.shape[0], 8), _block(x.shape[1], 128)
     spec = pl.BlockSpec((rows, cols), lambda i, j: (i, j))
     return pl.pallas_call(
@@ -41,7 +39,21 @@ def add(x: jax.Array, y: jax.Array) -> jax.Array:
         grid=(x.shape[0] // rows, x.shape[1] // cols),
         in_specs=[spec, spec],
         out_specs=spec,
+        compiler_params=params,
     )(x, y)
+
+
+def _on_gpu_with_triton(call: Callable) -> Callable:
+    """`call` with Triton's compiler parameters on CUDA (a plain `pallas_call` there is Mosaic GPU's, deprecated
+    for that use), as it is elsewhere (Mosaic TPU; interpreted on the CPU platform)."""
+    triton = functools.partial(call, params=pltriton.CompilerParams(num_warps=4))
+    return lambda *args: jax.lax.platform_dependent(*args, cuda=triton, default=call)
+
+
+@jax.custom_vjp
+def add(x: jax.Array, y: jax.Array) -> jax.Array:
+    """`x + y` for 2-D arrays of one shape and dtype, in (8, 128) tiles."""
+    return _on_gpu_with_triton(_add_call)(x, y)
 
 
 add.defvjp(lambda x, y: (add(x, y), None), lambda _, g: (g, g))
@@ -69,8 +81,7 @@ def _softmax_call(x: jax.Array, params: pl.CompilerParams | None = None) -> jax.
 @jax.custom_vjp
 def softmax(x: jax.Array) -> jax.Array:
     """The softmax of each row of a 2-D array, computed in float32, 8 rows a block."""
-    triton = functools.partial(_softmax_call, params=pltriton.CompilerParams(num_warps=4))
-    return jax.lax.platform_dependent(x, cuda=triton, default=_softmax_call)
+    return _on_gpu_with_triton(_softmax_call)(x)
 
 
 def _softmax_forward(x: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -30,7 +30,7 @@ from torch._ops import OpOverload
 
 from torch_tpu.eager import dispatch
 from torch_tpu.kernels import signature
-from torch_tpu.kernels.signature import ARRAY, LIST, OPTIONAL, STATIC
+from torch_tpu.kernels.signature import LIST, STATIC
 from torch_tpu.ops.registry import LOWERINGS, lower
 from torch_tpu.runtime import dtypes, platform
 
@@ -62,7 +62,6 @@ def _where() -> str:
     return _platform_override[-1] if _platform_override else platform.platform()
 
 
-
 @contextlib.contextmanager
 def _scope(x64: bool, interpret: Any, where: str) -> Iterator[None]:
     """Trace a kernel with x64 as asked and, on the CPU platform, `pallas_call`s interpreted (`interpret` None:
@@ -84,7 +83,9 @@ def _narrow(value: Any, x64: bool) -> Any:
     narrow = _NARROW.get(np.dtype(value.dtype))
     if narrow is None:
         return value
-    return jax.ShapeDtypeStruct(value.shape, narrow) if isinstance(value, jax.ShapeDtypeStruct) else value.astype(narrow)
+    return (
+        jax.ShapeDtypeStruct(value.shape, narrow) if isinstance(value, jax.ShapeDtypeStruct) else value.astype(narrow)
+    )
 
 
 def _narrowed(tree: Any, x64: bool) -> Any:
@@ -277,8 +278,6 @@ def _cpu_kernel(lowering: Callable) -> Callable:
     return kernel
 
 
-
-
 # --- autograd ---------------------------------------------------------------------------------------------------
 
 
@@ -421,7 +420,9 @@ def jax_op(
     register_lowering(op, forward)
 
     statics = ", ".join(f"{p.type} {p.name}" for p in sig.statics)
-    vjp_schema = f"(Tensor[] _primals, Tensor[] _cotangents, int[] _counts{', ' if statics else ''}{statics}) -> Tensor[]"
+    vjp_schema = (
+        f"(Tensor[] _primals, Tensor[] _cotangents, int[] _counts{', ' if statics else ''}{statics}) -> Tensor[]"
+    )
     backward = functools.partial(_backward, fn, x64, interpret, kinds)
     vjp_names = ["_primals", "_cotangents", "_counts", *(p.name for p in sig.statics)]
     vjp = torch.library.custom_op(

@@ -126,7 +126,9 @@ def of(name: str, fn: Callable) -> Signature:
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             raise TypeError(f"{where}: *args and **kwargs have no schema; name each argument")
         if parameter.name not in hints:
-            raise TypeError(f"{where} has no annotation; annotate jax.Array for a tensor, int/float/bool/str for a static")
+            raise TypeError(
+                f"{where} has no annotation; annotate jax.Array for a tensor, int/float/bool/str for a static"
+            )
         found = _param_type(hints[parameter.name])
         if found is None:
             raise TypeError(
