@@ -2,6 +2,7 @@
 graphs without graph breaks, gradients, optional/list/static arguments, x64, errors, `register_lowering`, and a
 kernel changed between two processes sharing a cache."""
 
+import functools
 import itertools
 import json
 import os
@@ -72,6 +73,8 @@ def test_schema_from_annotations(gelu_op, combine_op):
 
     op = torch.tpu.pallas.jax_op(_name("typed"), typed)
     assert str(op._opoverload._schema).endswith("(Tensor? x, int? n=None, int[] sizes=[1, 2]) -> Tensor[]")
+    bound = torch.tpu.pallas.jax_op(_name("bound"), functools.partial(scaled_gelu, alpha=0.5))
+    assert str(bound._opoverload._schema).endswith("(Tensor x, Tensor y, *, float alpha=0.5) -> Tensor")
     assert str(gelu_op._opoverload._schema).endswith("(Tensor x, Tensor y, float alpha) -> Tensor")
     assert str(combine_op._opoverload._schema).endswith(
         '(Tensor x, Tensor? bias, Tensor[] extras, float scale=2., str mode="sum") -> (Tensor, Tensor)'

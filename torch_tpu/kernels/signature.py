@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import functools
 import inspect
 import types
 import typing
@@ -115,8 +116,11 @@ def _returns(name: str, annotation: Any) -> tuple[str, str]:
 def of(name: str, fn: Callable) -> Signature:
     """The schema of kernel function `fn`, registered as op `name`, from its annotations; TypeError naming the
     parameter for one that has no tensor or static meaning."""
+    annotated = fn
+    while isinstance(annotated, functools.partial):  # its signature is the partial's, its annotations the function's
+        annotated = annotated.func
     try:
-        hints = typing.get_type_hints(fn)
+        hints = typing.get_type_hints(annotated)
     except Exception as error:
         raise TypeError(f"torch_tpu: jax_op {name!r}: cannot read the annotations of {fn!r}: {error}") from error
     params = []
@@ -125,6 +129,8 @@ def of(name: str, fn: Callable) -> Signature:
         where = f"torch_tpu: jax_op {name!r}: parameter {parameter.name!r}"
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             raise TypeError(f"{where}: *args and **kwargs have no schema; name each argument")
+        if parameter.kind == parameter.POSITIONAL_ONLY:
+            raise TypeError(f"{where} is positional-only; the op passes arguments by name")
         if parameter.name not in hints:
             raise TypeError(
                 f"{where} has no annotation; annotate jax.Array for a tensor, int/float/bool/str for a static"
