@@ -149,11 +149,14 @@ def test_gradients_match_cpu_eager_and_compiled(combine_op):
     leaves = [t.clone().requires_grad_() for t in (x, bias, e1)]
     loss(lambda *a, **k: _combine_ref(*a, **k), *leaves, weight).backward()
     expected = [t.grad for t in leaves]
-    for run in (loss, torch.compile(loss, backend="tpu", fullgraph=True)):
-        leaves = [t.to("tpu").requires_grad_() for t in (x, bias, e1)]
-        run(combine_op, *leaves, weight.to("tpu")).backward()
-        for got, want in zip(leaves, expected, strict=True):
-            torch.testing.assert_close(got.grad.cpu(), want, rtol=1e-5, atol=1e-5)
+    compiled = torch.compile(loss, backend="tpu", fullgraph=True)
+    for run, mode in ((loss, "strict"), (loss, "fused"), (compiled, "strict")):
+        with torch.tpu.set_eager_mode(MODES[mode]):
+            leaves = [t.to("tpu").requires_grad_() for t in (x, bias, e1)]
+            run(combine_op, *leaves, weight.to("tpu")).backward()
+            grads = [t.grad.cpu() for t in leaves]
+        for got, want in zip(grads, expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_integer_inputs_get_no_gradient():
