@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -45,21 +46,22 @@ class KernelError(TypeError):
 
 # --- the trace: x64 and interpret mode -------------------------------------------------------------------------
 
-_platform_override: list[str] = []
+_on_host = threading.local()  # .active: this thread's CPU kernel is running a lowering
 
 
 @contextlib.contextmanager
 def _on_cpu() -> Iterator[None]:
     """The lowering's platform is the host's CPU while the CPU kernel runs it (interpret mode)."""
-    _platform_override.append("cpu")
+    before = getattr(_on_host, "active", False)
+    _on_host.active = True
     try:
         yield
     finally:
-        _platform_override.pop()
+        _on_host.active = before
 
 
 def _where() -> str:
-    return _platform_override[-1] if _platform_override else platform.platform()
+    return "cpu" if getattr(_on_host, "active", False) else platform.platform()
 
 
 @contextlib.contextmanager
@@ -281,7 +283,7 @@ def _cpu_kernel(lowering: Callable) -> Callable:
 # --- autograd ---------------------------------------------------------------------------------------------------
 
 
-def _autograd(sig: signature.Signature, name: str, vjp: Any) -> tuple[Callable, Callable]:
+def _autograd(sig: signature.Signature, vjp: Any) -> tuple[Callable, Callable]:
     """`setup_context` and `backward` of a jax_op: the primals (the array arguments, flat) are saved, and the
     backward calls the `_vjp` op on them and the floating outputs' cotangents."""
     params = sig.params
@@ -432,6 +434,6 @@ def jax_op(
     refuse_setup, refuse = _no_double_backward(name)
     vjp.register_autograd(refuse, setup_context=refuse_setup)
     register_lowering(vjp, backward)
-    setup_context, backward_fn = _autograd(sig, name, vjp)
+    setup_context, backward_fn = _autograd(sig, vjp)
     op.register_autograd(backward_fn, setup_context=setup_context)
     return op
