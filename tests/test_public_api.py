@@ -8,10 +8,11 @@ import torch
 import torch_tpu
 import torch_tpu.tpu
 
-# TorchTPU 0.2.0's `torch.tpu` names that exist here (not yet: compiler, pallas, ops) ...
+# TorchTPU 0.2.0's `torch.tpu` names that exist here (not yet: compiler, ops) ...
 TORCHTPU_TPU = {
     "device_count",
     "distributed",
+    "pallas",
     "current_device",
     "set_device",
     "is_available",
@@ -50,6 +51,9 @@ OURS_TPU = {
 }
 # TorchTPU 0.2.0's `torch.tpu.distributed` names.
 TORCHTPU_DISTRIBUTED = {"set_tpu_launch_env", "spmd_safe", "topology_aware_mesh"}
+# TorchTPU 0.2.0's `torch.tpu.pallas` names, and ours (register_lowering, KernelError).
+TORCHTPU_PALLAS = {"jax_op"}
+OURS_PALLAS = {"KernelError", "register_lowering"}
 TORCH_TPU = {
     "cpu_fallback_enabled",
     "export_stablehlo",
@@ -95,6 +99,15 @@ def test_torch_tpu_distributed_all():
     assert sorted(torch.tpu.distributed.__all__) == sorted(TORCHTPU_DISTRIBUTED)
     assert all(hasattr(torch.tpu.distributed, name) for name in torch.tpu.distributed.__all__)
     assert _defined_public(torch.tpu.distributed) <= set(torch.tpu.distributed.__all__)
+
+
+def test_torch_tpu_pallas_all():
+    import torch.tpu.pallas as tpu_pallas
+    from torch.tpu.pallas import jax_op
+
+    assert tpu_pallas is torch.tpu.pallas and jax_op is torch.tpu.pallas.jax_op
+    assert sorted(torch.tpu.pallas.__all__) == sorted(TORCHTPU_PALLAS | OURS_PALLAS)
+    assert all(hasattr(torch.tpu.pallas, name) for name in torch.tpu.pallas.__all__)
 
 
 def test_star_import_binds_every_name():

@@ -63,6 +63,7 @@ __all__ = [
     "manual_seed_all",
     "max_memory_allocated",
     "memory_allocated",
+    "pallas",  # noqa: F822  (torch_tpu.kernels, a layer above, sets it: jax_op, register_lowering)
     "precision",
     "reset_peak_memory_stats",
     "seed",

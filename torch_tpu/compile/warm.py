@@ -200,15 +200,33 @@ def cached_aot_autograd(
     # PyTorch hashes the Dynamo graph module's attributes into the key: this one makes the key ours too. Which
     # ops are lowered decides what AOTAutograd decomposes; what the lowerings compute is in the graph index's key.
     lowered = hashlib.sha256(repr(sorted(map(str, lowered_ops()))).encode()).hexdigest()
-    gm._torch_tpu_cache_salt = f"{sources()};{lowered};{sorted(options.items())!r}"
+    patches = {"bundled_autograd_cache": True, "force_non_lazy_backward_lowering": True}
+    try:
+        kernels = _kernel_tokens(gm)
+    except Unidentified:  # a custom op whose lowering we cannot fingerprint: its graphs are traced in every process
+        kernels, patches["enable_autograd_cache"] = "unidentified", False
+    gm._torch_tpu_cache_salt = f"{sources()};{lowered};{kernels};{sorted(options.items())!r}"
     compilers = {
         argument: SerializableAOTDispatchCompiler(GraphCode, functools.partial(_graph_code, factory(kind)))
         for argument, kind in _COMPILERS.items()
     }
     # Bundled entries hold our OutputCode itself (unbundled ones point into Inductor's FX graph cache). The
     # backward is compiled now, not at the first backward, so that the entry is saved inside this patch.
-    with torch._functorch.config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True):
+    with torch._functorch.config.patch(**patches):
         return aot_autograd(**compilers, **aot_kwargs)(gm, example_inputs)
+
+
+def _kernel_tokens(gm: torch.fx.GraphModule) -> str:
+    """The content of the lowerings of the custom ops the Dynamo graph calls (a `jax_op`, a user's
+    `register_lowering`): the fake implementation, hence the ATen graph AOTAutograd caches, is derived from
+    it, so a kernel changed under the same name must miss (its output shape may have changed)."""
+    tokens = set()
+    for module in gm.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            for node in module.graph.nodes:
+                if node.op == "call_function" and isinstance(node.target, OpOverload):
+                    tokens.add(f"{node.target}={_lowering_token(node.target)}")
+    return hashlib.sha256(repr(sorted(tokens)).encode()).hexdigest()
 
 
 # --- layer 2: graph-keyed executables ---------------------------------------------------------------------------
