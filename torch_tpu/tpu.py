@@ -63,6 +63,7 @@ __all__ = [
     "manual_seed_all",
     "max_memory_allocated",
     "memory_allocated",
+    "ops",  # noqa: F822  (torch_tpu.kernels.prebuilt, a layer above, sets it: the prebuilt kernels)
     "precision",
     "reset_peak_memory_stats",
     "seed",
