@@ -1,6 +1,7 @@
 """`torch.tpu.ops.max_pool1d/2d/3d`: max pooling without indices, as one `lax.reduce_window` whose gradient is XLA's
 select-and-scatter (what TPUs run well), instead of ATen's `max_pool*_with_indices`, whose backward scatters
-through computed indices. Arguments and results are `F.max_pool{n}d`'s (without `return_indices`)."""
+through computed indices (which the backward of a dilated pool still does: JAX has no select-and-scatter for
+dilated windows). Arguments and results are `F.max_pool{n}d`'s (without `return_indices`)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 import torch.nn.functional as F
 from jax import lax
 
 from torch_tpu.kernels.prebuilt import library
+from torch_tpu.ops.nn import pool as aten_pool
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _TORCH = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
@@ -40,7 +43,7 @@ def _max_pool(n: int):  # noqa: ANN202
         lowest = -jnp.inf if jnp.issubdtype(self.dtype, jnp.floating) else jnp.iinfo(self.dtype).min
         return lax.reduce_window(
             self,
-            jnp.asarray(lowest, self.dtype),
+            np.asarray(lowest, self.dtype),  # concrete: reduce_window sees the max monoid (differentiable)
             lax.max,
             lead + tuple(d[0] for d in dims),
             lead + tuple(d[1] for d in dims),
@@ -81,8 +84,14 @@ def _backward(n: int):  # noqa: ANN202
     forward = _max_pool(n)
 
     def backward(grad, self, kernel_size, stride, padding, dilation, ceil_mode):  # noqa: ANN001, ANN202
+        grad = grad.astype(self.dtype)
+        if any(d != 1 for d in dilation):  # JAX has no select-and-scatter VJP for dilated windows: ATen's way
+            _, indices = aten_pool._max_pool(self, n, kernel_size, stride, padding, dilation, ceil_mode)
+            return aten_pool._max_pool_backward(
+                grad, self, n, kernel_size, stride, padding, dilation, ceil_mode, indices
+            )
         _, vjp = jax.vjp(lambda x: forward(x, kernel_size, stride, padding, dilation, ceil_mode), self)
-        return vjp(grad.astype(self.dtype))[0]
+        return vjp(grad)[0]
 
     return backward
 

@@ -85,7 +85,7 @@ def _kernel(
     choices[path] += 1
     if path == "splash":
         return torch.ops.torch_tpu.splash_sdpa(query, key, value, is_causal=is_causal, scale=scale)
-    return _SDPA.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa)
+    return _SDPA.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
 _library: list[torch.library.Library] = []
