@@ -8,10 +8,11 @@ import torch
 import torch_tpu
 import torch_tpu.tpu
 
-# TorchTPU 0.2.0's `torch.tpu` names that exist here (not yet: compiler, pallas, ops) ...
+# TorchTPU 0.2.0's `torch.tpu` names that exist here (not yet: compiler, pallas) ...
 TORCHTPU_TPU = {
     "device_count",
     "distributed",
+    "ops",
     "current_device",
     "set_device",
     "is_available",
@@ -50,6 +51,17 @@ OURS_TPU = {
 }
 # TorchTPU 0.2.0's `torch.tpu.distributed` names.
 TORCHTPU_DISTRIBUTED = {"set_tpu_launch_env", "spmd_safe", "topology_aware_mesh"}
+# TorchTPU 0.2.0's `torch.tpu.ops` names (the prebuilt kernels).
+TORCHTPU_OPS = {
+    "all_gather_dim",
+    "max_pool1d",
+    "max_pool2d",
+    "max_pool3d",
+    "optimization_barrier",
+    "ragged_dot",
+    "reduce_scatter_dim",
+    "splash_sdpa",
+}
 TORCH_TPU = {
     "cpu_fallback_enabled",
     "export_stablehlo",
@@ -95,6 +107,14 @@ def test_torch_tpu_distributed_all():
     assert sorted(torch.tpu.distributed.__all__) == sorted(TORCHTPU_DISTRIBUTED)
     assert all(hasattr(torch.tpu.distributed, name) for name in torch.tpu.distributed.__all__)
     assert _defined_public(torch.tpu.distributed) <= set(torch.tpu.distributed.__all__)
+
+
+def test_torch_tpu_ops_all():
+    import torch.tpu.ops as tpu_ops
+
+    assert tpu_ops is torch.tpu.ops
+    assert sorted(torch.tpu.ops.__all__) == sorted(TORCHTPU_OPS)
+    assert all(isinstance(getattr(torch.tpu.ops, name), torch._ops.OpOverloadPacket) for name in TORCHTPU_OPS)
 
 
 def test_star_import_binds_every_name():

@@ -137,3 +137,20 @@ def test_max_pool_rejects_bad_arguments_naming_them():
         torch.tpu.ops.max_pool1d(torch.ones(2, 5, dtype=torch.int64, device="tpu"), 2)
     with pytest.raises(ValueError, match="kernel_size, stride and dilation must be positive"):
         torch.tpu.ops.max_pool3d(torch.randn(1, 4, 4, 4, device="tpu"), 0)
+
+
+@pytest.mark.parametrize("mode", ["DEFER_NEVER_AND_LAUNCH_BLOCKING", "DEFER_AND_FUSE"], ids=["debug", "fused"])
+def test_the_ops_run_in_debug_and_fused_eager_with_gradients(mode):
+    lhs, rhs, sizes = torch.randn(6, 4), torch.randn(2, 4, 3), torch.tensor([2, 4])
+    x = torch.randn(1, 2, 6, 6)
+    leaves = [t.to("tpu").requires_grad_() for t in (lhs, rhs, x)]
+    with torch.tpu.set_eager_mode(getattr(torch.tpu.EagerMode, mode)):
+        product = torch.tpu.ops.ragged_dot(leaves[0], leaves[1], sizes.to("tpu"))
+        pooled = torch.tpu.ops.max_pool2d(leaves[2] * 2, 2)
+        (product.sum() + pooled.sum()).backward()
+        got = [product, pooled, *(leaf.grad for leaf in leaves)]
+        got = [t.cpu() for t in got]
+    cpu = [t.clone().requires_grad_() for t in (lhs, rhs, x)]
+    expected_product, expected_pooled = _ragged_reference(cpu[0], cpu[1], sizes), F.max_pool2d(cpu[2] * 2, 2)
+    (expected_product.sum() + expected_pooled.sum()).backward()
+    assert_close(got, [expected_product.detach(), expected_pooled.detach(), *(t.grad for t in cpu)])

@@ -166,7 +166,10 @@ def test_sdpa_on_a_tpu_platform_runs_splash_where_it_serves(monkeypatch):
     q, k, v = (t.to("tpu") for t in _qkv())
     F.scaled_dot_product_attention(q, k, v, is_causal=True)
     F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(128, 128, dtype=torch.bool, device="tpu"))
-    assert sdpa.choices == {"splash": 1, "xla": 1}
+    with torch.inference_mode():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert sdpa.choices == {"splash": 2, "xla": 1}
+    assert_close(out, _reference(*(t.cpu() for t in (q, k, v))), **TOL)
 
 
 def test_sdpa_on_the_cpu_platform_takes_the_xla_path_with_masks_and_gradients():

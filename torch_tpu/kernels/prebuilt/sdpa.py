@@ -1,13 +1,14 @@
 """`F.scaled_dot_product_attention` on tpu tensors: a kernel where one applies for the platform, else the math path.
 
 PyTorch picks SDPA's backend through a C++ DispatchStub that Python cannot reach, so this registers an
-`AutogradPrivateUse1` kernel for `aten::scaled_dot_product_attention` (eager and AOTAutograd's tracing both reach
-it): `choose` names the path for the call, and "xla" runs PyTorch's own composite (the math decomposition our
-lowerings compile, as before), "splash" runs `torch.tpu.ops.splash_sdpa` (differentiable itself). Splash applies on
-TPU for masks it expresses (none, or causal), no dropout, float32/bfloat16, GQA with `enable_gqa` and sequence
-lengths in multiples of 128. GPU kernels (tokamax, cuDNN through JAX) are not routed yet: GPU takes the XLA path.
-`force("splash")` routes every call splash can serve to it on any platform (interpreted off TPU: how the CPU tests
-check the kernel path against the math path).
+`AutogradPrivateUse1` kernel (eager and AOTAutograd's tracing reach it; the same as the `PrivateUse1` kernel, which
+`torch.inference_mode` reaches) for `aten::scaled_dot_product_attention`: `choose` names the path for the call;
+"xla" runs PyTorch's own composite (the math decomposition our lowerings compile, as before), "splash" runs
+`torch.tpu.ops.splash_sdpa` (differentiable itself). Splash applies on TPU for masks it expresses (none, or
+causal), no dropout, float32/bfloat16, GQA with `enable_gqa` and sequence lengths in multiples of 128. GPU kernels
+(tokamax, cuDNN through JAX) are not routed yet: GPU takes the XLA path. `force("splash")` routes every call splash
+can serve to it on any platform (interpreted off TPU: how the CPU tests check the kernel path against the math
+path).
 """
 
 from __future__ import annotations
@@ -97,4 +98,5 @@ def install() -> None:
         return
     lib = torch.library.Library("aten", "IMPL")
     lib.impl("scaled_dot_product_attention", _kernel, "AutogradPrivateUse1")
+    lib.impl("scaled_dot_product_attention", _kernel, "PrivateUse1")  # reached when autograd is off (inference mode)
     _library.append(lib)
