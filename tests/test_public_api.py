@@ -8,10 +8,11 @@ import torch
 import torch_tpu
 import torch_tpu.tpu
 
-# TorchTPU 0.2.0's `torch.tpu` names that exist here (not yet: compiler, ops) ...
+# TorchTPU 0.2.0's `torch.tpu` names that exist here (not yet: compiler) ...
 TORCHTPU_TPU = {
     "device_count",
     "distributed",
+    "ops",
     "pallas",
     "current_device",
     "set_device",
@@ -54,6 +55,18 @@ TORCHTPU_DISTRIBUTED = {"set_tpu_launch_env", "spmd_safe", "topology_aware_mesh"
 # TorchTPU 0.2.0's `torch.tpu.pallas` names, and ours (register_lowering, KernelError).
 TORCHTPU_PALLAS = {"jax_op"}
 OURS_PALLAS = {"KernelError", "register_lowering"}
+
+# TorchTPU 0.2.0's `torch.tpu.ops` names (the prebuilt kernels).
+TORCHTPU_OPS = {
+    "all_gather_dim",
+    "max_pool1d",
+    "max_pool2d",
+    "max_pool3d",
+    "optimization_barrier",
+    "ragged_dot",
+    "reduce_scatter_dim",
+    "splash_sdpa",
+}
 TORCH_TPU = {
     "cpu_fallback_enabled",
     "export_stablehlo",
@@ -108,6 +121,14 @@ def test_torch_tpu_pallas_all():
     assert tpu_pallas is torch.tpu.pallas and jax_op is torch.tpu.pallas.jax_op
     assert sorted(torch.tpu.pallas.__all__) == sorted(TORCHTPU_PALLAS | OURS_PALLAS)
     assert all(hasattr(torch.tpu.pallas, name) for name in torch.tpu.pallas.__all__)
+
+
+def test_torch_tpu_ops_all():
+    import torch.tpu.ops as tpu_ops
+
+    assert tpu_ops is torch.tpu.ops
+    assert sorted(torch.tpu.ops.__all__) == sorted(TORCHTPU_OPS)
+    assert all(isinstance(getattr(torch.tpu.ops, name), torch._ops.OpOverloadPacket) for name in TORCHTPU_OPS)
 
 
 def test_star_import_binds_every_name():

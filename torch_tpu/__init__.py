@@ -57,6 +57,9 @@ def _register() -> None:
 
     modules.install()
     from torch_tpu import amp, distributed, kernels
+    from torch_tpu.kernels import prebuilt
+
+    prebuilt.install()  # `torch.tpu.ops` (before distributed, which adds its two collectives to it)
 
     amp.install()
     distributed._register()  # the `tpu_dist` c10d backend (JAX starts with a group); `torch.tpu.distributed`

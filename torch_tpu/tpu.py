@@ -64,6 +64,7 @@ __all__ = [
     "max_memory_allocated",
     "memory_allocated",
     "pallas",  # noqa: F822  (torch_tpu.kernels, a layer above, sets it: jax_op, register_lowering)
+    "ops",  # noqa: F822  (torch_tpu.kernels.prebuilt, a layer above, sets it: the prebuilt kernels)
     "precision",
     "reset_peak_memory_stats",
     "seed",

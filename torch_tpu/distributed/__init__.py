@@ -8,6 +8,7 @@ touched until a group is created. This package is also `torch.tpu.distributed`, 
 
 import sys
 
+from torch_tpu.distributed import dim_collectives as _dim_collectives
 from torch_tpu.distributed import functional_eager as _functional_eager
 from torch_tpu.distributed import point_to_point as _point_to_point
 from torch_tpu.distributed import process_group as _process_group
@@ -31,5 +32,6 @@ def _register() -> None:
     _functional_eager.install()
     _point_to_point.install()
     _spmd.install()
+    _dim_collectives.install()  # torch.tpu.ops.all_gather_dim / reduce_scatter_dim
     tpu.distributed = sys.modules[__name__]
     sys.modules["torch.tpu.distributed"] = sys.modules[__name__]

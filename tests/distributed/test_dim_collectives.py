@@ -1,0 +1,10 @@
+"""`torch.tpu.ops.all_gather_dim` / `reduce_scatter_dim` on 2 processes on loopback: one launch, eager values and
+gradients, compiled, and argument errors, exact against a local computation (`workers_dim_collectives.py`)."""
+
+import launch
+
+
+def test_dim_collectives_eager_gradients_compiled_and_errors_against_a_local_computation():
+    results = launch.launch("workers_dim_collectives.dim_collectives", timeout=100)
+    launch.check(results)
+    assert all("dim collectives checks passed" in r.output for r in results)

@@ -1,0 +1,38 @@
+"""`torch.tpu.ops`: prebuilt kernels as PyTorch ops (TorchTPU's names), each a `torch_tpu::*` operator lowered in the
+one registry (eager in every mode, and inlined into `torch.compile(backend="tpu")` programs), with autograd where its
+PyTorch counterpart has it, and a CPU kernel. `all_gather_dim` and `reduce_scatter_dim` are distributed's (a sibling
+layer): `torch_tpu.distributed` sets them here when it registers. Installing also routes
+`F.scaled_dot_product_attention` on tpu tensors (`kernels.prebuilt.sdpa`)."""
+
+import sys
+
+import torch
+
+__all__ = [
+    "all_gather_dim",  # noqa: F822  (torch_tpu.distributed, a sibling layer, sets it)
+    "max_pool1d",  # noqa: F822  (install() sets it, and the others: torch.ops.torch_tpu.*, which Dynamo traces)
+    "max_pool2d",  # noqa: F822
+    "max_pool3d",  # noqa: F822
+    "optimization_barrier",  # noqa: F822
+    "ragged_dot",  # noqa: F822
+    "reduce_scatter_dim",  # noqa: F822  (torch_tpu.distributed, a sibling layer, sets it)
+    "splash_sdpa",  # noqa: F822
+]
+_OURS = ("max_pool1d", "max_pool2d", "max_pool3d", "optimization_barrier", "ragged_dot", "splash_sdpa")
+
+
+def install() -> None:
+    """Define the ops, route SDPA, and make this module `torch.tpu.ops` (once)."""
+    from torch_tpu import tpu
+    from torch_tpu.kernels.prebuilt import grouped, pool, sdpa, splash
+
+    if hasattr(tpu, "ops"):
+        return
+    splash.install()
+    grouped.install()
+    pool.install()
+    sdpa.install()
+    module = sys.modules[__name__]
+    for name in _OURS:
+        setattr(module, name, getattr(torch.ops.torch_tpu, name))
+    tpu.ops = sys.modules["torch.tpu.ops"] = module

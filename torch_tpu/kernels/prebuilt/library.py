@@ -1,0 +1,55 @@
+"""How a prebuilt kernel becomes a PyTorch op: a `torch_tpu::name` operator whose tpu kernel is a lowering in the
+one registry (`ops.registry.lower`), so Strict, Debug and Fused eager and `torch.compile(backend="tpu")` all run
+it (compiled graphs hold it as `torch.ops.torch_tpu.name.default` and inline its lowering into their program),
+beside a CPU kernel (the reference a user's CPU run and the tests compare with) and a fake kernel (shapes only,
+what PyTorch's meta dispatch and FakeTensor tracing use)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch._ops import OpOverload
+
+from torch_tpu.eager import dispatch
+from torch_tpu.ops.registry import LOWERINGS, lower
+
+NAMESPACE = "torch_tpu"
+_library: list[torch.library.Library] = []
+
+
+def library() -> torch.library.Library:
+    """The `torch_tpu` operator library (made once: PyTorch refuses a second DEF library of one namespace)."""
+    if not _library:
+        _library.append(torch.library.Library(NAMESPACE, "DEF"))
+    return _library[0]
+
+
+def define(schema: str, lowering: Callable, reference: Callable, fake: Callable) -> OpOverload:
+    """Define `torch_tpu::<schema>` with its tpu lowering, its CPU kernel `reference` and its `fake` kernel."""
+    name = schema.split("(", 1)[0]
+    lib = library()
+    lib.define(schema)
+    op = getattr(torch.ops.torch_tpu, name).default
+    lib.impl(name, reference, "CPU")
+    torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
+    lower(op)(lowering)
+    lib.impl(name, dispatch.functional_kernel(LOWERINGS[op]), "PrivateUse1")
+    return op
+
+
+def differentiable(op: OpOverload, backward: Callable, setup_context: Callable) -> None:
+    """Give `op` PyTorch autograd (`torch.library.register_autograd`): `backward` calls the op's backward op."""
+    torch.library.register_autograd(op._schema.name, backward, setup_context=setup_context, lib=library())
+
+
+def check_tensor(op: str, argument: str, value: object, ndim: tuple[int, ...], dtypes: tuple[torch.dtype, ...]) -> None:
+    """A clear error for an argument that is not a tensor of one of `ndim` ranks and `dtypes`."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"torch.tpu.ops.{op}: {argument} must be a Tensor, got {type(value).__name__}")
+    if value.ndim not in ndim:
+        ranks = " or ".join(str(n) for n in ndim)
+        raise ValueError(f"torch.tpu.ops.{op}: {argument} must be {ranks}-D, got shape {tuple(value.shape)}")
+    if value.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"torch.tpu.ops.{op}: {argument} has dtype {value.dtype}; supported: {names}")

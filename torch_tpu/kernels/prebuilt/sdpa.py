@@ -1,0 +1,102 @@
+"""`F.scaled_dot_product_attention` on tpu tensors: a kernel where one applies for the platform, else the math path.
+
+PyTorch picks SDPA's backend through a C++ DispatchStub that Python cannot reach, so this registers an
+`AutogradPrivateUse1` kernel (eager and AOTAutograd's tracing reach it; the same as the `PrivateUse1` kernel, which
+`torch.inference_mode` reaches) for `aten::scaled_dot_product_attention`: `choose` names the path for the call;
+"xla" runs PyTorch's own composite (the math decomposition our lowerings compile, as before), "splash" runs
+`torch.tpu.ops.splash_sdpa` (differentiable itself). Splash applies on TPU for masks it expresses (none, or
+causal), no dropout, float32/bfloat16, GQA with `enable_gqa` and sequence lengths in multiples of 128. GPU kernels
+(tokamax, cuDNN through JAX) are not routed yet: GPU takes the XLA path. `force("splash")` routes every call splash
+can serve to it on any platform (interpreted off TPU: how the CPU tests check the kernel path against the math
+path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+
+import torch
+
+from torch_tpu.runtime import platform
+
+KERNELS = ("splash", "xla")
+SPLASH_DTYPES = (torch.float32, torch.bfloat16)
+# How often each path was chosen (a compiled graph counts once, when it is traced).
+choices: Counter[str] = Counter()
+_forced: list[str | None] = [None]
+
+
+@contextlib.contextmanager
+def force(kernel: str | None) -> Iterator[None]:
+    """Route SDPA calls to `kernel` wherever it can serve them, whatever the platform (None: by platform)."""
+    if kernel is not None and kernel not in KERNELS:
+        raise ValueError(f"torch_tpu: SDPA kernel must be one of {KERNELS} or None, got {kernel!r}")
+    previous, _forced[0] = _forced[0], kernel
+    try:
+        yield
+    finally:
+        _forced[0] = previous
+
+
+def _splash_serves(query, key, value, attn_mask, dropout_p, enable_gqa) -> bool:  # noqa: ANN001
+    if attn_mask is not None or dropout_p != 0.0:
+        return False
+    if query.ndim != 4 or key.ndim != 4 or value.shape != key.shape or query.shape[-1] != key.shape[-1]:
+        return False
+    if query.dtype not in SPLASH_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
+        return False
+    if query.shape[0] != key.shape[0] or query.shape[1] % key.shape[1]:
+        return False
+    if query.shape[1] != key.shape[1] and not enable_gqa:
+        return False
+    return query.shape[2] % 128 == 0 and key.shape[2] % 128 == 0
+
+
+def choose(
+    device_platform: str,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    enable_gqa: bool = False,
+) -> str:
+    """The path one SDPA call takes on `device_platform` ("tpu", "gpu", "cpu"): a kernel name or "xla"."""
+    forced = _forced[0]
+    wanted = forced == "splash" or forced is None and device_platform == "tpu"
+    return "splash" if wanted and _splash_serves(query, key, value, attn_mask, dropout_p, enable_gqa) else "xla"
+
+
+_SDPA = torch.ops.aten.scaled_dot_product_attention.default
+
+
+def _kernel(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    path = choose(platform.platform(), query, key, value, attn_mask, dropout_p, enable_gqa)
+    choices[path] += 1
+    if path == "splash":
+        return torch.ops.torch_tpu.splash_sdpa(query, key, value, is_causal=is_causal, scale=scale)
+    return _SDPA.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+_library: list[torch.library.Library] = []
+
+
+def install() -> None:
+    """Register the routing kernel for tpu tensors (once)."""
+    if _library:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("scaled_dot_product_attention", _kernel, "AutogradPrivateUse1")
+    lib.impl("scaled_dot_product_attention", _kernel, "PrivateUse1")  # reached when autograd is off (inference mode)
+    _library.append(lib)
