@@ -134,39 +134,42 @@ def report() -> str:
     """`summary()` as text, one line per question."""
     data = summary()
     lines = ["torch_tpu metrics (since the last reset)"]
+
+    def row(label: str, text: str) -> None:
+        lines.append(f"  {label:<24}: {text}")
+
     for kind, made in data["compiles"].items():
         parts = ", ".join(f"{count} {how}" for how, count in made.items() if how != "seconds")
-        lines.append(f"  compiles, {kind:<6}: {parts} in {made['seconds']:.3f} s")
+        row(f"compiles, {kind}", f"{parts} in {made['seconds']:.3f} s")
     if not data["compiles"]:
-        lines.append("  compiles: none")
+        row("compiles", "none")
     tier1, disk, warm = (data["cache"][tier] for tier in ("in_process", "persistent", "warm_start"))
     if tier1:
-        lines.append(f"  in-process cache  : {tier1['hits']} hits of {tier1['requests']} lookups")
+        row("in-process cache", f"{tier1['hits']} hits of {tier1['requests']} lookups")
     discarded = f", {disk['discarded']} discarded" if disk["discarded"] else ""
-    lines.append(
-        f"  persistent cache  : {disk['hits']} hits, {disk['misses']} misses, {disk['writes']} writes{discarded}"
+    row("persistent cache", f"{disk['hits']} hits, {disk['misses']} misses, {disk['writes']} writes{discarded}")
+    row(
+        "warm start",
+        f"graph index {warm['graph_hits']} hits / {warm['graph_misses']} misses, "
+        f"AOTAutograd {warm['aot_autograd_hits']} hits / {warm['aot_autograd_misses']} misses",
     )
-    lines.append(
-        f"  warm start        : graph index {warm['graph_hits']} hits / {warm['graph_misses']} misses, "
-        f"AOTAutograd {warm['aot_autograd_hits']} hits / {warm['aot_autograd_misses']} misses"
-    )
-    lines.append(f"  CPU fallbacks     : {_top(data['cpu_fallbacks']) or 'none'}")
-    lines.append(f"  decompositions    : {_top(data['decompositions']) or 'none'}")
+    row("CPU fallbacks", _top(data["cpu_fallbacks"]) or "none")
+    row("decompositions", _top(data["decompositions"]) or "none")
     for direction, moved in data["transfers"].items():
-        label = direction.replace("_", " ")
-        lines.append(f"  {label:<18}: {moved['count']} copies, {_bytes(moved['bytes'])}")
+        row(direction.replace("_", " "), f"{moved['count']} copies, {_bytes(moved['bytes'])}")
     fused = data["fused_clusters"]
     if fused["runs"]:
-        lines.append(
-            f"  fused clusters    : {fused['runs']} runs of {fused['mean_ops']:.1f} ops on average "
-            f"(largest {fused['max_ops']})"
+        row(
+            "fused clusters",
+            f"{fused['runs']} runs of {fused['mean_ops']:.1f} ops on average (largest {fused['max_ops']})",
         )
     for op, moved in data["collectives"].items():
-        lines.append(f"  collective {op:<7}: {moved['count']} calls, {_bytes(moved['bytes'])} sent")
+        row(f"collective {op}", f"{moved['count']} calls, {_bytes(moved['bytes'])} sent")
     memory = data["memory"]
-    lines.append(
-        f"  tpu memory        : {_bytes(memory['allocated_bytes'])} allocated, "
-        f"peak {_bytes(memory['peak_allocated_bytes'])}, {memory['num_ooms']} out-of-memory errors"
+    row(
+        "tpu memory",
+        f"{_bytes(memory['allocated_bytes'])} allocated, peak {_bytes(memory['peak_allocated_bytes'])}, "
+        f"{memory['num_ooms']} out-of-memory errors",
     )
     return "\n".join(lines)
 
