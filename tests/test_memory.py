@@ -219,6 +219,24 @@ def test_an_executions_out_of_memory_is_torchs_and_the_process_goes_on(monkeypat
     assert (one + 1).item() == 2
 
 
+@pytest.mark.parametrize("where", ["fused", "graph"])
+def test_a_clusters_or_graphs_out_of_memory_is_torchs(where):
+    """The same real error from a Fused-mode cluster and from a compiled graph."""
+    if open("/proc/sys/vm/overcommit_memory").read().strip() == "1":
+        pytest.skip("with overcommit always on, the host could try to provide the memory")
+    one = torch.ones(1, dtype=torch.uint8, device="tpu")
+    before = torch.tpu.memory_stats()["num_ooms"]
+    with pytest.raises(torch.cuda.OutOfMemoryError, match=r"^TPU out of memory\. Tried to allocate 1024\.00 TiB\."):
+        if where == "fused":
+            with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+                (one.expand(1 << 50) + 1).cpu()
+        else:
+            torch.compile(lambda t: t.expand(1 << 50).clone(), backend="tpu")(one)
+    assert torch.tpu.memory_stats()["num_ooms"] == before + 1
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        assert (one * 3).item() == 3
+
+
 def test_requested_sizes_in_xlas_wordings():
     assert memory.requested_bytes("RESOURCE_EXHAUSTED: Out of memory allocating 1125899906842624 bytes.") == 1 << 50
     assert memory.requested_bytes("Error allocating device buffer: Attempting to allocate 1.50G. That was") == 3 << 29
