@@ -31,8 +31,9 @@ from torch_tpu.random import (
     set_rng_state,
 )
 from torch_tpu.runtime import checks, platform
+from torch_tpu.runtime import memory as _memory_stats
 from torch_tpu.runtime.deferred import buffers as _pending_buffers
-from torch_tpu.runtime.storage import memory as _memory
+from torch_tpu.runtime.memory import memory as _memory
 
 # The public names (tests/test_public_api.py holds them): TorchTPU 0.2.0's `torch.tpu` API that exists here, and
 # ours (device, DeviceProperties, memory statistics, is_bf16_supported, seed/seed_all). `eager_mode` and
@@ -51,6 +52,7 @@ __all__ = [
     "device_count",
     "distributed",  # noqa: F822  (torch_tpu.distributed, a layer above, sets it: tpu_dist's public names)
     "eager_mode",  # noqa: F822  (a property of _DeviceModule)
+    "empty_cache",
     "get_amp_supported_dtype",
     "get_device_name",
     "get_device_properties",
@@ -62,10 +64,18 @@ __all__ = [
     "manual_seed",
     "manual_seed_all",
     "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
     "memory_allocated",
-    "pallas",  # noqa: F822  (torch_tpu.kernels, a layer above, sets it: jax_op, register_lowering)
+    "memory_reserved",
+    "memory_snapshot",
+    "memory_stats",
+    "memory_stats_as_nested_dict",
+    "memory_summary",
     "ops",  # noqa: F822  (torch_tpu.kernels.prebuilt, a layer above, sets it: the prebuilt kernels)
+    "pallas",  # noqa: F822  (torch_tpu.kernels, a layer above, sets it: jax_op, register_lowering)
     "precision",
+    "reset_accumulated_memory_stats",
     "reset_peak_memory_stats",
     "seed",
     "seed_all",
@@ -190,17 +200,66 @@ def synchronize(device: Any = None) -> None:
     checks.raise_pending()  # failed device-side checks (an out-of-range index) raise here, as CUDA's asserts do
 
 
+# Memory statistics in CUDA's shape (runtime/memory.py says where each figure comes from; docs/memory.md).
+
+
+def memory_stats(device: Any = None) -> dict[str, Any]:
+    """`torch.cuda.memory_stats`'s keys, for this device."""
+    return _memory_stats.stats(_index(device))
+
+
+def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
+    return _memory_stats.stats_as_nested_dict(_index(device))
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """`torch.cuda.memory_summary`'s table, labelled for TPU."""
+    return _memory_stats.summary(_index(device), abbreviated)
+
+
 def memory_allocated(device: Any = None) -> int:
     """Bytes held by live `tpu` storages."""
+    _index(device)
     return _memory.allocated
 
 
 def max_memory_allocated(device: Any = None) -> int:
+    _index(device)
     return _memory.peak
 
 
+def memory_reserved(device: Any = None) -> int:
+    """Bytes the device holds for this process: PJRT's figure where it has one, else as allocated."""
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total) bytes of the device."""
+    return _memory_stats.mem_get_info(_index(device))
+
+
 def reset_peak_memory_stats(device: Any = None) -> None:
+    _index(device)
     _memory.reset_peak()
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    _index(device)
+    _memory.reset_accumulated()
+
+
+def empty_cache() -> None:
+    """Drop torch_tpu's caches of device arrays (PJRT keeps no cache of freed memory to release)."""
+    _memory_stats.empty_cache()
+
+
+def memory_snapshot() -> list[dict[str, Any]]:
+    """`torch.cuda.memory_snapshot`'s segments: every live buffer on the device, with the stack that made it."""
+    return _memory_stats.snapshot(0)
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from workers import _equal, _input
 
+from torch_tpu import metrics
 from torch_tpu.distributed import collectives
 
 _TIMEOUT = datetime.timedelta(seconds=60)
@@ -268,6 +269,17 @@ def _steady_state(rank: int, world: int, half: dist.ProcessGroup) -> None:
     assert collectives.compiles == with_half, "the half group's steady state built programs"
 
 
+def _counted_in_metrics(rank: int, world: int) -> None:
+    """torch_tpu.metrics counts each collective call on tpu tensors and the bytes of this rank's input."""
+    metrics.reset()
+    tensor = _input(rank, (6,)).to("tpu")
+    dist.all_reduce(tensor)
+    dist.all_reduce(tensor)
+    dist.all_gather_into_tensor(torch.empty(world * 6, dtype=torch.float64, device="tpu"), tensor)
+    found = metrics.summary()["collectives"]
+    assert found == {"allreduce": {"count": 2, "bytes": 96}, "allgather_base": {"count": 1, "bytes": 48}}, found
+
+
 def run() -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     _cpu_mesh_without_a_group(rank, world)
@@ -286,6 +298,7 @@ def run() -> None:
     dist.init_process_group("tpu_dist", timeout=_TIMEOUT, device_id=torch.device("tpu", 0))
     half = _split_groups(rank, world)
     _steady_state(rank, world, half)
+    _counted_in_metrics(rank, world)
     dist.barrier()
     dist.destroy_process_group()
     print("c10d checks passed", flush=True)

@@ -14,13 +14,13 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-from torch_tpu import precision
+from torch_tpu import metrics, precision
 from torch_tpu import random as tpu_random
 from torch_tpu.compile import buckets, graph, warm
 from torch_tpu.eager import fused
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.decompositions import for_graphs as decompositions
-from torch_tpu.runtime import checks, platform, storage
+from torch_tpu.runtime import checks, memory, platform, storage
 from torch_tpu.runtime import persistent as cache
 
 _OPTIONS = {"async_compile", "num_dynamic_buckets", "bucket_size", "serializable", "debug_callback", "name"}
@@ -122,11 +122,17 @@ class CompiledGraph:
             inputs = self.plan.pad(inputs, real, shape_key)
         cache_key = ("graph", self.name, id(self), precision.cache_token(), shape_key)
         entry = executables.lookup(cache_key)
-        if entry is None:  # first call, or first call under this precision state
-            outputs, entry = self._compile(key, inputs)
-            executables.insert(cache_key, entry)
-        else:
-            outputs = self._run(entry.executable, key, inputs)
+        try:
+            if entry is None:  # first call, or first call under this precision state
+                outputs, entry = self._compile(key, inputs)
+                executables.insert(cache_key, entry)
+                metrics.compiled("graph", entry.source, entry.compilation_duration)
+            else:
+                outputs = self._run(entry.executable, key, inputs)
+        except jax.errors.JaxRuntimeError as error:
+            if memory.is_oom(error):  # compiling (a program that cannot fit) or running
+                raise memory.out_of_memory(error) from error
+            raise
         outputs = list(checks.take(outputs))  # device-side checks left pending (runtime/checks.py)
         if self.plan is None:
             for position, size in self.fn.sizes.get(shape_key, {}).items():

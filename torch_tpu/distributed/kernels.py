@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from torch_tpu import metrics
 from torch_tpu.distributed import collectives, handshake, host, watchdog
 from torch_tpu.eager import fused
 from torch_tpu.runtime import compat, storage
@@ -465,6 +466,31 @@ def _watched(kernel: Callable) -> Callable:
     return call
 
 
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.nbytes
+    return sum(_nbytes(inner) for inner in value) if isinstance(value, (list, tuple)) else 0
+
+
+def _counted(kernel: Callable, call: Callable) -> Callable:
+    """`call` (the kernel as registered), counting each call of `kernel` and the bytes of its input in
+    `torch_tpu.metrics.collectives` (the input: the argument named input..., else the first one)."""
+    op = kernel.__name__.strip("_")
+    parameters = list(inspect.signature(kernel).parameters)
+    position = next((i for i, name in enumerate(parameters) if name.startswith("input")), 0)
+
+    @functools.wraps(call)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        result = call(*args, **kwargs)
+        metrics.collectives[op] += 1
+        metrics.collective_bytes[op] += _nbytes(
+            args[position] if position < len(args) else kwargs[parameters[position]]
+        )
+        return result
+
+    return counted
+
+
 _KERNELS = (
     alltoall_base_,
     alltoall_,
@@ -531,5 +557,5 @@ def install() -> None:
     with warnings.catch_warnings():  # "Overriding a previously registered kernel": torch's, on purpose
         warnings.filterwarnings("ignore", "Warning only once for all operators")
         for kernel in _KERNELS:
-            library.impl(kernel.__name__, _watched(kernel), "PrivateUse1")
+            library.impl(kernel.__name__, _counted(kernel, _watched(kernel)), "PrivateUse1")
     _library = library

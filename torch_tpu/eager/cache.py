@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from torch_tpu import metrics
 from torch_tpu.runtime import persistent
 
 _EVICT_TO = 0.9  # on overflow, evict down to this fraction of the bounds: the scan runs once per many inserts
@@ -136,3 +137,4 @@ class ExecutableCache:
 
 
 executables = ExecutableCache()
+metrics.tally("in_process", lambda: {"requests": executables.num_cache_reqs, "hits": executables.num_cache_hits})

@@ -16,13 +16,13 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
-from torch_tpu import precision
+from torch_tpu import metrics, precision
 from torch_tpu import random as tpu_random
 from torch_tpu.eager import fused, modes, validation
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import Lowering, mutated_args
 from torch_tpu.runtime import checks as device_checks
-from torch_tpu.runtime import compat, dtypes, persistent, platform, storage
+from torch_tpu.runtime import compat, dtypes, memory, persistent, platform, storage
 from torch_tpu.runtime.mapping import GATHER, WHOLE_BUFFER, classify
 
 _MATH_BIT_KEYS = (torch._C.DispatchKey.Conjugate, torch._C.DispatchKey.Negative)
@@ -308,6 +308,7 @@ class Runner:
         if type(result) is device_checks.Checked:  # device-side checks: each call leaves them pending
             executable, result = device_checks.stashing(executable), device_checks.take(result)
         entry = Entry(str(meta_op), executable, out_dtypes, time.perf_counter() - start, source=source)
+        metrics.compiled("eager", "traced" if source == "eager" else source, entry.compilation_duration)
         if self.lowering.jit and isinstance(result, jax.Array):  # a fixed output shape: wrap it directly
             entry.layout = storage.layout(result.shape, result.dtype)
         executables.insert(key, entry)
@@ -339,6 +340,7 @@ class Runner:
 _JAX_DTYPE = dtypes._TORCH_TO_JAX
 _context = precision.context
 _scalars: dict[Any, Any] = {}
+memory.on_empty_cache(_scalars.clear)
 
 
 def _device_scalar(value: Any) -> Any:

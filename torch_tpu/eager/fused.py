@@ -32,10 +32,10 @@ import jax
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from torch_tpu import precision
+from torch_tpu import metrics, precision
 from torch_tpu.eager import modes
 from torch_tpu.eager.cache import Entry, executables
-from torch_tpu.runtime import checks, deferred, persistent
+from torch_tpu.runtime import checks, deferred, memory, persistent
 from torch_tpu.runtime.deferred import Pending
 from torch_tpu.runtime.deferred import concrete as concrete  # re-exported: the dispatcher's name for it
 from torch_tpu.runtime.deferred import is_pending as is_pending  # re-exported: the dispatcher's name for it
@@ -170,20 +170,13 @@ def flush(extra: list[Pending] = ()) -> None:
     wanted = {p.ref: p for p in [b._array for b in buffers] + list(extra) + flags if is_pending(p)}
     if wanted:
         out_refs = tuple(sorted(wanted))
-        fingerprint = ("fused", tuple(plan), out_refs, precision.cache_token(), ranks)
-        entry = executables.lookup(fingerprint)
-        if entry is None:
-            start = time.perf_counter()
-            replay = _replay([recorder.node_table[n] for n in plan], out_refs)
-            if ranks is None:  # compiled as every executable is: XLA options (excess precision), persistent tier
-                executable = persistent.fast_call(persistent.compile_lowered(jax.jit(replay).lower(*leaves))[0])
-            else:
-                executable = spmd(ranks).compile(replay, leaves)
-            results = jax.block_until_ready(executable(*leaves))
-            name = f"fused cluster of {len(plan)} ops"
-            executables.insert(fingerprint, Entry(name, executable, None, time.perf_counter() - start, "fused"))
-        else:
-            results = entry.executable(*leaves)
+        try:
+            results = _run(plan, leaves, out_refs, ranks)
+        except jax.errors.JaxRuntimeError as error:
+            if memory.is_oom(error):
+                raise memory.out_of_memory(error) from error
+            raise
+        metrics.fused_clusters[len(plan)] += 1
         for ref, value in zip(out_refs, results, strict=True):
             wanted[ref].value = value
         for found, flag in flagged:
@@ -191,6 +184,27 @@ def flush(extra: list[Pending] = ()) -> None:
     for buffer in buffers:
         if type(buffer._array) is Pending:
             buffer._array = buffer._array.value
+
+
+def _run(plan: list[int], leaves: list, out_refs: tuple, ranks: tuple[int, ...] | None) -> Any:
+    """The cluster's results: its cached executable, else compiled (or loaded) and cached."""
+    fingerprint = ("fused", tuple(plan), out_refs, precision.cache_token(), ranks)
+    entry = executables.lookup(fingerprint)
+    if entry is not None:
+        return entry.executable(*leaves)
+    start = time.perf_counter()
+    replay = _replay([recorder.node_table[n] for n in plan], out_refs)
+    from_disk = False
+    if ranks is None:  # compiled as every executable is: XLA options (excess precision), persistent tier
+        executable, from_disk = persistent.compile_lowered(jax.jit(replay).lower(*leaves))
+        executable = persistent.fast_call(executable)
+    else:
+        executable = spmd(ranks).compile(replay, leaves)
+    results = jax.block_until_ready(executable(*leaves))
+    entry = Entry(f"fused cluster of {len(plan)} ops", executable, None, time.perf_counter() - start, "fused")
+    executables.insert(fingerprint, entry)
+    metrics.compiled("fused", "disk" if from_disk else "compiled", entry.compilation_duration)
+    return results
 
 
 def _step_boundary(optimizer: torch.optim.Optimizer, *args: Any) -> None:

@@ -16,6 +16,8 @@ import torch
 from torch._ops import OpOverload
 from torch.utils._pytree import tree_map
 
+from torch_tpu.runtime import memory
+
 _INTERNAL_OVERLAP = (
     "unsupported operation: more than one element of the written-to tensor refers to a single memory location. "
     "Please clone() the tensor before performing the operation."
@@ -24,8 +26,9 @@ _PARTIAL_OVERLAP = (
     "unsupported operation: some elements of the input tensor and the written-to tensor refer to a single memory "
     "location. Please clone() the tensor before performing the operation."
 )
-# Failures of our own that CPU cannot explain better: an op without a lowering, a Debug-mode NaN check.
-_OURS = (NotImplementedError, FloatingPointError)
+# Failures of our own that CPU cannot explain better: an op without a lowering, a Debug-mode NaN check, an
+# out-of-memory error already converted (`runtime.memory`).
+_OURS = (NotImplementedError, FloatingPointError, torch.OutOfMemoryError)
 
 
 def _dense(tensor: torch.Tensor) -> bool:
@@ -116,6 +119,8 @@ def raise_as_cpu(op: OpOverload, args: tuple, kwargs: dict, error: Exception) ->
     `error`; return if CPU raises nothing (the caller then re-raises `error`)."""
     if isinstance(error, _OURS):
         return
+    if memory.is_oom(error):  # not CPU's business (nor asked: CPU would allocate what the device could not)
+        raise memory.out_of_memory(error) from error
     cpu = _cpu_error(op, args, kwargs, _copy)
     if (
         cpu is None

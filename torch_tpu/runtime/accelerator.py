@@ -1,22 +1,21 @@
 """PyTorch's accelerator hooks for `tpu`: the PrivateUse1 hooks and guard objects, and the few
 `torch.accelerator` entry points that the Python device guard cannot serve.
 
-The Python guard implements only `type_`, so `torch.accelerator.synchronize()` and the memory queries would
-fail or read zero. `install()` wraps exactly those functions: for the `tpu` accelerator they call `torch.tpu`;
-for any other they call PyTorch's own, unchanged.
+The Python guard implements only `type_`, so `torch.accelerator.synchronize()` and the memory functions would
+fail or read zero. `install()` wraps exactly those functions: for the `tpu` accelerator they call `torch.tpu`'s
+(`runtime.memory`); for any other they call PyTorch's own, unchanged.
 """
 
 from __future__ import annotations
 
 import functools
-from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
 import torch.accelerator
 import torch.accelerator.memory
 
-from torch_tpu.runtime import compat
+from torch_tpu.runtime import compat, memory, platform
 
 
 class Hooks(compat.PrivateUse1Hooks):
@@ -47,38 +46,49 @@ def _is_tpu(device: object) -> bool:
 def _route(original: Callable, replacement: Callable) -> Callable:
     @functools.wraps(original)
     def routed(device=None, /):
-        return replacement(device) if _is_tpu(device) else original(device)
+        return replacement(_index(device)) if _is_tpu(device) else original(device)
 
     routed.__wrapped_original__ = original
     return routed
 
 
-def _memory_stats(device=None) -> OrderedDict:
-    from torch_tpu.runtime.storage import memory
+def _route_current(original: Callable, replacement: Callable) -> Callable:
+    """`_route` for a function of the current accelerator only (no device argument)."""
 
-    return OrderedDict(
-        [
-            ("allocated_bytes.all.current", memory.allocated),
-            ("allocated_bytes.all.peak", memory.peak),
-            ("num_alloc_retries", 0),
-            ("num_device_alloc", memory.num_alloc),
-            ("num_device_free", memory.num_free),
-        ]
-    )
+    @functools.wraps(original)
+    def routed():
+        return replacement(0) if _is_tpu(None) else original()
+
+    routed.__wrapped_original__ = original
+    return routed
 
 
-def _reset_peak(device=None) -> None:
-    from torch_tpu.runtime.storage import memory
+def _index(device: object) -> int:
+    """The process's device index of a tpu `device` (None, an index, a string or a torch.device)."""
+    if device is None:
+        return 0
+    return platform.own_index(device if isinstance(device, int) else torch.device(device).index)
 
-    memory.reset_peak()
+
+# The `torch.accelerator` memory functions that reach PyTorch's C++ DeviceAllocator, which a Python backend cannot
+# register (for tpu they hit "Allocator for tpu is not a DeviceAllocator"): memory_allocated, max_memory_allocated,
+# memory_reserved and max_memory_reserved read memory_stats, so routing it serves them too.
+_ROUTED = {
+    "memory_stats": memory.stats,
+    "reset_peak_memory_stats": lambda index: memory.memory.reset_peak(),
+    "reset_accumulated_memory_stats": lambda index: memory.memory.reset_accumulated(),
+    "get_memory_info": memory.mem_get_info,
+}
 
 
 def install(synchronize: Callable) -> None:
     """Route `torch.accelerator.synchronize` (to `synchronize`, i.e. `torch.tpu.synchronize`: it is passed in
-    because it lives above this layer, in eager) and the memory statistics to the tpu device's."""
+    because it lives above this layer, in eager) and the memory functions to the tpu device's."""
     if hasattr(torch.accelerator.synchronize, "__wrapped_original__"):
         return
-    torch.accelerator.synchronize = _route(torch.accelerator.synchronize, synchronize)
+    torch.accelerator.synchronize = _route(torch.accelerator.synchronize, lambda index: synchronize())
+    empty_cache = _route_current(torch.accelerator.memory.empty_cache, lambda index: memory.empty_cache())
     for module in (torch.accelerator, torch.accelerator.memory):
-        module.memory_stats = _route(torch.accelerator.memory.memory_stats, _memory_stats)
-        module.reset_peak_memory_stats = _route(torch.accelerator.memory.reset_peak_memory_stats, _reset_peak)
+        for name, replacement in _ROUTED.items():
+            setattr(module, name, _route(getattr(torch.accelerator.memory, name), replacement))
+        module.empty_cache = empty_cache

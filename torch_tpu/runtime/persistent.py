@@ -33,7 +33,7 @@ from typing import Any
 
 import jax
 
-from torch_tpu import precision
+from torch_tpu import metrics, precision
 from torch_tpu.runtime import compat, platform
 
 _FORMAT = 2
@@ -112,6 +112,7 @@ def _aot_autograd_counters() -> dict[str, int]:
 
 
 stats = DiskStats()
+metrics.tally("persistent", lambda: {key: value for key, value in stats.as_dict().items() if type(value) is int})
 
 
 def _path(key: str) -> pathlib.Path:

@@ -19,7 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from torch_tpu import metrics
 from torch_tpu.runtime import checks, compat, deferred, dtypes, platform
+from torch_tpu.runtime import memory as _memory
 from torch_tpu.runtime.mapping import RESHAPE, WHOLE_BUFFER, classify
 
 _ATTR = "_tpu_buffer"
@@ -35,24 +37,8 @@ _pending_buffers = deferred.buffers
 _weakref = weakref.ref
 
 
-class MemoryStats:
-    """Bytes held by live storages, and their peak, like the CUDA caching allocator's counters.
-
-    Updated from `DeviceBuffer` without a lock: each update is straight-line attribute arithmetic, which
-    CPython's eval loop does not interrupt for another thread.
-    """
-
-    def __init__(self) -> None:
-        self.allocated = 0
-        self.peak = 0
-        self.num_alloc = 0
-        self.num_free = 0
-
-    def reset_peak(self) -> None:
-        self.peak = self.allocated
-
-
-memory = MemoryStats()
+memory = _memory.memory
+_SMALL_POOL = _memory.SMALL_POOL_BYTES
 
 
 class _AddressSpace:
@@ -99,15 +85,27 @@ class DeviceBuffer:
         self.shape = shape if shape is not None or array is None else array.shape
         if type(array) is _Pending:  # deferred.track(self), inlined: Fused mode makes a pending buffer per op
             _pending_buffers[id(self)] = _weakref(self)
-        stats = memory
-        stats.allocated += nbytes
-        stats.num_alloc += 1
-        if stats.allocated > stats.peak:
-            stats.peak = stats.allocated
+        if nbytes > _SMALL_POOL:  # memory.acquire(nbytes), inlined for the small pool: every op output is one
+            memory.add_large(nbytes)
+        elif nbytes:
+            stats = memory
+            stats.allocated += nbytes
+            stats.total += nbytes
+            stats.num_alloc += 1
+            if stats.allocated > stats.running_peak:
+                stats.running_peak = stats.allocated
+            live = stats.num_alloc - stats.num_free
+            if live > stats.running_count_peak:
+                stats.running_count_peak = live
 
     def __del__(self) -> None:
-        memory.allocated -= self.nbytes
-        memory.num_free += 1
+        nbytes = self.nbytes
+        if nbytes > _SMALL_POOL:  # memory.release(nbytes), inlined
+            memory.free_large(nbytes)
+        elif nbytes:
+            stats = memory
+            stats.allocated -= nbytes
+            stats.num_free += 1
         if type(self._array) is _Pending:
             _pending_buffers.pop(id(self), None)
 
@@ -229,10 +227,8 @@ def resize(storage: torch.UntypedStorage, nbytes: int) -> torch.UntypedStorage:
     else:
         buffer.array = _call(_resized, (array,), (nbytes,))
     buffer.nbytes = nbytes
-    stats = memory
-    stats.allocated += nbytes - old
-    if stats.allocated > stats.peak:
-        stats.peak = stats.allocated
+    memory.release(old)  # as CUDA's resize: the old block freed, a new one allocated
+    memory.acquire(nbytes)
     if old and nbytes:  # torch swaps a storage's pointer and size only with a storage of its size or of 0 bytes
         storage._swap_data_ptr_(_construct_storage(0, _DEVICE, 0))
     storage._swap_data_ptr_(_construct_storage(_addresses.take(nbytes), _DEVICE, nbytes))
@@ -367,6 +363,7 @@ def _call(helper: Any, arrays: tuple, statics: tuple) -> Any:
 
 
 _zero_arrays: dict[tuple[tuple[int, ...], np.dtype], jax.Array] = {}
+_memory.on_empty_cache(_zero_arrays.clear)
 
 
 def _zeros_of(shape: tuple[int, ...], dtype: np.dtype) -> jax.Array:
@@ -527,12 +524,27 @@ def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:
         array = array.view(dtypes.to_jax(host.dtype))
     # A private copy: device_put may read the host memory after it returns (the transfer is asynchronous; on
     # the CPU platform the device array may even alias it), and the caller may mutate its tensor right away.
-    return jax.device_put(np.array(array, copy=True), platform.device(index))
+    try:
+        device_array = jax.device_put(np.array(array, copy=True), platform.device(index))
+    except jax.errors.JaxRuntimeError as error:
+        if _memory.is_oom(error):
+            raise _memory.out_of_memory(error, array.nbytes, index) from error
+        raise
+    metrics.transfers["host_to_device"] += 1
+    metrics.transfer_bytes["host_to_device"] += array.nbytes
+    return device_array
 
 
 def to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     """Copy a device array to a new CPU tensor of `dtype` (waits for the value)."""
-    host = np.asarray(deferred.concrete(array))
+    try:
+        host = np.asarray(deferred.concrete(array))
+    except jax.errors.JaxRuntimeError as error:  # the work that computes the value failed (asynchronous dispatch)
+        if _memory.is_oom(error):
+            raise _memory.out_of_memory(error) from error
+        raise
+    metrics.transfers["device_to_host"] += 1
+    metrics.transfer_bytes["device_to_host"] += host.nbytes
     checks.raise_pending()  # a value reaches the host: the device-side checks of the ops before it are due
     carrier = dtypes.host_carrier(dtype)
     if carrier:
