@@ -277,6 +277,28 @@ def _funcol_2d(mesh: DeviceMesh, rank: int) -> None:
     print("2-D funcol: one program over dp, tp and both, equal to a local computation", flush=True)
 
 
+def _mismatch_2d(mesh: DeviceMesh, rank: int) -> None:
+    """Rank 3 compiles another graph over the 2x2 mesh: every rank raises before running it, rank 0 too, though
+    rank 3 is in neither of its groups (the program's ranks, the mesh's, all agree)."""
+    import torch.distributed._functional_collectives as funcol
+
+    from torch_tpu.distributed.spmd import MismatchError
+
+    dp, tp = mesh.get_group("dp"), mesh.get_group("tp")
+    factor = 3.0 if rank == 3 else 2.0
+    differs = torch.compile(
+        lambda t: funcol.all_reduce(funcol.all_reduce(t, "sum", tp) * factor, "sum", dp), backend="tpu", fullgraph=True
+    )
+    try:
+        differs(torch.ones(2, device="tpu"))
+    except Exception as error:  # Dynamo may wrap the backend's error
+        assert isinstance(error, MismatchError) or "MismatchError" in repr(error), repr(error)
+        assert "over ranks (0, 1, 2, 3)" in str(error) and "all_reduce(float32[2], sum, tp)" in str(error), error
+    else:
+        raise AssertionError(f"rank {rank}: a graph that differs on rank 3 ran")
+    print("2-D handshake: a graph differing on one rank fails on every rank", flush=True)
+
+
 def _not_one_mesh(mesh: DeviceMesh, rank: int) -> None:
     """Collectives over a mesh dimension and over a group that is not one of its dimensions: a clear error."""
     import torch.distributed._functional_collectives as funcol
@@ -303,6 +325,7 @@ def mesh_2d() -> None:
     rank = dist.get_rank()
     mesh = init_device_mesh("tpu", (2, 2), mesh_dim_names=("dp", "tp"))
     _funcol_2d(mesh, rank)
+    _mismatch_2d(mesh, rank)
     half = slice(rank // 2 * _BATCH // 2, (rank // 2 + 1) * _BATCH // 2)  # each dp rank its half of the batch
     _compare(
         "tp in simple fsdp",

@@ -161,11 +161,12 @@ def _label(axes: dict[tuple[int, ...], functional.Axis], ranks: tuple[int, ...])
     return "+".join(axis) if isinstance(axis, tuple) else axis
 
 
-def _describe(node: torch.fx.Node, group: str) -> str:
+def _describe(node: torch.fx.Node, group: str | None) -> str:
+    """A collective as the handshake lists it: op, shape, static arguments, and its axis where there are several."""
     value = node.meta.get("val")
     shape = f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}" if isinstance(value, torch.Tensor) else ""
-    statics = [*(a for a in node.args[1:-1] if not isinstance(a, torch.fx.Node)), group]
-    return f"{functional.COLLECTIVES[node.target]}({shape}, {', '.join(map(str, statics))})"
+    statics = [a for a in node.args[1:-1] if not isinstance(a, torch.fx.Node)] + ([group] if group else [])
+    return f"{functional.COLLECTIVES[node.target]}({shape}{', ' if statics else ''}{', '.join(map(str, statics))})"
 
 
 class GraphProgram(Program):
@@ -187,7 +188,8 @@ class GraphProgram(Program):
             shape = f"{getattr(value, 'shape', '')} {getattr(value, 'dtype', '')}"
             parts.append(f"{node.name} = {node.op} {node.target} {args} {kwargs} {shape}")
         self.graph = "\n".join(parts)
-        self.collectives = [_describe(node, labels[node]) for node in nodes]
+        several = len(mesh.axis_names) > 1
+        self.collectives = [_describe(node, labels[node] if several else None) for node in nodes]
         self.scalar_outputs: dict[tuple, list[bool]] = {}  # per compiled-in sizes, which outputs are 0-d
 
     def lower(self, fn: Callable, values: Sequence[Any]) -> jax.stages.Lowered:
