@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -70,10 +71,18 @@ def _parameters(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _train(
-    model: nn.Module, rows: slice, compiled: bool, texts: list[str], fullgraph: bool = True, scale: int = 1
+    model: nn.Module,
+    rows: slice,
+    compiled: bool,
+    texts: list[str],
+    fullgraph: bool = True,
+    scale: int = 1,
+    data_group: dist.ProcessGroup | None = None,
+    parameters: Callable[[nn.Module], dict[str, torch.Tensor]] = _parameters,
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """3 steps on this rank's `rows` of each batch; the loss summed over ranks (each rank's loss is its rows').
-    `scale` multiplies the loss for the backward (FSDP2 averages the ranks' gradients: `scale` = ranks)."""
+    """3 steps on this rank's `rows` of each batch; the loss summed over `data_group`'s ranks (each rank's loss is
+    its rows'). `scale` multiplies the loss for the backward (FSDP2 averages the ranks' gradients: `scale` =
+    ranks); `parameters` gives the trained model's as full tensors."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     forward, step = model, optimizer.step
     if compiled:
@@ -89,8 +98,8 @@ def _train(
         losses.append(loss.detach())
     total = torch.stack(losses)
     if rows != slice(None):  # data parallel: the full batch's loss is the ranks' sum
-        dist.all_reduce(total)
-    return total.cpu().tolist(), _parameters(model)
+        dist.all_reduce(total, group=data_group)
+    return total.cpu().tolist(), parameters(model)
 
 
 def _check(what: str, got: tuple, expected: tuple) -> None:
@@ -106,16 +115,19 @@ def _graph_breaks() -> list[str]:
     return [reason for reason in counters if "Call to `torch._dynamo.graph_break()`" not in reason]
 
 
-def _compare(name: str, build: Callable[[], nn.Module], rows: slice, collectives: dict[int, list[str]]) -> None:
-    """`build()` trained in eager and compiled, each equal to the single process (and so to each other); the
-    compiled model is one graph per direction with `collectives[i]` in the HLO of the i-th program lowered."""
+def _compare(
+    name: str, build: Callable[[], nn.Module], rows: slice, collectives: dict[int, list[str]], **train: Any
+) -> None:
+    """`build()` trained in eager and compiled (`_train` with `train`), each equal to the single process (and so
+    to each other); the compiled model is one graph per direction with `collectives[i]` in the HLO of the i-th
+    program lowered."""
     expected = _reference()
-    eager = _train(build(), rows, False, [])
+    eager = _train(build(), rows, False, [], **train)
     _check(f"{name} eager", eager, expected)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     texts: list[str] = []
-    compiled = _train(build(), rows, True, texts)
+    compiled = _train(build(), rows, True, texts, **train)
     _check(f"{name} compiled", compiled, expected)
     _check(f"{name} compiled against eager", compiled, eager)
     assert not _graph_breaks(), f"{name}: graph breaks {_graph_breaks()}"
@@ -188,4 +200,142 @@ def compiled_parallel() -> None:
     _fsdp2(mesh, rank, dist.get_world_size())
     dist.barrier()
     print("compiled parallel checks passed", os.environ["RANK"], flush=True)
+    dist.destroy_process_group()
+
+
+class _TensorParallelAllGathered(nn.Module):
+    """SimpleFSDP over dp of a tensor-parallel parameter: its tp shard, Shard(0) over dp, all-gathered over dp
+    (its gradient reduce-scattered back) and seen by the TP module as the DTensor on the tp mesh it was."""
+
+    def __init__(self, tp_mesh: DeviceMesh, placements: tuple) -> None:
+        super().__init__()
+        self.tp_mesh, self.placements = tp_mesh, placements
+
+    def forward(self, sharded: DTensor) -> DTensor:
+        local = sharded.redistribute(placements=(Replicate(),)).to_local(grad_placements=(Partial(),))
+        return DTensor.from_local(local, self.tp_mesh, self.placements, run_check=False)
+
+
+def _tp_in_simple_fsdp(mesh: DeviceMesh) -> nn.Module:
+    """The MLP tensor parallel over mesh["tp"] (colwise, rowwise) and SimpleFSDP over mesh["dp"]."""
+    model = _tensor_parallel(mesh["tp"])
+    for module in (model.up, model.down):
+        for name, p in list(module.named_parameters(recurse=False)):
+            sharded = distribute_tensor(p.to_local().detach(), mesh["dp"], [Shard(0)])
+            module.register_parameter(name, nn.Parameter(sharded))
+            gathered = _TensorParallelAllGathered(mesh["tp"], p.placements)
+            parametrize.register_parametrization(module, name, gathered, unsafe=True)
+    return model
+
+
+def _tp_in_simple_fsdp_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Each parameter's dp shards gathered to its tp shard, and those gathered to the full parameter."""
+    named = {}
+    for prefix, module in (("up", model.up), ("down", model.down)):
+        for name, (gathered,) in module.parametrizations.items():
+            tp_shard = getattr(module.parametrizations, name).original.full_tensor()
+            whole = DTensor.from_local(tp_shard, gathered.tp_mesh, gathered.placements, run_check=False)
+            named[f"{prefix}.{name}"] = whole.full_tensor().detach().cpu()
+    return named
+
+
+def _funcol_2d(mesh: DeviceMesh, rank: int) -> None:
+    """A compiled graph with collectives over tp, dp and both (the world) of a 2x2 (dp, tp) mesh, equal to the
+    same computation done locally on every rank's input, with every collective in its one program."""
+    import torch.distributed._functional_collectives as funcol
+
+    dp, tp = mesh.get_group("dp"), mesh.get_group("tp")
+
+    def step(t: torch.Tensor) -> torch.Tensor:
+        summed = funcol.all_reduce(t, "sum", tp)
+        gathered = funcol.all_gather_tensor(summed, 0, dp) * torch.cat([t, t])
+        scattered = funcol.reduce_scatter_tensor(gathered, "sum", 0, tp)
+        exchanged = funcol.all_to_all_single(scattered, None, None, dp)
+        return funcol.all_gather_tensor(exchanged[:1] + 1, 0, dist.group.WORLD)
+
+    texts: list[str] = []
+    compiled = torch.compile(
+        step, backend="tpu", fullgraph=True, options={"debug_callback": lambda _, t: texts.append(t)}
+    )
+    xs = [_input(r, (4, 3)) for r in range(4)]
+    tp_of = lambda r: (r - r % 2, r - r % 2 + 1)  # noqa: E731  (mesh [[0, 1], [2, 3]]: rows dp, columns tp)
+    dp_of = lambda r: (r % 2, r % 2 + 2)  # noqa: E731
+    summed = [xs[a] + xs[b] for a, b in map(tp_of, range(4))]
+    gathered = [
+        torch.cat([summed[a], summed[b]]) * torch.cat([xs[r], xs[r]]) for r, (a, b) in enumerate(map(dp_of, range(4)))
+    ]
+    scattered = [(gathered[a] + gathered[b]).chunk(2)[r % 2] for r, (a, b) in enumerate(map(tp_of, range(4)))]
+    exchanged = [torch.cat([scattered[q].chunk(2)[r // 2] for q in dp_of(r)]) for r in range(4)]
+    expected = torch.cat([exchanged[r][:1] + 1 for r in range(4)])
+    for _ in range(2):  # the second run reuses the executable
+        torch.testing.assert_close(compiled(xs[rank].to("tpu")).cpu(), expected, rtol=1e-15, atol=1e-15)
+    (text,) = texts
+    missing = [
+        op for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all") if f"stablehlo.{op}" not in text
+    ]
+    assert not missing, f"the 2-D program lacks {missing}"
+    print("2-D funcol: one program over dp, tp and both, equal to a local computation", flush=True)
+
+
+def _mismatch_2d(mesh: DeviceMesh, rank: int) -> None:
+    """Rank 3 compiles another graph over the 2x2 mesh: every rank raises before running it, rank 0 too, though
+    rank 3 is in neither of its groups (the program's ranks, the mesh's, all agree)."""
+    import torch.distributed._functional_collectives as funcol
+
+    from torch_tpu.distributed.spmd import MismatchError
+
+    dp, tp = mesh.get_group("dp"), mesh.get_group("tp")
+    factor = 3.0 if rank == 3 else 2.0
+    differs = torch.compile(
+        lambda t: funcol.all_reduce(funcol.all_reduce(t, "sum", tp) * factor, "sum", dp), backend="tpu", fullgraph=True
+    )
+    try:
+        differs(torch.ones(2, device="tpu"))
+    except Exception as error:  # Dynamo may wrap the backend's error
+        assert isinstance(error, MismatchError) or "MismatchError" in repr(error), repr(error)
+        assert "over ranks (0, 1, 2, 3)" in str(error) and "all_reduce(float32[2], sum, tp)" in str(error), error
+    else:
+        raise AssertionError(f"rank {rank}: a graph that differs on rank 3 ran")
+    print("2-D handshake: a graph differing on one rank fails on every rank", flush=True)
+
+
+def _not_one_mesh(mesh: DeviceMesh, rank: int) -> None:
+    """Collectives over a mesh dimension and over a group that is not one of its dimensions: a clear error."""
+    import torch.distributed._functional_collectives as funcol
+
+    diagonal = [dist.new_group([0, 3]), dist.new_group([1, 2])][rank in (1, 2)]  # every rank creates both
+    tp = mesh.get_group("tp")
+    mixed = torch.compile(
+        lambda t: funcol.all_reduce(t, "sum", tp) + funcol.all_reduce(t, "sum", diagonal), backend="tpu", fullgraph=True
+    )
+    try:
+        mixed(torch.ones(2, device="tpu"))
+    except Exception as error:  # Dynamo wraps the backend's error
+        message = str(error)
+        assert "not the dimensions of one DeviceMesh" in message, message
+        assert str(dist.get_process_group_ranks(diagonal)) in message, message
+    else:
+        raise AssertionError("a graph over a mesh dimension and a diagonal group did not raise")
+    print("groups that are not one mesh's dimensions: a clear error", flush=True)
+
+
+def mesh_2d() -> None:
+    """4 ranks on a (dp=2, tp=2) mesh: compiled graphs whose collectives span both dimensions run as one program."""
+    dist.init_process_group("tpu", timeout=_TIMEOUT)
+    rank = dist.get_rank()
+    mesh = init_device_mesh("tpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    _funcol_2d(mesh, rank)
+    _mismatch_2d(mesh, rank)
+    half = slice(rank // 2 * _BATCH // 2, (rank // 2 + 1) * _BATCH // 2)  # each dp rank its half of the batch
+    _compare(
+        "tp in simple fsdp",
+        lambda: _tp_in_simple_fsdp(mesh),
+        half,
+        {0: ["all_gather", "all_reduce"], 1: ["reduce_scatter"]},
+        data_group=mesh.get_group("dp"),
+        parameters=_tp_in_simple_fsdp_parameters,
+    )
+    _not_one_mesh(mesh, rank)
+    dist.barrier()
+    print("2-D mesh checks passed", os.environ["RANK"], flush=True)
     dist.destroy_process_group()

@@ -30,12 +30,19 @@ _UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 @functools.cache
 def mesh(ranks: tuple[int, ...]) -> Mesh:
     """The 1-D mesh of the devices of global `ranks`, in that order (JAX process index == torch rank)."""
+    return grid_mesh(ranks, (len(ranks),), (AXIS,))
+
+
+@functools.cache
+def grid_mesh(ranks: tuple[int, ...], shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
+    """The mesh of the devices of global `ranks` (row-major) laid out in `shape`, one axis per name (a DeviceMesh's
+    rank tensor as a JAX mesh)."""
     kind = platform.devices()[0].platform
     by_process = {device.process_index: device for device in jax.devices(kind)}
     missing = [rank for rank in ranks if rank not in by_process]
     if missing:
         raise RuntimeError(f"tpu_dist: ranks {missing} have no device in the JAX job of {len(by_process)} processes")
-    return Mesh(np.array([by_process[rank] for rank in ranks]), (AXIS,))
+    return Mesh(np.array([by_process[rank] for rank in ranks]).reshape(shape), names)
 
 
 def _fold(values: jax.Array, combine: Callable) -> jax.Array:
@@ -51,21 +58,21 @@ BOOL_OPS = {"sum": "max", "max": "max", "bor": "max", "product": "min", "min": "
 FOLDS = {"product": jnp.multiply, "band": jnp.bitwise_and, "bor": jnp.bitwise_or, "bxor": jnp.bitwise_xor}
 
 
-def reduce(block: jax.Array, op: str, size: int) -> jax.Array:
-    """The reduction of every rank's `block` over the `size` ranks of AXIS (the same on all ranks; rank order for
-    the folds, as a local loop over the ranks would). Eager programs and compiled SPMD graphs share it; a one-rank
-    group's block is its own reduction (a graph over one rank is not mapped over AXIS)."""
+def reduce(block: jax.Array, op: str, size: int, axis: str | tuple[str, ...] = AXIS) -> jax.Array:
+    """The reduction of every rank's `block` over the `size` ranks of mesh `axis` (the same on all ranks; rank
+    order for the folds, as a local loop over the ranks would). Eager programs and compiled SPMD graphs share it;
+    a one-rank group's block is its own reduction (a graph over one rank is not mapped over an axis)."""
     if size == 1:
         return block
     if op == "sum":
-        return jax.lax.psum(block, AXIS)
+        return jax.lax.psum(block, axis)
     if op == "avg":
-        return jax.lax.psum(block, AXIS) / jnp.asarray(size, block.dtype)
+        return jax.lax.psum(block, axis) / jnp.asarray(size, block.dtype)
     if op == "max":
-        return jax.lax.pmax(block, AXIS)
+        return jax.lax.pmax(block, axis)
     if op == "min":
-        return jax.lax.pmin(block, AXIS)
-    return _fold(jax.lax.all_gather(block, AXIS), FOLDS[op])
+        return jax.lax.pmin(block, axis)
+    return _fold(jax.lax.all_gather(block, axis), FOLDS[op])
 
 
 def _broadcast(block: jax.Array, root: int) -> jax.Array:

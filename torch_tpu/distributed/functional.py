@@ -2,8 +2,9 @@
 
 Each op is a lowering like any other, registered in the one registry (`ops.registry.lower_in_graphs`): a JAX
 function of this rank's array that calls the collective (`psum`, `all_gather`, `psum_scatter`, `all_to_all`)
-over the axis of the group's 1-D mesh. It runs where a program is SPMD over that mesh (`distributed.spmd`): a
-compiled graph holding collectives, a Fused-mode cluster recorded under `spmd_safe`, or, alone, an eager call.
+over the group's axis of the program's mesh (`tracing`: a group's 1-D mesh, or one axis per dimension of the
+DeviceMesh whose dimensions the groups are). It runs where a program is SPMD over that mesh (`distributed.spmd`):
+a compiled graph holding collectives, a Fused-mode cluster recorded under `spmd_safe`, or, alone, an eager call.
 `wait_tensor` is the identity: a collective's value is ready when its program has run.
 
 In eager mode (`distributed.eager_functional` installs the kernels) each collective runs alone, so ranks whose
@@ -40,25 +41,32 @@ def group_ranks(name: str) -> tuple[int, ...]:
     return tuple(dist.get_process_group_ranks(dist.distributed_c10d._resolve_process_group(name)))
 
 
-class _Tracing(threading.local):
-    """The ranks of the SPMD program being traced on this thread (None: not inside one)."""
+Axis = str | tuple[str, ...]
 
-    ranks: tuple[int, ...] | None = None
+
+class _Tracing(threading.local):
+    """Inside the SPMD program being traced on this thread: each group's ranks (in group-rank order) and the mesh
+    axis (or axes, major first) its collectives run over. None: not inside one."""
+
+    axes: dict[tuple[int, ...], Axis] | None = None
 
 
 tracing = _Tracing()
 
 
-def _size(group: Any, collective: str) -> int:
-    """The group's size, checked against the mesh of the program being traced: its axis is the group's ranks."""
+def _axis(group: Any, collective: str) -> tuple[int, Axis]:
+    """The group's size and its axis in the mesh of the program being traced (a one-rank group needs none)."""
     ranks = group_ranks(group_name(group))
-    if len(ranks) > 1 and tracing.ranks != ranks:
-        where = "outside an SPMD program" if tracing.ranks is None else f"in a program over ranks {tracing.ranks}"
+    if len(ranks) == 1:
+        return 1, AXIS
+    axis = None if tracing.axes is None else tracing.axes.get(ranks)
+    if axis is None:
+        where = "outside an SPMD program" if tracing.axes is None else f"in a program over groups {list(tracing.axes)}"
         raise NotImplementedError(
-            f"torch_tpu: {collective} over ranks {ranks} traced {where}; every collective of one compiled graph or "
-            f"fused cluster must be over the same group"
+            f"torch_tpu: {collective} over ranks {ranks} traced {where}; the collectives of one compiled graph or "
+            f"fused cluster must be over groups that are dimensions of its mesh"
         )
-    return len(ranks)
+    return len(ranks), axis
 
 
 def _op(reduce_op: str, dtype: Any, collective: str) -> str:
@@ -73,16 +81,16 @@ def _op(reduce_op: str, dtype: Any, collective: str) -> str:
     return BOOL_OPS[op] if dtype == jnp.bool_ else op
 
 
-def _reduced(block: jax.Array, reduce_op: str, size: int, collective: str) -> jax.Array:
+def _reduced(block: jax.Array, reduce_op: str, size: int, axis: Axis, collective: str) -> jax.Array:
     op = _op(reduce_op, block.dtype, collective)
     if block.dtype == jnp.bool_:  # a logical or/and as the maximum/minimum of bytes
-        return reduce(block.astype(jnp.uint8), op, size).astype(jnp.bool_)
-    return reduce(block, op, size)
+        return reduce(block.astype(jnp.uint8), op, size, axis).astype(jnp.bool_)
+    return reduce(block, op, size, axis)
 
 
 @lower_in_graphs(ops.all_reduce.default)
 def all_reduce(input: jax.Array, reduce_op: str, group: Any) -> jax.Array:  # noqa: A002
-    return _reduced(input, reduce_op, _size(group, "all_reduce"), "all_reduce")
+    return _reduced(input, reduce_op, *_axis(group, "all_reduce"), "all_reduce")
 
 
 @lower_in_graphs(ops.all_reduce_coalesced.default)
@@ -90,21 +98,22 @@ def all_reduce_coalesced(inputs: list[jax.Array], reduce_op: str, group: Any) ->
     return [all_reduce(x, reduce_op, group) for x in inputs]
 
 
-def _check_group_size(group_size: int, group: Any, collective: str) -> int:
-    size = _size(group, collective)
+def _check_group_size(group_size: int, group: Any, collective: str) -> tuple[int, Axis]:
+    size, axis = _axis(group, collective)
     if group_size != size:
         raise ValueError(f"torch_tpu: {collective} got group_size={group_size} for a group of {size} ranks")
-    return size
+    return size, axis
 
 
 @lower_in_graphs(ops.all_gather_into_tensor.default)
 def all_gather_into_tensor(input: jax.Array, group_size: int, group: Any) -> jax.Array:  # noqa: A002
     """Every rank's input concatenated along dim 0 in group-rank order."""
-    if _check_group_size(group_size, group, "all_gather_into_tensor") == 1:
+    size, axis = _check_group_size(group_size, group, "all_gather_into_tensor")
+    if size == 1:
         return input
     if input.ndim == 0:
-        return jax.lax.all_gather(input, AXIS)
-    return jax.lax.all_gather(input, AXIS, tiled=True)
+        return jax.lax.all_gather(input, axis)
+    return jax.lax.all_gather(input, axis, tiled=True)
 
 
 @lower_in_graphs(ops.all_gather_into_tensor_coalesced.default)
@@ -115,7 +124,7 @@ def all_gather_into_tensor_coalesced(inputs: list[jax.Array], group_size: int, g
 @lower_in_graphs(ops.reduce_scatter_tensor.default)
 def reduce_scatter_tensor(input: jax.Array, reduce_op: str, group_size: int, group: Any) -> jax.Array:  # noqa: A002
     """Rank r's result: block r (of dim 0 split in group_size) of every rank's input, reduced."""
-    size = _check_group_size(group_size, group, "reduce_scatter_tensor")
+    size, axis = _check_group_size(group_size, group, "reduce_scatter_tensor")
     if input.ndim == 0 or input.shape[0] % size:
         raise ValueError(
             f"torch_tpu: reduce_scatter_tensor input dim 0 ({input.shape[:1]}) is not divisible by {size} ranks"
@@ -124,10 +133,10 @@ def reduce_scatter_tensor(input: jax.Array, reduce_op: str, group_size: int, gro
     if size == 1:
         return input
     if op == "sum" and input.dtype != jnp.bool_:
-        return jax.lax.psum_scatter(input, AXIS, tiled=True)
-    reduced = _reduced(input, reduce_op, size, "reduce_scatter_tensor")
+        return jax.lax.psum_scatter(input, axis, tiled=True)
+    reduced = _reduced(input, reduce_op, size, axis, "reduce_scatter_tensor")
     rows = input.shape[0] // size
-    return jax.lax.dynamic_slice_in_dim(reduced, jax.lax.axis_index(AXIS) * rows, rows)
+    return jax.lax.dynamic_slice_in_dim(reduced, jax.lax.axis_index(axis) * rows, rows)
 
 
 @lower_in_graphs(ops.reduce_scatter_tensor_coalesced.default)
@@ -162,29 +171,29 @@ def all_to_all_single(
     group: Any,
 ) -> jax.Array:
     """Block j of dim 0 goes to rank j; blocks must be even (`uneven_splits`)."""
-    size = _size(group, "all_to_all_single")
+    size, axis = _axis(group, "all_to_all_single")
     problem = uneven_splits(tuple(input.shape), output_split_sizes, input_split_sizes, size)
     if problem is not None:
         raise NotImplementedError(problem)
     if size == 1:
         return input
-    return jax.lax.all_to_all(input, AXIS, split_axis=0, concat_axis=0, tiled=True)
+    return jax.lax.all_to_all(input, axis, split_axis=0, concat_axis=0, tiled=True)
 
 
 @lower_in_graphs(ops.broadcast.default)
 def broadcast(input: jax.Array, src: int, group: Any) -> jax.Array:  # noqa: A002
     """Group rank `src`'s input on every rank, bit for bit: a psum of its bits, every other rank adding zeros."""
-    size = _size(group, "broadcast")
+    size, axis = _axis(group, "broadcast")
     if not 0 <= src < size:
         raise ValueError(f"torch_tpu: broadcast from group rank {src} of a group of {size} ranks")
     if size == 1:
         return input
     unsigned = _UNSIGNED.get(input.dtype.itemsize)
     if unsigned is None or jnp.issubdtype(input.dtype, jnp.complexfloating) or input.dtype == jnp.bool_:
-        return jax.lax.all_gather(input, AXIS)[src]
+        return jax.lax.all_gather(input, axis)[src]
     bits = jax.lax.bitcast_convert_type(input, unsigned)
-    mine = jax.lax.axis_index(AXIS) == src
-    summed = jax.lax.psum(jnp.where(mine, bits, jnp.zeros_like(bits)), AXIS)
+    mine = jax.lax.axis_index(axis) == src
+    summed = jax.lax.psum(jnp.where(mine, bits, jnp.zeros_like(bits)), axis)
     return jax.lax.bitcast_convert_type(summed, input.dtype)
 
 

@@ -1,15 +1,18 @@
-"""Programs holding collectives run SPMD over their group's devices, after the ranks agree on what they run.
+"""Programs holding collectives run SPMD over their groups' devices, after the ranks agree on what they run.
 
 A compiled graph (or a Fused-mode cluster) is one jitted program on this rank's device; a collective inside it
-needs the program to span the group. `Program` runs the same function under `jax.shard_map` over the group's
-1-D mesh (`collectives.mesh`, the eager collectives' mesh): each rank's array is its block of a global array
-(dim 0 concatenated in group-rank order, a 0-d array as a block of one), so the body sees this rank's arrays
-as they are and the collectives' HLO (all-reduce, all-gather, reduce-scatter, all-to-all) is in the program.
+needs the program to span the group. `Program` runs the same function under `jax.shard_map` over a mesh: for
+one group its 1-D mesh (`collectives.mesh`, the eager collectives' mesh); for a graph over several groups that
+are the dimensions of one DeviceMesh (`meshes.layout`: a (dp, tp) mesh's groups, say), that mesh's devices with
+one axis per dimension, each collective over its group's axis. Each rank's array is its block of a global array
+(dim 0 split over every mesh axis, a 0-d array as a block of one), so the body sees this rank's arrays as they
+are and the collectives' HLO (all-reduce, all-gather, reduce-scatter, all-to-all) is in the program.
 
-Before a program's first run its ranks agree on it (`agree`, TorchTPU's compile-time handshake): each publishes
-its fingerprint and collective count through the c10d store under the program's sequence number, and a rank
-that finds another's different raises, naming both, on every rank — rather than entering a program the others
-do not run (a deadlock or garbage). A rank that never reaches the handshake fails it at the store's timeout.
+Before a program's first run all its ranks (its mesh's) agree on it (`agree`, TorchTPU's compile-time handshake):
+each publishes its fingerprint and collective count through the c10d store under the program's sequence number,
+and a rank that finds another's different raises, naming both, on every rank — rather than entering a program
+the others do not run (a deadlock or garbage). A rank that never reaches the handshake fails it at the store's
+timeout.
 """
 
 from __future__ import annotations
@@ -24,10 +27,10 @@ import jax
 import jax.numpy as jnp
 import torch
 import torch.distributed as dist
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from torch_tpu.distributed import collectives, functional
+from torch_tpu.distributed import collectives, functional, meshes
 from torch_tpu.runtime import compat, persistent, platform
 
 _KEY = "tpu_dist/spmd/{ranks}/{sequence}/{rank}"
@@ -48,14 +51,17 @@ class MismatchError(RuntimeError):
 
 
 class Program:
-    """How a function whose collectives are over `ranks` runs as one SPMD program over their devices: `_lower` it
-    for this rank's values, `_call` its executable with them (a Fused cluster: `compile`)."""
+    """How a function whose collectives are over the groups of `axes` (their ranks: their axes of `mesh`) runs as
+    one SPMD program over the mesh's devices: `_lower` it for this rank's values, `_call` its executable with them
+    (a Fused cluster: `compile`)."""
 
-    def __init__(self, ranks: tuple[int, ...]) -> None:
-        self.ranks = ranks
-        self.mesh = collectives.mesh(ranks)
-        self.devices = list(self.mesh.devices.flat)  # the program's device assignment, in group-rank order
-        self.sharding = NamedSharding(self.mesh, P(collectives.AXIS))
+    def __init__(self, mesh: Mesh, axes: dict[tuple[int, ...], functional.Axis]) -> None:
+        self.mesh = mesh
+        self.axes = axes
+        self.devices = list(mesh.devices.flat)  # the program's device assignment, in mesh order
+        self.ranks = tuple(device.process_index for device in self.devices)  # every rank of the program
+        self.spec = P(tuple(mesh.axis_names))  # dim 0 over every axis: each device its own block
+        self.sharding = NamedSharding(mesh, self.spec)
 
     def _mapped(self, fn: Callable, values: Sequence[Any], scalars: list[bool]) -> tuple[Callable, list[int]]:
         """`fn(*values)` under `shard_map` as a function of the array values (which positions those are); Python
@@ -69,17 +75,17 @@ class Program:
             for position, array, (scalar, weak) in zip(positions, arrays, kinds, strict=True):
                 array = array.reshape(()) if scalar else array
                 merged[position] = compat.convert_element_type(array, weak_type=True) if weak else array
-            previous, functional.tracing.ranks = functional.tracing.ranks, self.ranks
+            previous, functional.tracing.axes = functional.tracing.axes, self.axes
             try:
                 outputs = fn(*merged)
             finally:
-                functional.tracing.ranks = previous
+                functional.tracing.axes = previous
             leaves, tree = jax.tree_util.tree_flatten(outputs)
             scalars[:] = [leaf.ndim == 0 for leaf in leaves]
             return jax.tree_util.tree_unflatten(tree, [x.reshape((1,)) if x.ndim == 0 else x for x in leaves])
 
-        specs = tuple(P(collectives.AXIS) for _ in positions)
-        mapped = jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=P(collectives.AXIS), check_vma=False)
+        specs = tuple(self.spec for _ in positions)
+        mapped = jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=self.spec, check_vma=False)
         return mapped, positions
 
     def _lower(self, fn: Callable, values: Sequence[Any]) -> tuple[jax.stages.Lowered, list[bool]]:
@@ -137,29 +143,53 @@ class Program:
 
 @functools.cache
 def program(ranks: tuple[int, ...]) -> Program:
-    """The `Program` over `ranks` (a Fused cluster's; compiled graphs have their own, `GraphProgram`)."""
-    return Program(ranks)
+    """The `Program` over one group's `ranks`, its 1-D mesh (a Fused cluster's, or a graph's over one group)."""
+    return Program(collectives.mesh(ranks), {ranks: collectives.AXIS})
 
 
-def _describe(node: torch.fx.Node) -> str:
+def _ranks(node: torch.fx.Node) -> tuple[int, ...]:
+    """The ranks of the group a collective node is over."""
+    return functional.group_ranks(functional.group_name(functional.group_argument(node.target, node.args)))
+
+
+def _label(axes: dict[tuple[int, ...], functional.Axis], ranks: tuple[int, ...]) -> str:
+    """A group as all the program's ranks agree on it: its mesh axis (a 1-D program's: its ranks, which all
+    share), not its name (a (dp, tp) mesh's ranks 0 and 2 hold different tp groups)."""
+    axis = axes.get(ranks, collectives.AXIS)  # a group of one rank has none
+    if axis == collectives.AXIS:
+        return f"ranks {list(ranks)}"
+    return "+".join(axis) if isinstance(axis, tuple) else axis
+
+
+def _describe(node: torch.fx.Node, group: str | None) -> str:
+    """A collective as the handshake lists it: op, shape, static arguments, and its axis where there are several."""
     value = node.meta.get("val")
     shape = f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}" if isinstance(value, torch.Tensor) else ""
-    statics = [a for a in node.args[1:-1] if not isinstance(a, torch.fx.Node)]  # the group: the ranks, named
+    statics = [a for a in node.args[1:-1] if not isinstance(a, torch.fx.Node)] + ([group] if group else [])
     return f"{functional.COLLECTIVES[node.target]}({shape}{', ' if statics else ''}{', '.join(map(str, statics))})"
 
 
 class GraphProgram(Program):
-    """A compiled graph's `Program`, with what its ranks agree on: a fingerprint of the graph (its code and every
-    node's op, shapes and dtypes) and its collectives."""
+    """A compiled graph's `Program`, with what its ranks agree on: a fingerprint of the graph (every node's op,
+    arguments, shapes and dtypes; a collective's group as its axis) and its collectives."""
 
-    def __init__(self, ranks: tuple[int, ...], gm: torch.fx.GraphModule, collective_nodes: list) -> None:
-        super().__init__(ranks)
-        parts = [gm.code]
+    def __init__(
+        self, mesh: Mesh, axes: dict[tuple[int, ...], functional.Axis], gm: torch.fx.GraphModule, nodes: list
+    ) -> None:
+        super().__init__(mesh, axes)
+        labels = {node: _label(axes, _ranks(node)) for node in nodes}
+        parts = []
         for node in gm.graph.nodes:
             value = node.meta.get("val")
-            parts.append(f"{node.op} {node.target} {getattr(value, 'shape', '')} {getattr(value, 'dtype', '')}")
+            args = torch.fx.node.map_arg(node.args, lambda n: n.name)
+            if node in labels:  # the group argument (the last) as its axis
+                args = (*args[: len(node.target._schema.arguments) - 1], labels[node])
+            kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: n.name)
+            shape = f"{getattr(value, 'shape', '')} {getattr(value, 'dtype', '')}"
+            parts.append(f"{node.name} = {node.op} {node.target} {args} {kwargs} {shape}")
         self.graph = "\n".join(parts)
-        self.collectives = [_describe(node) for node in collective_nodes]
+        several = len(mesh.axis_names) > 1
+        self.collectives = [_describe(node, labels[node] if several else None) for node in nodes]
         self.scalar_outputs: dict[tuple, list[bool]] = {}  # per compiled-in sizes, which outputs are 0-d
 
     def lower(self, fn: Callable, values: Sequence[Any]) -> jax.stages.Lowered:
@@ -179,27 +209,38 @@ class GraphProgram(Program):
 
 
 def plan(gm: torch.fx.GraphModule) -> GraphProgram | None:
-    """The program a graph must run as: None when it holds no collective over more than one rank."""
+    """The program a graph must run as: None when it holds no collective over more than one rank; over one group,
+    its 1-D mesh; over several, the DeviceMesh whose dimensions they are (else a clear error)."""
     nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in functional.COLLECTIVES]
-    groups = {functional.group_ranks(functional.group_name(functional.group_argument(n.target, n.args))) for n in nodes}
-    spanning = {ranks for ranks in groups if len(ranks) > 1}
+    names: dict[tuple[int, ...], str] = {}  # each group's ranks: its name, in graph order
+    for node in nodes:
+        names.setdefault(_ranks(node), functional.group_name(functional.group_argument(node.target, node.args)))
+    spanning = [ranks for ranks in names if len(ranks) > 1]
     if not spanning:
         return None
-    if len(spanning) > 1:
-        raise NotImplementedError(
-            f"torch_tpu: a compiled graph with collectives over several groups {sorted(spanning)}: every collective "
-            f"of one graph must be over the same group (split the graph, e.g. with torch._dynamo.graph_break())"
-        )
-    (ranks,) = spanning
     for node in nodes:  # before the handshake, whose fingerprints would differ first
         if node.target is functional.ops.all_to_all_single.default:
             shape = tuple(node.args[0].meta["val"].shape)
-            problem = functional.uneven_splits(shape, node.args[1], node.args[2], len(ranks))
+            problem = functional.uneven_splits(shape, node.args[1], node.args[2], len(_ranks(node)))
             if problem is not None:
                 raise NotImplementedError(problem)
-    if dist.get_rank() not in ranks:
-        raise RuntimeError(f"torch_tpu: rank {dist.get_rank()} runs a graph with collectives over ranks {ranks}")
-    return GraphProgram(ranks, gm, nodes)
+    if len(spanning) == 1:
+        (ranks,) = spanning
+        if dist.get_rank() not in ranks:
+            raise RuntimeError(f"torch_tpu: rank {dist.get_rank()} runs a graph with collectives over ranks {ranks}")
+        one = program(ranks)
+        return GraphProgram(one.mesh, one.axes, gm, nodes)
+    found = meshes.layout(spanning)
+    if found is None:
+        groups = ", ".join(f"group {names[ranks]!r} (ranks {list(ranks)})" for ranks in spanning)
+        raise NotImplementedError(
+            f"torch_tpu: a compiled graph with collectives over several groups that are not the dimensions of one "
+            f"DeviceMesh: {groups}. One graph runs as one SPMD program over one mesh: make the groups one "
+            f"DeviceMesh's dimensions (init_device_mesh('tpu', shape, mesh_dim_names=...), then mesh.get_group(dim) "
+            f"or mesh[dim]), or split the graph between them (torch._dynamo.graph_break())"
+        )
+    mesh = collectives.grid_mesh(found.ranks, found.shape, found.names)
+    return GraphProgram(mesh, {ranks: found.axes[ranks] for ranks in spanning}, gm, nodes)
 
 
 def agree(ranks: tuple[int, ...], what: str, fingerprint: str, collective_list: list[str]) -> None:

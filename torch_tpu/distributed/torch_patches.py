@@ -13,6 +13,7 @@
 - `split_group`: torch's C++ split of a tpu_dist group crashed (or, first, failed to deep-copy gloo's options),
   so a tpu_dist group's splits are made with `new_group`; and a `new_group` that leaves a rank out of a
   device-bound group (`device_id=`) asks gloo for a split method it lacks.
+- Every DeviceMesh made is recorded (`distributed.meshes`), for compiled graphs over several of its dimensions.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch.distributed.device_mesh
 import torch.nn.parallel.distributed as ddp_module
 from torch._C._distributed_c10d import ProcessGroupGloo
 
+from torch_tpu.distributed import meshes
 from torch_tpu.runtime import pinned
 
 _CPU = torch._C.DispatchKey.CPU
@@ -125,6 +127,23 @@ def _patch_device_mesh() -> None:
 
     setup._tpu_dist = True
     mesh._setup_world_group_and_device = setup
+    _record_device_meshes(mesh)
+
+
+def _record_device_meshes(mesh: type) -> None:
+    """Every DeviceMesh made is recorded (`meshes.record`): torch keeps no list of them, and a compiled graph over
+    several of a mesh's dimension groups needs the mesh's layout."""
+    original = mesh.__init__
+    if getattr(original, "_tpu_dist", False):
+        return
+
+    @functools.wraps(original)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        meshes.record(self)
+
+    init._tpu_dist = True
+    mesh.__init__ = init
 
 
 def _uses_tpu_dist(group: dist.ProcessGroup) -> bool:
