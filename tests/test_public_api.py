@@ -12,6 +12,7 @@ import torch_tpu.tpu
 TORCHTPU_TPU = {
     "device_count",
     "distributed",
+    "profiler",
     "current_device",
     "set_device",
     "is_available",
@@ -50,6 +51,8 @@ OURS_TPU = {
 }
 # TorchTPU 0.2.0's `torch.tpu.distributed` names.
 TORCHTPU_DISTRIBUTED = {"set_tpu_launch_env", "spmd_safe", "topology_aware_mesh"}
+# TorchTPU 0.2.0's `torch.tpu.profiler` names.
+TORCHTPU_PROFILER = {"TpuProfilerConfig"}
 TORCH_TPU = {
     "cpu_fallback_enabled",
     "export_stablehlo",
@@ -95,6 +98,15 @@ def test_torch_tpu_distributed_all():
     assert sorted(torch.tpu.distributed.__all__) == sorted(TORCHTPU_DISTRIBUTED)
     assert all(hasattr(torch.tpu.distributed, name) for name in torch.tpu.distributed.__all__)
     assert _defined_public(torch.tpu.distributed) <= set(torch.tpu.distributed.__all__)
+
+
+def test_torch_tpu_profiler_all():
+    import torch.tpu.profiler as tpu_profiler
+    from torch.tpu.profiler import TpuProfilerConfig
+
+    assert tpu_profiler is torch.tpu.profiler and TpuProfilerConfig is torch.tpu.profiler.TpuProfilerConfig
+    assert sorted(torch.tpu.profiler.__all__) == sorted(TORCHTPU_PROFILER)
+    assert _defined_public(torch.tpu.profiler) <= set(torch.tpu.profiler.__all__)
 
 
 def test_star_import_binds_every_name():

@@ -56,10 +56,11 @@ def _register() -> None:
     from torch_tpu.runtime import modules
 
     modules.install()
-    from torch_tpu import amp, distributed
+    from torch_tpu import amp, distributed, profiler
 
     amp.install()
     distributed._register()  # the `tpu_dist` c10d backend (JAX starts with a group); `torch.tpu.distributed`
+    profiler._register()  # ProfilerActivity.TPU runs JAX's profiler beside torch.profiler; `torch.tpu.profiler`
 
 
 # The supported torch and JAX releases, checked before anything touches their private APIs (runtime/compat.py);
