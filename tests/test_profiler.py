@@ -145,11 +145,18 @@ def test_schedule_and_tensorboard_trace_handler(tmp_path):
     span = (begin, time.time_ns())
     exported = sorted((tmp_path / "tb").glob("w0.*.pt.trace.json"))
     assert len(exported) == 2
+    merged = 0
     for path in exported:
         trace = json.loads(path.read_text())
-        _check_flows(trace, span, "jit_aten__mm", launcher="aten::mm")
+        # NOTE: XLA:CPU sometimes records no thunk events at all in a short profiling session (the host's calls
+        # are in its XSpace, the executions are not; docs/profiling.md, Limits): a cycle's device timeline is
+        # asserted when it has executions, and at least one cycle must have them.
+        if any(e.get("cat") == "xla_module" for e in trace["traceEvents"]):
+            _check_flows(trace, span, "jit_aten__mm", launcher="aten::mm")
+            merged += 1
         steps = [e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
         assert len(steps) == 1
+    assert merged >= 1
     assert len(list((tmp_path / "run" / "plugins" / "profile").glob("*/*_0.xplane.pb"))) == 2
 
 
@@ -193,3 +200,17 @@ def test_rank_in_file_name_defaults_to_the_environment(monkeypatch):
     monkeypatch.setenv("RANK", "5")
     assert torch.tpu.profiler.TpuProfilerConfig().rank() == "5"
     assert torch.tpu.profiler.TpuProfilerConfig(worker_rank=2).rank() == "2"
+
+
+def test_a_running_jax_trace_is_a_clear_error_and_leaves_torch_profiler_usable(tmp_path):
+    xt = torch.randn(4, 4, device="tpu")
+    jax.profiler.start_trace(str(tmp_path / "theirs"))
+    try:
+        with pytest.raises(RuntimeError, match="ProfilerActivity.TPU could not start JAX's profiler"):
+            with profile(activities=ACTIVITIES):
+                xt + 1
+    finally:
+        jax.profiler.stop_trace()
+    with profile(activities=ACTIVITIES) as prof:
+        (xt + 1).cpu()
+    assert any(e.name == "jit_aten__add" for e in prof.events())

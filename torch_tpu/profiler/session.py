@@ -90,13 +90,19 @@ def _start_trace(self: torch_profiler._KinetoProfile) -> None:
     _original["start_trace"](self)
     if _wants_tpu(self):
         config = self.experimental_config
-        self._tpu_capture = Capture(config if isinstance(config, TpuProfilerConfig) else TpuProfilerConfig())
+        try:
+            self._tpu_capture = Capture(config if isinstance(config, TpuProfilerConfig) else TpuProfilerConfig())
+        except BaseException:
+            _original["stop_trace"](self)  # PyTorch's profiler does not stay enabled behind a failed start
+            raise
 
 
 def _stop_trace(self: torch_profiler._KinetoProfile) -> None:
     capture = self.__dict__.pop("_tpu_capture", None)
-    trace = capture.stop() if capture is not None else None
-    _original["stop_trace"](self)
+    try:
+        trace = capture.stop() if capture is not None else None
+    finally:
+        _original["stop_trace"](self)
     if trace is not None:
         self.profiler._tpu_trace = trace  # its function events are built (lazily) with the device's
 
