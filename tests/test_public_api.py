@@ -14,6 +14,7 @@ TORCHTPU_TPU = {
     "distributed",
     "ops",
     "pallas",
+    "profiler",
     "current_device",
     "set_device",
     "is_available",
@@ -76,6 +77,9 @@ TORCHTPU_OPS = {
     "reduce_scatter_dim",
     "splash_sdpa",
 }
+
+# TorchTPU 0.2.0's `torch.tpu.profiler` names.
+TORCHTPU_PROFILER = {"TpuProfilerConfig"}
 TORCH_TPU = {
     "cpu_fallback_enabled",
     "export_stablehlo",
@@ -138,6 +142,15 @@ def test_torch_tpu_ops_all():
     assert tpu_ops is torch.tpu.ops
     assert sorted(torch.tpu.ops.__all__) == sorted(TORCHTPU_OPS)
     assert all(isinstance(getattr(torch.tpu.ops, name), torch._ops.OpOverloadPacket) for name in TORCHTPU_OPS)
+
+
+def test_torch_tpu_profiler_all():
+    import torch.tpu.profiler as tpu_profiler
+    from torch.tpu.profiler import TpuProfilerConfig
+
+    assert tpu_profiler is torch.tpu.profiler and TpuProfilerConfig is torch.tpu.profiler.TpuProfilerConfig
+    assert sorted(torch.tpu.profiler.__all__) == sorted(TORCHTPU_PROFILER)
+    assert _defined_public(torch.tpu.profiler) <= set(torch.tpu.profiler.__all__)
 
 
 def test_star_import_binds_every_name():

@@ -56,7 +56,7 @@ def _register() -> None:
     from torch_tpu.runtime import modules
 
     modules.install()
-    from torch_tpu import amp, distributed, kernels
+    from torch_tpu import amp, distributed, kernels, profiler
     from torch_tpu.kernels import prebuilt
 
     prebuilt.install()  # `torch.tpu.ops` (before distributed, which adds its two collectives to it)
@@ -64,6 +64,7 @@ def _register() -> None:
     amp.install()
     distributed._register()  # the `tpu_dist` c10d backend (JAX starts with a group); `torch.tpu.distributed`
     kernels._register()  # `torch.tpu.pallas`
+    profiler._register()  # ProfilerActivity.TPU runs JAX's profiler beside torch.profiler; `torch.tpu.profiler`
 
 
 # The supported torch and JAX releases, checked before anything touches their private APIs (runtime/compat.py);

@@ -51,6 +51,7 @@ __all__ = [
     "device",
     "device_count",
     "distributed",  # noqa: F822  (torch_tpu.distributed, a layer above, sets it: tpu_dist's public names)
+    "profiler",  # noqa: F822  (torch_tpu.profiler, a layer above, sets it: TpuProfilerConfig)
     "eager_mode",  # noqa: F822  (a property of _DeviceModule)
     "empty_cache",
     "get_amp_supported_dtype",

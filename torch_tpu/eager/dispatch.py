@@ -276,7 +276,7 @@ class Runner:
             def empty(*values: jax.Array) -> Any:
                 return _zeros_like(meta)
 
-            return empty, out_dtypes
+            return _named_after(empty, meta_op), out_dtypes
 
         def traced(*values: jax.Array) -> Any:
             remaining = iter(values)  # in the encoders' order: the positional arguments, then the named ones
@@ -288,6 +288,7 @@ class Runner:
             return _cast(result, out_dtypes)
 
         # a jitted lowering's device-side checks become outputs of its executable (runtime/checks.py)
+        traced = _named_after(traced, meta_op)
         return (device_checks.collecting(traced) if self.lowering.jit else traced), out_dtypes
 
     def _compile(
@@ -335,6 +336,13 @@ class Runner:
         if trace.single or trace.checks is not None and len(trace.avals) == 1 and trace.tree.num_nodes == 1:
             trace.layout = storage.layout(trace.avals[0].shape, trace.avals[0].dtype)
         return trace
+
+
+def _named_after(fn: Callable, op: OpOverload) -> Callable:
+    """`fn` named after the ATen op it runs (`aten::mm`), so that its executable is `jit_aten__mm` in profiles
+    and dumps (JAX names a module after its function); set once per trace, never per call."""
+    fn.__name__ = fn.__qualname__ = op._schema.name
+    return fn
 
 
 _JAX_DTYPE = dtypes._TORCH_TO_JAX

@@ -246,7 +246,9 @@ def _replay(nodes: list[tuple[Callable, list]], out_refs: tuple) -> Callable:
                 results.append(None)
                 continue
             args = [a if r is None else results[r[0]][r[1]] for a, r in zip(args, refs, strict=True)]
-            results.append(jax.tree_util.tree_leaves(fn(*args)))
+            with jax.named_scope(getattr(fn, "__name__", "op")):  # per op in the HLO's metadata (traced once)
+                results.append(jax.tree_util.tree_leaves(fn(*args)))
         return tuple(results[node][index] for node, index in out_refs)
 
+    cluster.__name__ = cluster.__qualname__ = f"fused_cluster_{len(nodes)}_ops"  # its module: jit_fused_cluster_N_ops
     return cluster
