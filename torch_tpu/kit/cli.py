@@ -1,4 +1,4 @@
-"""`torch-tpu`: the migration kit's command line (smoke, evaluate, k8s).
+"""`torch-tpu`: the migration kit's command line (smoke, evaluate, drill, k8s).
 
 Argument parsing only; each command lives in its own module so it can be imported and tested without a shell.
 Exit status is 0 only when the command's result is a pass, so CI and Jobs can rely on it; `evaluate` tells a
@@ -11,6 +11,8 @@ import argparse
 import json
 import pathlib
 import sys
+
+from torch_tpu.kit import distributed_cli
 
 
 def _smoke(args: argparse.Namespace) -> int:
@@ -45,6 +47,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         iterations=args.iterations,
         train_steps=args.steps,
         performance=not args.no_performance,
+        **distributed_cli.evaluate_options(args),
     )
     report = evaluate.run(options)
     code = evaluate.exit_code(report)
@@ -104,6 +107,8 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--steps", type=int, help="training steps (default: the workload's)")
     ev.add_argument("--no-performance", action="store_true", help="skip performance (its gate then fails)")
     ev.set_defaults(func=_evaluate)
+    distributed_cli.add_arguments(ev, drill_only=False)  # --nproc-per-node, --strategy, --drill and its options
+    distributed_cli.add_drill(sub)
 
     k8s = sub.add_parser("k8s", help="a hardened Namespace/ServiceAccount/Job manifest for a GKE TPU node pool")
     k8s.add_argument("--image", required=True)
