@@ -7,7 +7,7 @@ import pathlib
 import pytest
 import torch
 
-from torch_tpu.kit import checks, cli, disttrain, distributed_eval, report, workload
+from torch_tpu.kit import checks, cli, distributed_eval, disttrain, report, workload
 
 HERE = pathlib.Path(__file__).parent
 SPEC = f"{HERE / 'kit_workloads.py'}:tiny"

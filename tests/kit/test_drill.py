@@ -92,4 +92,3 @@ def test_drill_refuses_options_that_describe_no_drill(tmp_path, capsys, flags, m
     assert cli.main(["drill", SPEC, "--steps", "8", "--at-step", "5", *flags, "--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "drill-attempt-1").exists()  # refused before anything was launched
-
