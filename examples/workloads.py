@@ -89,7 +89,7 @@ class TinyLM(nn.Module):
         return self.head(self.norm(x))
 
 
-def tiny_lm(vocab: int = 32, width: int = 32, heads: int = 2, layers: int = 1, train_steps: int = 30) -> Workload:
+def tiny_lm(vocab: int = 32, width: int = 32, heads: int = 2, layers: int = 1, train_steps: int = 40) -> Workload:
     """A small causal LM on counting sequences (next = token + step mod vocab); contract: accuracy >= 0.5."""
 
     def make_model(seed: int) -> nn.Module:
