@@ -215,14 +215,17 @@ def distributed_sections(report: dict[str, Any]) -> list[str]:
             f'<p class="{status}">{status.upper()}: {html.escape(drill.get("reason", ""))}</p>',
         ]
         if drill.get("losses"):
-            sections.append(
-                _svg_lines(
-                    drill["losses"], "loss: uninterrupted, before the kill, after resume", "step (of each run)", "loss"
-                )
-            )
-        facts = {**drill.get("failure", {}), **drill.get("recovery", {})}
-        facts.pop("survivor_log_tail", None)
-        sections.append(_table([[k, v] for k, v in facts.items()], ["fact", "value"]))
+            losses = dict(drill["losses"])
+            restored = drill.get("recovery", {}).get("restored_step", 0)
+            losses["after_resume"] = [None] * restored + list(losses["after_resume"])  # drawn at its own steps
+            sections.append(_svg_lines(losses, "loss: uninterrupted, before the kill, after resume", "step", "loss"))
+        facts = [
+            [f"{part}.{key}", value]
+            for part in ("failure", "recovery")
+            for key, value in drill.get(part, {}).items()
+            if key != "survivor_log_tail"
+        ]
+        sections.append(_table(facts, ["fact", "value"]))
         if drill.get("checkpoints_considered"):
             sections.append(
                 _table(
