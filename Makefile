@@ -16,11 +16,12 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 # The demo succeeds when the evaluation ran to a report, whatever its verdict (pass 0, fail 1, inconclusive 3: the
-# verdict is printed and written to the report); bad input (2) or a crash without a report is an error.
+# verdict is printed and written to the report); bad input (2) or a crash without a report is an error. It includes
+# the 2-process DDP evaluation against one process (the report's "Distributed evaluation" section).
 DEMO_OUT ?= report
 demo: venv
 	@rm -f $(DEMO_OUT)/report.json; \
-	$(VENV)/bin/torch-tpu evaluate examples.workloads:tiny_lm --reference cpu \
+	$(VENV)/bin/torch-tpu evaluate examples.workloads:tiny_lm --reference cpu --nproc-per-node 2 --strategy ddp \
 		--prices torch_tpu/kit/example_prices.json --out $(DEMO_OUT)/; status=$$?; \
 	if [ -f $(DEMO_OUT)/report.json ] && { [ $$status -le 1 ] || [ $$status -eq 3 ]; }; then \
 		echo "make demo: the evaluation ran to a report (torch-tpu evaluate exit status $$status): $(DEMO_OUT)/report.html"; \

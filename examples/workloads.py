@@ -89,7 +89,7 @@ class TinyLM(nn.Module):
         return self.head(self.norm(x))
 
 
-def tiny_lm(vocab: int = 32, width: int = 32, heads: int = 2, layers: int = 1, train_steps: int = 30) -> Workload:
+def tiny_lm(vocab: int = 32, width: int = 32, heads: int = 2, layers: int = 1, train_steps: int = 40) -> Workload:
     """A small causal LM on counting sequences (next = token + step mod vocab); contract: accuracy >= 0.5."""
 
     def make_model(seed: int) -> nn.Module:
@@ -120,4 +120,9 @@ def tiny_lm(vocab: int = 32, width: int = 32, heads: int = 2, layers: int = 1, t
         learning_rate=3e-3,
         shapes=[Shape(16, 16), Shape(16, 32), Shape(16, 16, "bfloat16")],
         latency_slo_ms=500.0,
+        # Megatron's MLP split: the first linear by columns, the second by rows (one all-reduce per block).
+        tp_plan={
+            **{f"blocks.{i}.mlp.0": "colwise" for i in range(layers)},
+            **{f"blocks.{i}.mlp.2": "rowwise" for i in range(layers)},
+        },
     )

@@ -35,6 +35,7 @@ def tiny(train_steps: int = 4, **kwargs) -> Workload:
         learning_rate=5e-2,
         shapes=[Shape(16), Shape(8)],
         latency_slo_ms=10_000.0,
+        tp_plan={"0": "colwise", "2": "rowwise"},
     )
     fields.update(kwargs)
     return Workload(**fields)

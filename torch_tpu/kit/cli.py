@@ -1,4 +1,4 @@
-"""`torch-tpu`: the migration kit's command line (smoke, evaluate, k8s, doctor, serve).
+"""`torch-tpu`: the migration kit's command line (smoke, evaluate, drill, k8s, doctor, serve).
 
 Argument parsing only; each command lives in its own module so it can be imported and tested without a shell.
 Exit status is 0 only when the command's result is a pass, so CI and Jobs can rely on it; `evaluate` tells a
@@ -11,6 +11,8 @@ import argparse
 import json
 import pathlib
 import sys
+
+from torch_tpu.kit import distributed_cli
 
 
 def _smoke(args: argparse.Namespace) -> int:
@@ -45,6 +47,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         iterations=args.iterations,
         train_steps=args.steps,
         performance=not args.no_performance,
+        **distributed_cli.evaluate_options(args),
     )
     if args.metrics_port is not None:  # Prometheus endpoint for the run (torch_tpu.kit.metrics)
         _metrics_endpoint(args.metrics_port, args.metrics_host)
@@ -190,6 +193,8 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--metrics-port", type=int, help="serve Prometheus metrics of the run on this port")
     ev.add_argument("--metrics-host", default="0.0.0.0", help="address for --metrics-port (default all)")
     ev.set_defaults(func=_evaluate)
+    distributed_cli.add_arguments(ev, drill_only=False)  # --nproc-per-node, --strategy, --drill and its options
+    distributed_cli.add_drill(sub)
 
     k8s = sub.add_parser(
         "k8s",

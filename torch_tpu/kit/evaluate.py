@@ -29,7 +29,7 @@ GATES = ("compatibility", "correctness", "performance", "operations", "cost")
 # The exit status of `torch-tpu evaluate` (documented in its --help and docs/kit.md). Bad input (an unloadable
 # workload, a missing or invalid price file, a usage error) is 2, as argparse's own usage errors are.
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
-BAD_INPUT_ERRORS = ("WorkloadError", "PriceError")
+BAD_INPUT_ERRORS = ("WorkloadError", "PriceError", "DrillError")
 
 
 @dataclasses.dataclass
@@ -42,6 +42,9 @@ class Options:
     iterations: int = 50
     train_steps: int | None = None
     performance: bool = True
+    nprocs: int = 1  # > 1: also the distributed evaluation (distributed_eval.py) on this many processes
+    strategy: str = "ddp"
+    drill: Any = None  # a drill.DrillOptions: also the recovery drill, as part of the operations gate
 
 
 def gate(passed: bool, reason: str, **evidence: Any) -> dict[str, Any]:
@@ -113,6 +116,10 @@ def run(options: Options) -> dict[str, Any]:
 def _run(options: Options, report: dict[str, Any], log: runinfo.Log) -> None:
     from torch_tpu.kit import workload as workload_mod
 
+    if options.drill is not None and options.nprocs < 2:
+        message = "--drill needs --nproc-per-node 2 or more (a drill kills one rank of a group)"
+        report["errors"].append({"stage": "load", "type": "DrillError", "message": message})
+        return
     overrides = {"train_steps": options.train_steps} if options.train_steps else {}
     try:
         work = workload_mod.load(options.workload, **overrides)
@@ -189,9 +196,10 @@ def _run(options: Options, report: dict[str, Any], log: runinfo.Log) -> None:
         report["gates"]["performance"] = not_run("performance measurement was disabled (--no-performance)")
 
     _operations_gate(report, tpu_run)
+    distributed_seconds = _distributed(options, report, log)
     checkpoint_bytes = (tpu_run.get("resume") or {}).get("checkpoint_bytes", 0)
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    report["cost"] = {"machine_seconds": checks_seconds + perf_seconds}
+    report["cost"] = {"machine_seconds": checks_seconds + perf_seconds + distributed_seconds}
     try:
         prices = cost_mod.load_prices(options.prices)
     except cost_mod.PriceError as exc:
@@ -202,8 +210,14 @@ def _run(options: Options, report: dict[str, Any], log: runinfo.Log) -> None:
     useful = 1 if tpu_run["meets_contract"] else 0
     warm = (report.get("performance") or {}).get("compiled", {}).get("warm", {})
     report["cost"] = cost_mod.attribute(
-        prices, checks_seconds + perf_seconds, checkpoint_bytes, useful, warm.get("samples_per_second")
+        prices,
+        checks_seconds + perf_seconds + distributed_seconds,
+        checkpoint_bytes,
+        useful,
+        warm.get("samples_per_second"),
     )
+    if report.get("drill", {}).get("recovery"):
+        report["cost"]["recovery"] = _recovery_cost(prices, report, useful)
     per_result = report["cost"]["cost_per_useful_result"]
     report["gates"]["cost"] = gate(
         per_result is not None,
@@ -367,4 +381,54 @@ def _operations_gate(report: dict[str, Any], tpu_run: dict[str, Any]) -> None:
         f"next-step loss exactly ({resume['resumed_loss']:.6f}); no failed steps",
         resume=resume,
         failed_step=tpu_run["failed_step"],
+    )
+
+
+def _distributed(options: Options, report: dict[str, Any], log: runinfo.Log) -> float:
+    """The distributed evaluation (into the correctness gate) and the drill (into the operations gate); returns
+    the chip-seconds they held (wall seconds x processes) for the cost."""
+    from torch_tpu.kit import distributed_eval
+    from torch_tpu.kit import drill as drill_mod
+
+    if options.nprocs <= 1 and options.drill is None:
+        return 0.0
+    steps = options.train_steps or report["workload"]["train_steps"]
+    section, run = distributed_eval.evaluate(
+        options.workload, options.strategy, options.nprocs, steps, options.out / "distributed"
+    )
+    report["distributed"] = section
+    log.event("distributed", **{k: section.get(k) for k in ("strategy", "passed", "scaling_efficiency", "error")})
+    correctness = report["gates"]["correctness"]
+    if section.get("passed"):
+        correctness["reason"] += f"; {distributed_eval.summary(section)}"
+    else:
+        correctness.update(status="fail", reason=f"{correctness['reason']}; {distributed_eval.summary(section)}")
+    correctness["evidence"]["distributed"] = {k: section.get(k) for k in ("loss_curve", "parameters", "quality")}
+    seconds = (section.get("single_wall_seconds", 0.0) + section.get("wall_seconds", 0.0)) * options.nprocs
+    if options.drill is None:
+        return seconds
+    options.drill.steps = steps
+    drill = drill_mod.run(options.drill, uninterrupted=run if "error" not in run else None)
+    report["drill"] = drill
+    log.event("drill", passed=drill["passed"], reason=drill["reason"])
+    operations = report["gates"]["operations"]
+    if not drill["passed"]:
+        operations["status"] = "fail"
+    operations["reason"] += f"; recovery drill: {drill['reason']}"
+    operations["evidence"]["drill"] = {k: drill.get(k) for k in ("recovery", "failure", "gate")}
+    return seconds + drill.get("wall_seconds", 0.0) * options.nprocs
+
+
+def _recovery_cost(prices: dict[str, Any], report: dict[str, Any], useful: int) -> dict[str, Any]:
+    drill, section = report["drill"], report["distributed"]
+    recovery = drill["recovery"]
+    step_seconds = max(rank["median_step_seconds"] for rank in section.get("ranks", [])) if "ranks" in section else 0
+    return cost_mod.recovery(
+        prices,
+        chips=section["nproc_per_node"],
+        run_seconds=section.get("wall_seconds", 0.0),
+        useful_results=useful,
+        lost_seconds=max(recovery["rpo_seconds"], 0.0),
+        resume_seconds=recovery["rto_seconds"] or 0.0,
+        expected_lost_seconds=drill["options"]["checkpoint_every"] * step_seconds / 2,
     )

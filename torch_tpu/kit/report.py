@@ -66,6 +66,22 @@ REPORT_SCHEMA: dict[str, Any] = {
             },
         },
         "cost": {"type": "object"},
+        "distributed": {
+            "type": "object",
+            "required": ["strategy", "nproc_per_node", "steps", "passed"],
+            "properties": {
+                "losses": {"type": "object", "required": ["single", "distributed"]},
+                "ranks": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["rank", "samples_per_second", "collective_share", "peak_memory_bytes"],
+                    },
+                },
+                "scaling_efficiency": {"type": "number"},
+            },
+        },
+        "drill": {"type": "object", "required": ["passed", "reason", "problems"]},
         "gates": {
             "type": "object",
             "required": ["compatibility", "correctness", "performance", "operations", "cost"],
@@ -78,6 +94,14 @@ REPORT_SCHEMA: dict[str, Any] = {
         "wall_seconds": {"type": "number"},
     },
 }
+
+
+_STYLE = (
+    "body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;margin:1em 0}"
+    "td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px}.pass{color:#1a7f37}.fail{color:#c62828}"
+    ".inconclusive{color:#b26a00}"
+    ".verdict{font-size:1.4em}svg{border:1px solid #eee;margin:0.5em}"
+)
 
 
 def _clean(value: Any) -> Any:
@@ -95,6 +119,121 @@ def write(report: dict[str, Any], out: pathlib.Path) -> None:
     (out / "report.json").write_text(json.dumps(_clean(report), indent=2, default=str) + "\n")
     (out / "report.schema.json").write_text(json.dumps(REPORT_SCHEMA, indent=2) + "\n")
     (out / "report.html").write_text(render_html(report))
+
+
+def write_drill(result: dict[str, Any], out: pathlib.Path) -> None:
+    """`torch-tpu drill`'s drill.json and drill.html (the same drill section evaluate's report shows)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "drill.json").write_text(json.dumps(_clean(result), indent=2, default=str) + "\n")
+    page = "".join(distributed_sections({"drill": result}))
+    (out / "drill.html").write_text(
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>torch-tpu drill</title><style>{_STYLE}</style>"
+        f"</head><body><h1>torch-tpu recovery drill</h1>{page}</body></html>\n"
+    )
+
+
+def distributed_sections(report: dict[str, Any]) -> list[str]:
+    """The HTML of the report's `distributed` and `drill` parts (absent parts render nothing)."""
+    sections: list[str] = []
+    dist = report.get("distributed")
+    if dist:
+        status = "pass" if dist.get("passed") else "fail"
+        sections += [
+            f"<h2>Distributed evaluation: {dist['nproc_per_node']} processes, {html.escape(dist['strategy'])}</h2>",
+            f'<p class="{status}">{status.upper()}: {html.escape(dist.get("error") or "; ".join(dist["problems"]))}'
+            "</p>",
+        ]
+        if "losses" in dist:
+            sections.append(
+                _svg_lines(
+                    {"one process": dist["losses"]["single"], dist["strategy"]: dist["losses"]["distributed"]},
+                    f"training loss, {dist['nproc_per_node']} processes vs one (same global batch)",
+                    "step",
+                    "loss",
+                )
+            )
+            curve, params = dist["loss_curve"], dist["parameters"]
+            sections.append(
+                _table(
+                    [
+                        ["loss curve", curve["max_abs_error"], curve["max_rel_error"], curve["rtol"], curve["atol"]],
+                        [
+                            "final parameters",
+                            params["max_abs_error"],
+                            params["max_rel_error"],
+                            params["rtol"],
+                            params["atol"],
+                        ],
+                    ],
+                    ["compared with one process", "max abs error", "max rel error", "rtol", "atol"],
+                )
+            )
+            rows = [
+                [
+                    "1 process",
+                    "-",
+                    dist["single"]["samples_per_second"],
+                    dist["single"]["median_step_seconds"],
+                    0.0,
+                    dist["single"]["peak_memory_bytes"],
+                    dist["single"]["quality"],
+                ]
+            ]
+            rows += [
+                [
+                    f"rank {r['rank']}",
+                    r["collective_seconds"],
+                    r["samples_per_second"],
+                    r["median_step_seconds"],
+                    r["collective_share"],
+                    r["peak_memory_bytes"],
+                    r["quality"],
+                ]
+                for r in dist["ranks"]
+            ]
+            sections += [
+                _table(
+                    rows,
+                    [
+                        "run",
+                        "collective s",
+                        "samples/s",
+                        "median step s",
+                        "collective share",
+                        "peak memory bytes",
+                        "quality",
+                    ],
+                ),
+                f"<p>global throughput {dist['global_samples_per_second']:.4g} samples/s; scaling efficiency "
+                f"{dist['scaling_efficiency']:.1%} of {dist['nproc_per_node']} x one process</p>",
+            ]
+    drill = report.get("drill")
+    if drill:
+        status = "pass" if drill.get("passed") else "fail"
+        sections += [
+            "<h2>Recovery drill</h2>",
+            f'<p class="{status}">{status.upper()}: {html.escape(drill.get("reason", ""))}</p>',
+        ]
+        if drill.get("losses"):
+            losses = dict(drill["losses"])
+            restored = drill.get("recovery", {}).get("restored_step", 0)
+            losses["after_resume"] = [None] * restored + list(losses["after_resume"])  # drawn at its own steps
+            sections.append(_svg_lines(losses, "loss: uninterrupted, before the kill, after resume", "step", "loss"))
+        facts = [
+            [f"{part}.{key}", value]
+            for part in ("failure", "recovery")
+            for key, value in drill.get(part, {}).items()
+            if key != "survivor_log_tail"
+        ]
+        sections.append(_table(facts, ["fact", "value"]))
+        if drill.get("checkpoints_considered"):
+            sections.append(
+                _table(
+                    [[c["path"], c["problem"] or "complete: used"] for c in drill["checkpoints_considered"]],
+                    ["checkpoint (newest first)", "state"],
+                )
+            )
+    return sections
 
 
 def _svg_lines(series: dict[str, list[float]], title: str, xlabel: str, ylabel: str) -> str:
@@ -272,14 +411,10 @@ def render_html(report: dict[str, Any]) -> str:
             ),
             _svg_histograms(series, "steady-state latency distribution"),
         ]
+    sections += distributed_sections(report)
     if report.get("cost"):
         sections += ["<h2>Cost</h2>", f"<pre>{html.escape(json.dumps(report['cost'], indent=2, default=str))}</pre>"]
-    style = (
-        "body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;margin:1em 0}"
-        "td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px}.pass{color:#1a7f37}.fail{color:#c62828}"
-        ".inconclusive{color:#b26a00}"
-        ".verdict{font-size:1.4em}svg{border:1px solid #eee;margin:0.5em}"
-    )
+    style = _STYLE
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>torch-tpu report {report.get('run_id', '')}"
         f"</title><style>{style}</style></head><body>{''.join(sections)}</body></html>\n"

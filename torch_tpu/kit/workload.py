@@ -68,6 +68,10 @@ class Workload:
     latency_slo_ms: float | None = None
     min_samples_per_second: float | None = None
     description: str = ""
+    # Tensor parallelism (`--strategy tp`): module path -> "colwise" | "rowwise", as torch's parallelize_module
+    # takes it; None: the workload does not declare how to split itself, and tp is refused.
+    tp_plan: dict[str, str] | None = None
+    warmup_steps: int = 4
 
     def meets_contract(self, value: float) -> bool:
         if value != value:  # NaN never meets a contract
@@ -77,6 +81,11 @@ class Workload:
     def optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
         """AdamW with foreach off: the same update on every device, so curves are comparable step by step."""
         return torch.optim.AdamW(model.parameters(), lr=self.learning_rate, foreach=False)
+
+    def scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+        """Linear warm-up over `warmup_steps`, then constant: state a resumed run must restore to match."""
+        warmup = max(self.warmup_steps, 1)
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
 
     def summary(self) -> dict[str, Any]:
         return {
