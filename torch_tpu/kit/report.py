@@ -312,8 +312,8 @@ def render_html(report: dict[str, Any]) -> str:
         f"<p>run {html.escape(report.get('run_id', ''))} &middot; workload "
         f"<code>{html.escape(report.get('workload_spec', ''))}</code> &middot; reference "
         f"{html.escape(report.get('reference_device', ''))} &middot; "
-        f"{html.escape(json.dumps(report.get('versions', {})))} &middot; "
-        f"{html.escape(json.dumps(report.get('platform', {})))}</p>",
+        f"{html.escape(', '.join(f'{a} {b}' for a, b in _flatten(report.get('versions', {}))))} &middot; "
+        f"{html.escape(', '.join(f'{a} {b}' for a, b in _flatten(report.get('platform', {}))))}</p>",
         "<h2>Gates</h2>",
         _table(
             [[name, g.get("status", "fail").upper(), g.get("reason", "")] for name, g in gates.items()],
