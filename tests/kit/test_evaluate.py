@@ -121,3 +121,15 @@ def test_smoke_runs_in_its_own_process_with_the_seed_fields():
         assert field in record
     assert record["mode"] == "compiled" and record["finite"] is True
     assert record["compile_cache"]["state"] in ("cold", "warm")
+
+
+def test_cost_section_is_a_table_not_a_json_dump():
+    from torch_tpu.kit import report
+
+    cost = {"cost_per_useful_result": 0.25, "prices": {"tpu": {"hourly": 1.5}}, "items": [{"name": "a", "usd": 2.0}]}
+    page = report.render_html({"verdict": "pass", "gates": {}, "cost": cost, "versions": {"torch": "2.13.0"}})
+    assert "<pre>" not in page
+    assert "<td>cost_per_useful_result</td><td>0.25</td>" in page
+    assert "<td>prices.tpu.hourly</td><td>1.5</td>" in page
+    assert "<td>items.0.usd</td><td>2</td>" in page
+    assert "torch 2.13.0" in page and "{" not in page.split("<style>")[0] + page.split("</style>")[1]

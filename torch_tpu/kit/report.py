@@ -289,6 +289,20 @@ def _table(rows: list[list[Any]], header: list[str]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _flatten(value: Any, prefix: str = "") -> list[list[Any]]:
+    """Nested dicts/lists as (dotted key, scalar) rows, so evidence reads as a table rather than a JSON dump."""
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+        items = ((str(i), v) for i, v in enumerate(value))
+    else:
+        return [[prefix or "value", ", ".join(map(str, value)) if isinstance(value, list) else value]]
+    rows: list[list[Any]] = []
+    for key, sub in items:
+        rows += _flatten(sub, f"{prefix}.{key}" if prefix else str(key))
+    return rows
+
+
 def render_html(report: dict[str, Any]) -> str:
     gates = report.get("gates", {})
     verdict = report.get("verdict", "fail")
@@ -298,8 +312,8 @@ def render_html(report: dict[str, Any]) -> str:
         f"<p>run {html.escape(report.get('run_id', ''))} &middot; workload "
         f"<code>{html.escape(report.get('workload_spec', ''))}</code> &middot; reference "
         f"{html.escape(report.get('reference_device', ''))} &middot; "
-        f"{html.escape(json.dumps(report.get('versions', {})))} &middot; "
-        f"{html.escape(json.dumps(report.get('platform', {})))}</p>",
+        f"{html.escape(', '.join(f'{a} {b}' for a, b in _flatten(report.get('versions', {}))))} &middot; "
+        f"{html.escape(', '.join(f'{a} {b}' for a, b in _flatten(report.get('platform', {}))))}</p>",
         "<h2>Gates</h2>",
         _table(
             [[name, g.get("status", "fail").upper(), g.get("reason", "")] for name, g in gates.items()],
@@ -413,7 +427,7 @@ def render_html(report: dict[str, Any]) -> str:
         ]
     sections += distributed_sections(report)
     if report.get("cost"):
-        sections += ["<h2>Cost</h2>", f"<pre>{html.escape(json.dumps(report['cost'], indent=2, default=str))}</pre>"]
+        sections += ["<h2>Cost</h2>", _table(_flatten(report["cost"]), ["item", "value"])]
     style = _STYLE
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>torch-tpu report {report.get('run_id', '')}"
