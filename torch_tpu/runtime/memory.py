@@ -285,27 +285,23 @@ def snapshot(index: int = 0) -> list[dict[str, Any]]:
     return segments
 
 
-def _format_size(size: int, preferred: float) -> str:
-    prefixes = ["B  ", "KiB", "MiB", "GiB", "TiB", "PiB"]
+def _scaled(value: int, preferred: float, prefixes: tuple[str, ...], base: int, limit: int) -> tuple[int, str]:
+    """CUDA's summary scaling: step up a prefix while the row's preferred figure reaches `limit` of the next."""
     prefix = prefixes[0]
     for new_prefix in prefixes[1:]:
-        if preferred < 768 * 1024:
+        if preferred < limit * base:
             break
-        prefix = new_prefix
-        size //= 1024
-        preferred /= 1024
+        prefix, value, preferred = new_prefix, value // base, preferred / base
+    return value, prefix
+
+
+def _format_size(size: int, preferred: float) -> str:
+    size, prefix = _scaled(size, preferred, ("B  ", "KiB", "MiB", "GiB", "TiB", "PiB"), 1024, 768)
     return f"{size:6d} {prefix}"
 
 
 def _format_count(count: int, preferred: float) -> str:
-    prefixes = [" ", "K", "M"]
-    prefix = prefixes[0]
-    for new_prefix in prefixes[1:]:
-        if preferred < 750 * 1000:
-            break
-        prefix = new_prefix
-        count //= 1000
-        preferred /= 1000
+    count, prefix = _scaled(count, preferred, (" ", "K", "M"), 1000, 750)
     return f"{count:7d} {prefix} "
 
 

@@ -97,52 +97,40 @@ def _adam(
 _ADAM_WRITES = ("self", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs")
 
 
-@lower(aten._fused_adam.default, aten._fused_adam.tensor_lr, writes=_ADAM_WRITES, scalars=("lr",))
-def _fused_adam(
-    self,
-    grads,
-    exp_avgs,
-    exp_avg_sqs,
-    max_exp_avg_sqs,
-    state_steps,
-    *,
-    lr,
-    beta1,
-    beta2,
-    weight_decay,
-    eps,
-    amsgrad,
-    maximize,
-    grad_scale=None,
-    found_inf=None,
-):
-    inputs = (self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)
-    options = (lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale, found_inf)
-    return _adam(inputs, state_steps, *options, decoupled=False)
+def _adam_lowering(decoupled: bool):
+    """One body for `_fused_adam` and `_fused_adamw`: they differ only in how weight decay applies."""
+
+    def lowering(
+        self,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        max_exp_avg_sqs,
+        state_steps,
+        *,
+        lr,
+        beta1,
+        beta2,
+        weight_decay,
+        eps,
+        amsgrad,
+        maximize,
+        grad_scale=None,
+        found_inf=None,
+    ):
+        inputs = (self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)
+        options = (lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale, found_inf)
+        return _adam(inputs, state_steps, *options, decoupled=decoupled)
+
+    return lowering
 
 
-@lower(aten._fused_adamw.default, aten._fused_adamw.tensor_lr, writes=_ADAM_WRITES, scalars=("lr",))
-def _fused_adamw(
-    self,
-    grads,
-    exp_avgs,
-    exp_avg_sqs,
-    max_exp_avg_sqs,
-    state_steps,
-    *,
-    lr,
-    beta1,
-    beta2,
-    weight_decay,
-    eps,
-    amsgrad,
-    maximize,
-    grad_scale=None,
-    found_inf=None,
-):
-    inputs = (self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)
-    options = (lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale, found_inf)
-    return _adam(inputs, state_steps, *options, decoupled=True)
+lower(aten._fused_adam.default, aten._fused_adam.tensor_lr, writes=_ADAM_WRITES, scalars=("lr",))(
+    _adam_lowering(decoupled=False)
+)
+lower(aten._fused_adamw.default, aten._fused_adamw.tensor_lr, writes=_ADAM_WRITES, scalars=("lr",))(
+    _adam_lowering(decoupled=True)
+)
 
 
 @lower(
