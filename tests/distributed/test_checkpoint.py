@@ -3,19 +3,17 @@
 checkpoints go to the launch's scratch directory, which the launch removes."""
 
 import launch
+import pytest
 from workers_fsdp import HOWS
 
 
-def test_checkpoints_of_fsdp2_resume_the_uninterrupted_run():
-    results = launch.launch_once("workers_fsdp.two_ranks", nprocs=2, timeout=420)
-    launch.check(results)
-    for result in results:
-        for how in HOWS:
-            assert f"checkpoint {how}: the resumed step equals the uninterrupted one" in result.output, result.output
-
-
-def test_checkpoints_of_fsdp2_times_tensor_parallel_resume_the_uninterrupted_run():
-    results = launch.launch_once("workers_fsdp.four_ranks", nprocs=4, timeout=420)
+@pytest.mark.parametrize(
+    ("worker", "nprocs"),
+    [("workers_fsdp.two_ranks", 2), ("workers_fsdp.four_ranks", 4)],
+    ids=["fsdp2", "fsdp2_times_tensor_parallel"],
+)
+def test_checkpoints_resume_the_uninterrupted_run(worker, nprocs):
+    results = launch.launch_once(worker, nprocs=nprocs, timeout=420)
     launch.check(results)
     for result in results:
         for how in HOWS:
