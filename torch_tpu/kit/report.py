@@ -6,6 +6,7 @@ and the page opens from a file:// URL on a machine with no network.
 
 from __future__ import annotations
 
+import datetime
 import html
 import json
 import math
@@ -207,7 +208,7 @@ def distributed_sections(report: dict[str, Any]) -> list[str]:
         if drill.get("losses"):
             parts.append(_plot("drill-loss", report_plots.drill_loss, drill))
         facts = [
-            [f"{part}.{key}", value]
+            [f"{part}.{key}", _utc(value) if key == "time" else value]
             for part in ("killed", "failure", "recovery", "curve_before_failure", "curve_after_resume", "gate")
             for key, value in (drill.get(part) or {}).items()
             if key != "survivor_log_tail"
@@ -225,6 +226,13 @@ def distributed_sections(report: dict[str, Any]) -> list[str]:
             parts.append(f"<details><summary>survivor's log tail</summary><pre>{html.escape(tail)}</pre></details>")
         sections.append(_section("drill", "Recovery drill", *parts))
     return sections
+
+
+def _utc(seconds: Any) -> Any:
+    """A Unix time as a readable UTC time (left alone when it is not a number)."""
+    if not isinstance(seconds, int | float):
+        return seconds
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat(timespec="milliseconds")
 
 
 def _fmt(v: Any) -> str:
@@ -252,6 +260,8 @@ def _table(rows: list[list[Any]], header: list[str]) -> str:
 
 def _flatten(value: Any, prefix: str = "", skip: tuple[str, ...] = ()) -> list[list[Any]]:
     """Nested dicts/lists as (dotted key, scalar) rows, so evidence reads as a table rather than a JSON dump."""
+    if value == {} and not prefix:
+        return []
     if isinstance(value, dict) and value:
         items = [(k, v) for k, v in value.items() if k not in skip]
     elif isinstance(value, list) and any(isinstance(v, dict | list) for v in value):
@@ -332,6 +342,7 @@ def _summary(report: dict[str, Any], sections: list[tuple[str, str]]) -> str:
     ]
     if "wall_seconds" in report:
         meta.append(f"{report['wall_seconds']:.0f} s")
+    meta = [m for m in meta if m and not m.endswith(" ")]
     links = "".join(f'<a href="#{i}">{t}</a>' for i, t in sections)  # titles are escaped already
     plots = "" if report_plots.available() else f'<p class="noplot">{report_plots.MISSING}</p>'
     return (
