@@ -196,6 +196,16 @@ def test_without_matplotlib_the_report_keeps_its_tables_and_names_the_extra(data
     assert "<td>latency_slo_ms</td><td>10,000</td>" in page and "<td>breakdown.host</td>" in page
 
 
+def test_a_plot_that_fails_to_draw_leaves_the_rest_of_the_report(data, monkeypatch):
+    def broken(*args):
+        raise ValueError("no such series")
+
+    monkeypatch.setattr(report_plots, "latency", broken)
+    page = report.render_html(data)
+    assert '<p class="noplot fail" id="plot-latency">latency plot not drawn: ValueError: no such series</p>' in page
+    assert page.count("<svg ") == len(PLOTS) - 1 and set(re.findall(r'<section id="([\w-]+)">', page)) == SECTIONS
+
+
 def test_report_screenshot_shows_every_section_and_plot(data, tmp_path):
     if screenshot.find_browser() is None:
         pytest.skip("chromium is not installed")

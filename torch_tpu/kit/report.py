@@ -1,4 +1,5 @@
-"""report.json (with a JSON Schema) and report.html (self-contained: inline SVG plots, no external assets).
+"""report.json (with a JSON Schema) and report.html (self-contained: tables, and matplotlib plots inlined as SVG
+by report_plots; no external assets).
 
 The HTML is generated only from the report dict, so every number a reader sees is one report.json also holds,
 and the page opens from a file:// URL on a machine with no network.
@@ -142,16 +143,21 @@ def write_drill(result: dict[str, Any], out: pathlib.Path) -> None:
     )
 
 
-def _plot(name: str, draw: Any, *args: Any, caption: str = "") -> str:
-    """One matplotlib figure as <figure id="plot-NAME"> with inline SVG; without matplotlib, the line naming the
-    extra; nothing when the report has no data for it."""
+def _plot(name: str, draw: Any, *args: Any) -> str:
+    """One matplotlib figure as <figure id="plot-NAME"> with inline SVG; nothing when the report has no data for it.
+
+    Without matplotlib, or when drawing fails on data the plot did not foresee, a line says so in its place: the
+    report is written in every case, so a plot must never cost the reader the tables.
+    """
     if not report_plots.available():
         return f'<p class="noplot" id="plot-{name}">{name} plot not drawn: {report_plots.MISSING}</p>'
-    fig = draw(*args)
-    if fig is None:
-        return ""
-    caption = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
-    return f'<figure class="plot" id="plot-{name}">{report_plots.to_svg(fig)}{caption}</figure>'
+    try:
+        fig = draw(*args)
+        svg = None if fig is None else report_plots.to_svg(fig)
+    except Exception as exc:
+        error = html.escape(f"{type(exc).__name__}: {exc}")
+        return f'<p class="noplot fail" id="plot-{name}">{name} plot not drawn: {error}</p>'
+    return "" if svg is None else f'<figure class="plot" id="plot-{name}">{svg}</figure>'
 
 
 def _section(name: str, title: str, *parts: str) -> str:
