@@ -158,6 +158,13 @@ def test_throughput_scaling_and_cost_plots_draw_the_report_numbers(data):
     assert list(catalogue.get_ydata()) == [s["shape"]["batch"] / s["repeat_call_seconds"] for s in shapes]
     warm = data["performance"]["compiled"]["warm"]
     assert list(lines["compiled/warm steady"].get_ydata()) == [warm["samples_per_second"]]
+    # a language model's catalogue varies the sequence: the x axis is then batch x sequence length
+    for shape in data["shapes"] + [data["performance"]["compiled"]["warm"]]:
+        shape["shape"]["seq"] = 64 if shape["shape"]["batch"] == 8 else 16
+    ax = report_plots.throughput(data).axes[0]
+    assert list(_lines(ax)["shape catalogue, float32"].get_xdata()) == [16 * 16, 8 * 64]
+    assert list(_lines(ax)["compiled/warm steady"].get_xdata()) == [16 * 16]
+    assert ax.get_xlabel() == "batch x sequence length per call"
     dist = data["distributed"]
     throughput, share = report_plots.scaling(dist).axes
     single = dist["single"]["global_samples_per_second"]

@@ -172,19 +172,27 @@ def latency(perf: dict[str, Any], slo_ms: float | None) -> Any:
 
 @_styled
 def throughput(report: dict[str, Any]) -> Any:
-    """Samples per second against batch size: one repeat call per catalogued shape (per dtype), and the
-    performance runs' steady state (median of its calls) at their shape, with the throughput contract."""
+    """Samples per second against the work in one call: one repeat call per catalogued shape (per dtype), and
+    the performance runs' steady state (median of their calls) at their shape, with the throughput contract.
+
+    The x axis is the batch size, or batch x sequence length when shapes have one (a language model's catalogue
+    varies the sequence at a fixed batch)."""
+    shapes = [s for s in report.get("shapes") or [] if "shape" in s]
+    runs = [(f"{m}/{s}", r) for m, states in (report.get("performance") or {}).items() for s, r in states.items()]
+    with_seq = any(x["shape"].get("seq") for x in shapes + [r for _, r in runs if "shape" in r])
+
+    def size(shape: dict[str, Any]) -> int:
+        return shape["batch"] * (shape.get("seq") or 1)
+
     per_dtype: dict[str, list[tuple[int, float]]] = {}
-    for shape in report.get("shapes") or []:
+    for shape in shapes:
         seconds = shape.get("repeat_call_seconds")
         if isinstance(seconds, int | float) and seconds > 0:
-            per_dtype.setdefault(shape["shape"]["dtype"], []).append(
-                (shape["shape"]["batch"], shape["shape"]["batch"] / seconds)
-            )
+            rate = shape["shape"]["batch"] / seconds
+            per_dtype.setdefault(shape["shape"]["dtype"], []).append((size(shape["shape"]), rate))
     steady = [
-        (f"{m}/{s}", r["shape"]["batch"], r["samples_per_second"])
-        for m, states in (report.get("performance") or {}).items()
-        for s, r in states.items()
+        (name, size(r["shape"]), r["samples_per_second"])
+        for name, r in runs
         if isinstance(r.get("samples_per_second"), int | float) and "shape" in r
     ]
     if not per_dtype and not steady:
@@ -194,12 +202,14 @@ def throughput(report: dict[str, Any]) -> Any:
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"shape catalogue, {dtype}")
     markers = "s^vD"
-    for index, (name, batch, rate) in enumerate(steady):
-        ax.plot([batch], [rate], marker=markers[index % 4], linestyle="none", markersize=8, label=f"{name} steady")
+    for index, (name, work, rate) in enumerate(steady):
+        ax.plot([work], [rate], marker=markers[index % 4], linestyle="none", markersize=8, label=f"{name} steady")
     contract = (report.get("workload") or {}).get("min_samples_per_second")
     if contract is not None:
         ax.axhline(contract, color="#c62828", linestyle="--", label=f"contract {contract:g} samples/s")
-    ax.set(title="inference throughput vs batch size", xlabel="batch size", ylabel="samples/s")
+    xlabel = "batch x sequence length per call" if with_seq else "batch size"
+    ax.set(title=f"inference throughput vs {xlabel}", xlabel=xlabel, ylabel="samples/s")
+    ax.set_xticks(sorted({p[0] for points in per_dtype.values() for p in points} | {w for _, w, _ in steady}))
     ax.legend()
     return fig
 
