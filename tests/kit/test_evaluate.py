@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -59,7 +60,8 @@ def test_full_evaluation_passes_every_gate_with_evidence(full_run):
     assert warm["compile_cache"]["hits"] > 0 and len(warm["latencies_ms"]) == 10
     assert data["cost"]["cost_per_useful_result"] > 0
     html = (out / "report.html").read_text()
-    assert "<svg" in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
+    namespaces = ("http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink")  # XML namespaces, never fetched
+    assert "<svg" in html and "http" not in html.replace(namespaces[0], "").replace(namespaces[1], "")
     lines = [json.loads(line) for line in (out / "logs.jsonl").read_text().splitlines()]
     assert {line["run_id"] for line in lines} == {data["run_id"]}
     assert all({"versions", "platform", "topology", "dtype"} <= set(line) for line in lines[1:])
@@ -70,6 +72,14 @@ def test_report_renders_in_a_headless_browser(full_run, tmp_path):
         pytest.skip("chromium is not installed")
     png = screenshot.screenshot(full_run[1] / "report.html", tmp_path / "report.png", height=900)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    pytest.importorskip("websocket", reason="websocket-client (the test extra) drives chromium")
+    pytest.importorskip("matplotlib", reason="the report's plots need the report extra")
+    from report_checks import assert_drawn
+
+    # A one-device run (no distributed evaluation, no drill): every section it has is shown, each plot drawn.
+    layout = screenshot.sections(full_run[1] / "report.html", tmp_path / "shots")
+    sections = {"summary", "workload", "correctness", "shapes", "performance", "cost", "gates"}
+    assert_drawn(layout, sections, {"loss", "latency", "throughput", "cost"})
 
 
 def _quick(tmp_path, spec, prices=None):
@@ -132,4 +142,5 @@ def test_cost_section_is_a_table_not_a_json_dump():
     assert "<td>cost_per_useful_result</td><td>0.25</td>" in page
     assert "<td>prices.tpu.hourly</td><td>1.5</td>" in page
     assert "<td>items.0.usd</td><td>2</td>" in page
-    assert "torch 2.13.0" in page and "{" not in page.split("<style>")[0] + page.split("</style>")[1]
+    text = re.sub(r"<svg.*?</svg>", "", page, flags=re.S)  # the cost plot's SVG has a style sheet of its own
+    assert "torch 2.13.0" in page and "{" not in text.split("<style>")[0] + text.split("</style>")[1]
