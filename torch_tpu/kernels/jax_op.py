@@ -30,7 +30,7 @@ import torch
 from torch._ops import OpOverload
 
 from torch_tpu.eager import dispatch
-from torch_tpu.kernels import donation, signature
+from torch_tpu.kernels import donation, meshed, signature
 from torch_tpu.kernels.signature import LIST, STATIC
 from torch_tpu.ops.registry import LOWERINGS, lower
 from torch_tpu.runtime import dtypes, platform
@@ -62,6 +62,11 @@ def _on_cpu() -> Iterator[None]:
 
 def _where() -> str:
     return "cpu" if getattr(_on_host, "active", False) else platform.platform()
+
+
+def _trace_device() -> jax.Device:
+    """The device the lowering being traced runs on: the host's CPU for the CPU kernel, else this rank's."""
+    return jax.local_devices(backend="cpu")[0] if getattr(_on_host, "active", False) else platform.device()
 
 
 @contextlib.contextmanager
@@ -269,7 +274,7 @@ def _cpu_kernel(lowering: Callable) -> Callable:
     """The CPU kernel: the lowering run by JAX on the host's CPU device (interpreted), a reference for tests."""
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        cpu = jax.devices("cpu")[0]
+        cpu = jax.local_devices(backend="cpu")[0]
         tensors: list[torch.Tensor] = []
         template = _split((args, kwargs), tensors)
         with jax.enable_x64(True), jax.default_device(cpu):  # the kernel's own scope narrows, as on the device
@@ -393,7 +398,8 @@ def jax_op(
         donate_argnums: indices of tensor parameters whose buffers eager's executable may reuse for the outputs,
             as `jax.jit`'s: a donated tpu tensor is consumed by the call (reading it afterwards raises, naming the
             op and argument); refused for inputs that require grad or share storage (`kernels.donation`).
-        mesh: not supported (one device per process); a kernel over a mesh runs `shard_map` inside `fn`.
+        mesh: a DeviceMesh or jax.sharding.Mesh of one device: `fn` runs under `jax.shard_map` over its axes (their
+            names usable in `fn`'s collectives); a mesh over several devices raises (`kernels.meshed`).
         x64: trace with 64-bit types (off by default: Mosaic rejects them; 64-bit inputs are narrowed to 32 bits).
         interpret: how `pallas_call`s run on the CPU platform (see the module's docstring).
 
@@ -405,13 +411,12 @@ def jax_op(
         >>> op = torch.tpu.pallas.jax_op("mylib::scaled_gelu", scaled_gelu)
         >>> out = op(a, b, 0.5)
     """
-    if mesh is not None:
-        raise NotImplementedError(
-            f"torch_tpu: jax_op {name!r}: mesh= is not supported (one device per process); use jax.shard_map inside fn"
-        )
     if "::" not in name:
         raise ValueError(f"torch_tpu: jax_op name {name!r} must be 'namespace::name'")
     sig = signature.of(name, fn)
+    grid = meshed.axes(name, mesh)
+    if grid is not None:
+        fn = meshed.under(fn, *grid, _trace_device)
     donate = donation.names(name, sig, donate_argnums)
     kinds = tuple((p.name, p.kind) for p in sig.params)
     names = [p.name for p in sig.params]
