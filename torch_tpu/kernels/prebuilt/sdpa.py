@@ -10,7 +10,9 @@ causal), no dropout, float32/bfloat16, GQA with `enable_gqa` and sequence length
 "cudnn")`) where it serves the call: bfloat16/float16, head dim a multiple of 8 up to 128, no mask but causal (equal
 lengths), no dropout. `force("splash")` routes every call splash can serve to it on any platform (interpreted off
 TPU: how the CPU tests check the kernel path against the math path); `force("cudnn")` likewise (it runs only where
-jaxlib has CUDA and cuDNN).
+jaxlib has CUDA and cuDNN). Where tokamax is installed (`torch_tpu[kernels]`), "tokamax" takes the TPU and GPU calls
+those kernels do not (`kernels.prebuilt.tokamax_attention`: boolean masks, float32 on GPU, other lengths); without it
+they take the XLA path. `force("tokamax")` runs tokamax's XLA implementation on CPU.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from collections.abc import Iterator
 
 import torch
 
-from torch_tpu.kernels.prebuilt import cudnn
+from torch_tpu.kernels.prebuilt import cudnn, tokamax_attention
 from torch_tpu.runtime import platform
 
-KERNELS = ("splash", "cudnn", "xla")
+KERNELS = ("splash", "cudnn", "tokamax", "xla")
 SPLASH_DTYPES = (torch.float32, torch.bfloat16)
 # How often each path was chosen (a compiled graph counts once, when it is traced).
 choices: Counter[str] = Counter()
@@ -70,12 +72,24 @@ def choose(
     """The path one SDPA call takes on `device_platform` ("tpu", "gpu", "cpu"): a kernel name or "xla" (a pure
     function of the platform and the call's shapes, dtypes, mask and dropout, and of `force`)."""
     forced = _forced[0]
-    if forced == "splash" or forced is None and device_platform == "tpu":
-        return "splash" if _splash_serves(query, key, value, attn_mask, dropout_p, enable_gqa) else "xla"
-    if forced == "cudnn" or forced is None and device_platform == "gpu":
-        return "cudnn" if cudnn.serves(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal) else "xla"
+    call = (query, key, value, attn_mask, dropout_p, enable_gqa)
+    if forced is not None:
+        return forced if forced != "xla" and _SERVES[forced](*call, is_causal) else "xla"
+    if device_platform == "tpu" and _splash_serves(*call):
+        return "splash"
+    if device_platform == "gpu" and cudnn.serves(*call, is_causal):
+        return "cudnn"
+    if device_platform in ("tpu", "gpu") and tokamax_attention.serves(*call, is_causal):
+        return "tokamax"
     return "xla"
 
+
+# Whether each kernel serves a call (query, key, value, attn_mask, dropout_p, enable_gqa, is_causal).
+_SERVES = {
+    "splash": lambda *call: _splash_serves(*call[:-1]),  # causal at any lengths: splash's mask is its own
+    "cudnn": cudnn.serves,
+    "tokamax": tokamax_attention.serves,
+}
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
@@ -96,6 +110,8 @@ def _kernel(
         return torch.ops.torch_tpu.splash_sdpa(query, key, value, is_causal=is_causal, scale=scale)
     if path == "cudnn":
         return torch.ops.torch_tpu._cudnn_sdpa(query, key, value, is_causal=is_causal, scale=scale)
+    if path == "tokamax":
+        return torch.ops.torch_tpu._tokamax_sdpa(query, key, value, attn_mask, is_causal=is_causal, scale=scale)
     return _SDPA.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
