@@ -603,6 +603,7 @@ def raise_if_donated(tensors: Any) -> None:
         if isinstance(value, (list, tuple)):
             raise_if_donated(value)
         elif isinstance(value, torch.Tensor) and value.device.type == "tpu":
-            error = donated_error(getattr(value.untyped_storage(), _ATTR)._array)
+            buffer = getattr(value.untyped_storage(), _ATTR, None)  # None: a fake tensor
+            error = None if buffer is None else donated_error(buffer._array)
             if error is not None:
                 raise error
