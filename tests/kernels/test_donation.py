@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import os
+import pathlib
+import subprocess
+import sys
 import warnings
 
 import jax
 import pytest
 import torch
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 _names = itertools.count()
 MODES = {
     "strict": torch.tpu.EagerMode.DEFER_NEVER,
@@ -153,3 +158,28 @@ def test_bad_donate_argnums_are_refused():
     for bad in (2, (0, 5), True, -1):
         with pytest.raises(ValueError, match="is not a tensor argument's index"):
             torch.tpu.pallas.jax_op(_name("bad"), axpy, donate_argnums=bad)
+
+
+_SCRIPT = """
+import jax, torch, torch_tpu
+def axpy(x: jax.Array, y: jax.Array, a: float) -> jax.Array:
+    return x * a + y
+op = torch.tpu.pallas.jax_op("donation_test::axpy", axpy, donate_argnums=0)
+x, y = torch.arange(20.0).reshape(4, 5).to("tpu") * 1.0, torch.ones(4, 5).to("tpu")
+torch.tpu.synchronize()
+address = x.untyped_storage()._tpu_buffer._array.unsafe_buffer_pointer()
+out = op(x, y, 2.0)
+assert torch.equal(out.cpu(), torch.arange(20.0).reshape(4, 5) * 2 + 1)
+sources = [e["source"] for e in torch.tpu._get_cache_stats()["per_entry_stats"] if "axpy" in e["name"]]
+print(out.untyped_storage()._tpu_buffer._array.unsafe_buffer_pointer() == address, sources)
+"""
+
+
+def test_a_donating_executable_loaded_from_disk_still_donates(tmp_path):
+    environment = {**os.environ, "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    runs = [
+        subprocess.run([sys.executable, "-c", _SCRIPT], env=environment, capture_output=True, text=True, timeout=300)
+        for _ in range(2)
+    ]
+    assert [r.returncode for r in runs] == [0, 0], [r.stderr[-2000:] for r in runs]
+    assert [r.stdout.strip().splitlines()[-1] for r in runs] == ["True ['compiled']", "True ['disk']"]
