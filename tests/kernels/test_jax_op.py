@@ -227,7 +227,7 @@ def test_bad_annotations_are_refused_naming_the_parameter():
         torch.tpu.pallas.jax_op(_name("bad_default"), bad_default)
     with pytest.raises(ValueError, match="must be 'namespace::name'"):
         torch.tpu.pallas.jax_op("no_namespace", scaled_gelu)
-    with pytest.raises(NotImplementedError, match="mesh= is not supported"):
+    with pytest.raises(TypeError, match="mesh= must be a DeviceMesh or a jax.sharding.Mesh"):
         torch.tpu.pallas.jax_op(_name("meshed"), scaled_gelu, mesh=object())
     with pytest.raises(ValueError, match="donate_argnums 2 is not a tensor argument"):
         torch.tpu.pallas.jax_op(_name("donated"), scaled_gelu, donate_argnums=(2,))

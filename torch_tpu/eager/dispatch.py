@@ -7,6 +7,7 @@ PyTorch's own) and raise PyTorch's errors for bad input before anything runs on 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -300,7 +301,10 @@ class Runner:
         source = "eager"
         executable = traced
         if self.lowering.jit:
-            executable, from_disk = persistent.compile_lowered(jax.jit(traced).lower(*leaves))
+            jitted = jax.jit(traced, donate_argnums=self._donated_leaves(meta_op, args, kwargs, leaves))
+            with warnings.catch_warnings():  # a donated buffer no output can reuse: JAX warns, the caller consumes it
+                warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+                executable, from_disk = persistent.compile_lowered(jitted.lower(*leaves))
             source = "disk" if from_disk else "compiled"
         else:
             leaves = [fused.concrete(x) for x in leaves]
@@ -315,9 +319,27 @@ class Runner:
         executables.insert(key, entry)
         return result
 
+    def _donated_leaves(self, meta_op: OpOverload, args: tuple, kwargs: dict, leaves: list) -> tuple[int, ...]:
+        """The positions in `leaves` of the donated arguments' arrays (`Lowering.donate`): each argument encoded
+        again, alone, to count its run-time inputs; only device arrays are donated (not a cached scalar)."""
+        donate = self.lowering.donate
+        if not donate:
+            return ()
+        names = [a.name for a in self.op._schema.arguments if not a.kwarg_only]
+        calls = [(n, v, e) for n, v, e in zip(names, args, self.positional, strict=False)]
+        calls += [(n, v, self.keyword[n]) for n, v in kwargs.items()]
+        found, count = [], 0
+        for name, value, encode in calls:
+            mine: list = []
+            encode(meta_op, value, [], mine)
+            if name in donate and isinstance(value, torch.Tensor) and value.device.type == "tpu":
+                found += [count + i for i, leaf in enumerate(mine) if isinstance(leaf, jax.Array)]
+            count += len(mine)
+        return tuple(found)
+
     def _record(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list, template: tuple) -> Any:
         """Fused mode: record the op into the pending cluster instead of running it."""
-        if not self.lowering.jit:  # a data-dependent shape
+        if not self.lowering.jit or self.lowering.donate:  # a data-dependent shape, or buffers to donate
             return self.alone(meta_op, key, args, kwargs, leaves, template)
         trace = fused.recorder.traces.get(key) or self._fused_trace(meta_op, key, args, kwargs, leaves, template)
         return fused.record(trace, leaves)
@@ -519,7 +541,7 @@ def functional_kernel(lowering: Lowering) -> Callable:
     runner = Runner(lowering)
     op = lowering.op
     wrap = _output_wrapper(op)
-    if wrap is storage.wrap and lowering.jit:
+    if wrap is storage.wrap and lowering.jit and not lowering.donate:
         kernel = _tensor_kernel(runner, op)
     else:
 

@@ -35,7 +35,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch_tpu import metrics, precision
 from torch_tpu.eager import modes
 from torch_tpu.eager.cache import Entry, executables
-from torch_tpu.runtime import checks, deferred, memory, persistent
+from torch_tpu.runtime import checks, deferred, memory, persistent, storage
 from torch_tpu.runtime.deferred import Pending
 from torch_tpu.runtime.deferred import concrete as concrete  # re-exported: the dispatcher's name for it
 from torch_tpu.runtime.deferred import is_pending as is_pending  # re-exported: the dispatcher's name for it
@@ -175,6 +175,11 @@ def flush(extra: list[Pending] = ()) -> None:
         except jax.errors.JaxRuntimeError as error:
             if memory.is_oom(error):
                 raise memory.out_of_memory(error) from error
+            raise
+        except RuntimeError as error:  # an input a jax_op's donation consumed: say so
+            donated = next((e for e in map(storage.donated_error, leaves) if e is not None), None)
+            if donated is not None:
+                raise donated from error
             raise
         metrics.fused_clusters[len(plan)] += 1
         for ref, value in zip(out_refs, results, strict=True):

@@ -16,7 +16,7 @@ import torch
 from torch._ops import OpOverload
 from torch.utils._pytree import tree_map
 
-from torch_tpu.runtime import memory
+from torch_tpu.runtime import memory, storage
 
 _INTERNAL_OVERLAP = (
     "unsupported operation: more than one element of the written-to tensor refers to a single memory location. "
@@ -119,6 +119,7 @@ def raise_as_cpu(op: OpOverload, args: tuple, kwargs: dict, error: Exception) ->
     `error`; return if CPU raises nothing (the caller then re-raises `error`)."""
     if isinstance(error, _OURS):
         return
+    storage.raise_if_donated((*args, *kwargs.values()))  # an input a jax_op's donation consumed: say so
     if memory.is_oom(error):  # not CPU's business (nor asked: CPU would allocate what the device could not)
         raise memory.out_of_memory(error) from error
     cpu = _cpu_error(op, args, kwargs, _copy)

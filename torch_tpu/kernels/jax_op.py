@@ -30,7 +30,7 @@ import torch
 from torch._ops import OpOverload
 
 from torch_tpu.eager import dispatch
-from torch_tpu.kernels import signature
+from torch_tpu.kernels import donation, meshed, signature
 from torch_tpu.kernels.signature import LIST, STATIC
 from torch_tpu.ops.registry import LOWERINGS, lower
 from torch_tpu.runtime import dtypes, platform
@@ -62,6 +62,11 @@ def _on_cpu() -> Iterator[None]:
 
 def _where() -> str:
     return "cpu" if getattr(_on_host, "active", False) else platform.platform()
+
+
+def _trace_device() -> jax.Device:
+    """The device the lowering being traced runs on: the host's CPU for the CPU kernel, else this rank's."""
+    return jax.local_devices(backend="cpu")[0] if getattr(_on_host, "active", False) else platform.device()
 
 
 @contextlib.contextmanager
@@ -269,7 +274,7 @@ def _cpu_kernel(lowering: Callable) -> Callable:
     """The CPU kernel: the lowering run by JAX on the host's CPU device (interpreted), a reference for tests."""
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        cpu = jax.devices("cpu")[0]
+        cpu = jax.local_devices(backend="cpu")[0]
         tensors: list[torch.Tensor] = []
         template = _split((args, kwargs), tensors)
         with jax.enable_x64(True), jax.default_device(cpu):  # the kernel's own scope narrows, as on the device
@@ -360,20 +365,18 @@ def register_lowering(op: Any, fn: Callable) -> None:
     `torch.library.custom_op`), after import: a lowering in the one registry, so that eager (every mode) and
     `torch.compile(backend="tpu")` run it. `fn` takes the op's arguments (tensors as jax.Arrays) and returns
     its outputs as jax.Arrays; registering an op twice raises."""
-    overload = _overload(op)
-    lower(overload)(fn)
+    _register(_overload(op), fn)
+
+
+def _register(overload: OpOverload, fn: Callable, name: str = "", donate: frozenset[str] = frozenset()) -> None:
+    """`register_lowering`, its eager executable donating the arguments `donate` names (`kernels.donation`)."""
+    lower(overload, donate=donate)(fn)
+    run = dispatch.functional_kernel(LOWERINGS[overload])
+    if donate:
+        run = donation.kernel(name, [a.name for a in overload._schema.arguments], donate, run)
     library = torch.library.Library(overload.namespace, "IMPL")
-    library.impl(overload, dispatch.functional_kernel(LOWERINGS[overload]), "PrivateUse1")
+    library.impl(overload, run, "PrivateUse1")
     _libraries.append(library)
-
-
-def _check_donate(name: str, sig: signature.Signature, donate_argnums: Any) -> None:
-    if donate_argnums is None:
-        return
-    numbers = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
-    for number in numbers:
-        if not (isinstance(number, int) and 0 <= number < len(sig.params)) or sig.params[number].kind == STATIC:
-            raise ValueError(f"torch_tpu: jax_op {name!r}: donate_argnums {number!r} is not a tensor argument's index")
 
 
 def jax_op(
@@ -392,9 +395,11 @@ def jax_op(
         fn: its parameters annotated `jax.Array`, `Optional[jax.Array]`, `list[jax.Array]` (tensors) or
             `int`/`float`/`bool`/`str` (static: compiled in, one program per value); its return `jax.Array`, a
             tuple of them or a list of them.
-        donate_argnums: tensor arguments whose buffers the kernel may reuse; checked, not applied yet (the results
-            are the same, the memory is not reused).
-        mesh: not supported (one device per process); a kernel over a mesh runs `shard_map` inside `fn`.
+        donate_argnums: indices of tensor parameters whose buffers eager's executable may reuse for the outputs,
+            as `jax.jit`'s: a donated tpu tensor is consumed by the call (reading it afterwards raises, naming the
+            op and argument); refused for inputs that require grad or share storage (`kernels.donation`).
+        mesh: a DeviceMesh or jax.sharding.Mesh of one device: `fn` runs under `jax.shard_map` over its axes (their
+            names usable in `fn`'s collectives); a mesh over several devices raises (`kernels.meshed`).
         x64: trace with 64-bit types (off by default: Mosaic rejects them; 64-bit inputs are narrowed to 32 bits).
         interpret: how `pallas_call`s run on the CPU platform (see the module's docstring).
 
@@ -406,20 +411,19 @@ def jax_op(
         >>> op = torch.tpu.pallas.jax_op("mylib::scaled_gelu", scaled_gelu)
         >>> out = op(a, b, 0.5)
     """
-    if mesh is not None:
-        raise NotImplementedError(
-            f"torch_tpu: jax_op {name!r}: mesh= is not supported (one device per process); use jax.shard_map inside fn"
-        )
     if "::" not in name:
         raise ValueError(f"torch_tpu: jax_op name {name!r} must be 'namespace::name'")
     sig = signature.of(name, fn)
-    _check_donate(name, sig, donate_argnums)
+    grid = meshed.axes(name, mesh)
+    if grid is not None:
+        fn = meshed.under(fn, *grid, _trace_device)
+    donate = donation.names(name, sig, donate_argnums)
     kinds = tuple((p.name, p.kind) for p in sig.params)
     names = [p.name for p in sig.params]
     forward = functools.partial(_forward, fn, x64, interpret, sig.returns)
     op = torch.library.custom_op(name, _cpu_kernel(forward), mutates_args=(), device_types="cpu", schema=sig.schema)
     op.register_fake(_fake(forward, name, names))
-    register_lowering(op, forward)
+    _register(op._opoverload, forward, name, donate)
 
     statics = ", ".join(f"{p.type} {p.name}" for p in sig.statics)
     vjp_schema = (

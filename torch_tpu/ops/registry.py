@@ -37,7 +37,9 @@ class Lowering:
     arguments `mutating` (the overload updating them in place) writes: `fn`'s trailing outputs, in that order.
     `eager_result(result, *args, **kwargs)` gives an eager kernel's return value from the tensors it computed.
     `checks_empty` lowerings run, for their device-side checks, even when every output is empty (CPU validates
-    the op's indices then too); eager skips the others then (so they need not handle zero sizes).
+    the op's indices then too); eager skips the others then (so they need not handle zero sizes). `donate` names
+    tensor arguments whose buffers eager's executable may reuse for its outputs (`jax.jit`'s `donate_argnums`; the
+    caller then treats those tensors as consumed: `kernels.jax_op`).
     """
 
     op: OpOverload
@@ -50,6 +52,7 @@ class Lowering:
     mutating: OpOverload | None = None
     eager_result: Callable | None = None
     checks_empty: bool = False
+    donate: frozenset[str] = frozenset()
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
@@ -78,6 +81,7 @@ def lower(
     eager_result: Callable | None = None,
     checks_empty: bool = False,
     composite: bool = False,
+    donate: Iterable[str] = (),
 ) -> Callable[[Callable], Callable]:
     """Register `fn` as the JAX lowering of functional overloads `ops`; with `writes`, also of the overload of each
     that updates those arguments in place (`mutating_variant`). `composite` lowers a CompositeImplicitAutograd op
@@ -92,7 +96,9 @@ def lower(
             if mutating is not None:
                 _check_new(mutating)
             statics, runtime = frozenset(static), frozenset(scalars)
-            LOWERINGS[op] = Lowering(op, fn, statics, runtime, rng, jit, writes, mutating, eager_result, checks_empty)
+            LOWERINGS[op] = Lowering(
+                op, fn, statics, runtime, rng, jit, writes, mutating, eager_result, checks_empty, frozenset(donate)
+            )
         return fn
 
     return register

@@ -543,6 +543,11 @@ def to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
         if _memory.is_oom(error):
             raise _memory.out_of_memory(error) from error
         raise
+    except RuntimeError as error:
+        donated = donated_error(array)
+        if donated is not None:
+            raise donated from error
+        raise
     metrics.transfers["device_to_host"] += 1
     metrics.transfer_bytes["device_to_host"] += host.nbytes
     checks.raise_pending()  # a value reaches the host: the device-side checks of the ops before it are due
@@ -550,3 +555,55 @@ def to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     if carrier:
         return torch.from_numpy(host.view(dtypes.to_jax(carrier)).copy()).view(dtype)
     return torch.from_numpy(np.array(host, copy=True))
+
+
+# --- donated buffers -------------------------------------------------------------------------------------------
+
+_donations: dict[int, tuple[Any, str]] = {}  # id(deleted array) -> (a weak reference to it, to what it was donated)
+
+
+def alone(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is its storage's only tensor (no view or alias of it lives)."""
+    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) <= 2  # its tensor and its Python object
+
+
+def consume(tensor: torch.Tensor, to: str, keep: tuple = ()) -> None:
+    """Leave `tensor`'s buffer consumed, as a donation (`to` says to what) leaves it: its array deleted (if the
+    executable did not reuse it already), or, where it is also one of the outputs `keep`, replaced by a deleted
+    one; a later read raises `donated_error`, and a whole write makes the buffer valid again."""
+    buffer = buffer_of(tensor)
+    array = buffer._array
+    if not isinstance(array, jax.Array):
+        return
+    if not array.is_deleted():
+        if any(array is k for k in keep):
+            buffer._array = array = jnp.empty(array.shape, array.dtype)
+        array.delete()
+    for key in [k for k, v in _donations.items() if v[0]() is None]:
+        del _donations[key]
+    _donations[id(array)] = (weakref.ref(array), to)
+
+
+def donated_error(array: Any) -> RuntimeError | None:
+    """The error for reading a deleted array that a donation left in a buffer (`consume`), else None."""
+    if not isinstance(array, jax.Array) or not array.is_deleted():
+        return None
+    found = _donations.get(id(array))
+    if found is None or found[0]() is not array:
+        return None
+    return RuntimeError(
+        f"torch_tpu: this tensor was donated to {found[1]} (donate_argnums) and holds no value; write it whole "
+        f"(e.g. `copy_`) before reading it again, or do not donate it"
+    )
+
+
+def raise_if_donated(tensors: Any) -> None:
+    """Raise `donated_error` for the first `tpu` tensor among `tensors` (nested lists too) a donation consumed."""
+    for value in tensors:
+        if isinstance(value, (list, tuple)):
+            raise_if_donated(value)
+        elif isinstance(value, torch.Tensor) and value.device.type == "tpu":
+            buffer = getattr(value.untyped_storage(), _ATTR, None)  # None: a fake tensor
+            error = None if buffer is None else donated_error(buffer._array)
+            if error is not None:
+                raise error

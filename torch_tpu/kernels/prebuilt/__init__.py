@@ -24,11 +24,13 @@ _OURS = ("max_pool1d", "max_pool2d", "max_pool3d", "optimization_barrier", "ragg
 def install() -> None:
     """Define the ops, route SDPA, and make this module `torch.tpu.ops` (once)."""
     from torch_tpu import tpu
-    from torch_tpu.kernels.prebuilt import grouped, pool, sdpa, splash
+    from torch_tpu.kernels.prebuilt import cudnn, grouped, pool, sdpa, splash, tokamax_attention
 
     if hasattr(tpu, "ops"):
         return
     splash.install()
+    cudnn.install()
+    tokamax_attention.install()
     grouped.install()
     pool.install()
     sdpa.install()

@@ -5,10 +5,14 @@ PyTorch picks SDPA's backend through a C++ DispatchStub that Python cannot reach
 `torch.inference_mode` reaches) for `aten::scaled_dot_product_attention`: `choose` names the path for the call;
 "xla" runs PyTorch's own composite (the math decomposition our lowerings compile, as before), "splash" runs
 `torch.tpu.ops.splash_sdpa` (differentiable itself). Splash applies on TPU for masks it expresses (none, or
-causal), no dropout, float32/bfloat16, GQA with `enable_gqa` and sequence lengths in multiples of 128. GPU kernels
-(tokamax, cuDNN through JAX) are not routed yet: GPU takes the XLA path. `force("splash")` routes every call splash
-can serve to it on any platform (interpreted off TPU: how the CPU tests check the kernel path against the math
-path).
+causal), no dropout, float32/bfloat16, GQA with `enable_gqa` and sequence lengths in multiples of 128. On GPU,
+"cudnn" runs cuDNN's fused attention (`kernels.prebuilt.cudnn`: `jax.nn.dot_product_attention(implementation=
+"cudnn")`) where it serves the call: bfloat16/float16, head dim a multiple of 8 up to 128, no mask but causal (equal
+lengths), no dropout. `force("splash")` routes every call splash can serve to it on any platform (interpreted off
+TPU: how the CPU tests check the kernel path against the math path); `force("cudnn")` likewise (it runs only where
+jaxlib has CUDA and cuDNN). Where tokamax is installed (`torch_tpu[kernels]`), "tokamax" takes the TPU and GPU calls
+those kernels do not (`kernels.prebuilt.tokamax_attention`: boolean masks, float32 on GPU, other lengths); without it
+they take the XLA path. `force("tokamax")` runs tokamax's XLA implementation on CPU.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from collections.abc import Iterator
 
 import torch
 
+from torch_tpu.kernels.prebuilt import cudnn, tokamax_attention
 from torch_tpu.runtime import platform
 
-KERNELS = ("splash", "xla")
+KERNELS = ("splash", "cudnn", "tokamax", "xla")
 SPLASH_DTYPES = (torch.float32, torch.bfloat16)
 # How often each path was chosen (a compiled graph counts once, when it is traced).
 choices: Counter[str] = Counter()
@@ -62,12 +67,29 @@ def choose(
     attn_mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     enable_gqa: bool = False,
+    is_causal: bool = False,
 ) -> str:
-    """The path one SDPA call takes on `device_platform` ("tpu", "gpu", "cpu"): a kernel name or "xla"."""
+    """The path one SDPA call takes on `device_platform` ("tpu", "gpu", "cpu"): a kernel name or "xla" (a pure
+    function of the platform and the call's shapes, dtypes, mask and dropout, and of `force`)."""
     forced = _forced[0]
-    wanted = forced == "splash" or forced is None and device_platform == "tpu"
-    return "splash" if wanted and _splash_serves(query, key, value, attn_mask, dropout_p, enable_gqa) else "xla"
+    call = (query, key, value, attn_mask, dropout_p, enable_gqa)
+    if forced is not None:
+        return forced if forced != "xla" and _SERVES[forced](*call, is_causal) else "xla"
+    if device_platform == "tpu" and _splash_serves(*call):
+        return "splash"
+    if device_platform == "gpu" and cudnn.serves(*call, is_causal):
+        return "cudnn"
+    if device_platform in ("tpu", "gpu") and tokamax_attention.serves(*call, is_causal):
+        return "tokamax"
+    return "xla"
 
+
+# Whether each kernel serves a call (query, key, value, attn_mask, dropout_p, enable_gqa, is_causal).
+_SERVES = {
+    "splash": lambda *call: _splash_serves(*call[:-1]),  # causal at any lengths: splash's mask is its own
+    "cudnn": cudnn.serves,
+    "tokamax": tokamax_attention.serves,
+}
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
@@ -82,10 +104,14 @@ def _kernel(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> torch.Tensor:
-    path = choose(platform.platform(), query, key, value, attn_mask, dropout_p, enable_gqa)
+    path = choose(platform.platform(), query, key, value, attn_mask, dropout_p, enable_gqa, is_causal)
     choices[path] += 1
     if path == "splash":
         return torch.ops.torch_tpu.splash_sdpa(query, key, value, is_causal=is_causal, scale=scale)
+    if path == "cudnn":
+        return torch.ops.torch_tpu._cudnn_sdpa(query, key, value, is_causal=is_causal, scale=scale)
+    if path == "tokamax":
+        return torch.ops.torch_tpu._tokamax_sdpa(query, key, value, attn_mask, is_causal=is_causal, scale=scale)
     return _SDPA.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 

@@ -1,0 +1,11 @@
+"""`torch.tpu.pallas.jax_op(..., mesh=DeviceMesh)` on 1 and 2 processes on loopback (`workers_kernels.py`)."""
+
+import launch
+import pytest
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_jax_op_over_a_one_rank_device_mesh_and_refused_over_two(nprocs):
+    results = launch.launch("workers_kernels.mesh_ops", nprocs=nprocs, timeout=150)
+    launch.check(results)
+    assert all("mesh jax_op checks passed" in r.output for r in results)
