@@ -52,8 +52,9 @@ test-compat:
 	for pair in $(COMPAT_PAIRS); do \
 		IFS=: read -r py torch jax <<< "$$pair"; venv=$(COMPAT_VENVS)/py$$py-torch$$torch-jax$$jax; \
 		if [ ! -f $$venv/.installed ]; then \
-			pybin=$$(command -v python$$py || ls $$HOME/.pyenv/versions/$$py*/bin/python$$py 2>/dev/null | tail -n 1); \
-			if [ -z "$$pybin" ] || ! $$pybin -c '' 2>/dev/null; then echo "$$pair: not installable here (no python$$py)" >> $$summary; continue; fi; \
+			pybin=; for candidate in $$(command -v python$$py) $$(ls $$HOME/.pyenv/versions/$$py*/bin/python$$py 2>/dev/null); do \
+				if $$candidate -c '' 2>/dev/null; then pybin=$$candidate; break; fi; done; \
+			if [ -z "$$pybin" ]; then echo "$$pair: not installable here (no python$$py)" >> $$summary; continue; fi; \
 			rm -rf $$venv && $$pybin -m venv $$venv && \
 			$$venv/bin/python -m pip install -q torch==$$torch jax==$$jax jaxlib==$$jax $(COMPAT_DEPS) > $$venv.install.log 2>&1 \
 			|| { echo "$$pair: not installable here (see $$venv.install.log)" >> $$summary; continue; }; \
