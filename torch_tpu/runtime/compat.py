@@ -9,6 +9,7 @@ the releases themselves (docs/compatibility.md lists what was tested).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import re
@@ -189,6 +190,31 @@ _backends_are_initialized = _first(
     "jax._src.xla_bridge.backends_are_initialized", _jax_private("jax._src.xla_bridge", "backends_are_initialized")
 )
 _distributed_state = _first("jax._src.distributed.global_state", _jax_private("jax._src.distributed", "global_state"))
+
+
+_batched_device_put = _first(
+    "jax._src.lib.xla_client.batched_device_put", _jax_private("jax._src.lib.xla_client", "batched_device_put")
+)
+_shaped_array = _first("jax._src.core.ShapedArray", _jax_private("jax._src.core", "ShapedArray"))
+_during_call = _first(
+    "jax._src.lib.xla_client.HostBufferSemantics",
+    lambda: importlib.import_module("jax._src.lib.xla_client").HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL,
+)
+
+
+@functools.cache
+def _placement(shape: tuple[int, ...], dtype: Any, device: Any) -> tuple[Any, Any]:
+    return _shaped_array(shape, dtype), jax.sharding.SingleDeviceSharding(device)
+
+
+def put_copy(value: Any, device: Any) -> jax.Array:
+    """`jax.device_put(numpy.array(value, copy=True), device)`: a new array on `device` with a copy of a host
+    array's value, made during the call, without device_put's Python (~5x as dear as the copy for a scalar)."""
+    try:
+        aval, sharding = _placement(value.shape, value.dtype, device)
+        return _batched_device_put(aval, sharding, [value], [device], True, False, _during_call)
+    except (RuntimeError, TypeError):  # an API this release lacks or spells otherwise
+        return jax.device_put(value.copy(), device)
 
 
 def jax_backends_initialized() -> bool:
