@@ -111,7 +111,7 @@ def claim(tensor: torch.Tensor) -> jax.Array | None:
 
 def to_array(result: np.ndarray) -> jax.Array:
     """A new device array of `result`'s value (a private copy: on the CPU platform the array may alias it)."""
-    return compat.put_copy(np.asarray(result, order="C"), platform.device())
+    return compat.put_copy(result, platform.device())
 
 
 def _memory(owned: jax.Array, tensor: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from importlib import metadata
 from typing import Any
 
 import jax
+import numpy as np
 import torch
 
 # (lowest supported, first unsupported), the ranges pyproject.toml declares (tests/test_compat.py checks they agree).
@@ -193,13 +194,10 @@ _distributed_state = _first("jax._src.distributed.global_state", _jax_private("j
 
 
 _batched_device_put = _first(
-    "jax._src.lib.xla_client.batched_device_put", _jax_private("jax._src.lib.xla_client", "batched_device_put")
+    "jax._src.lib.xla_client.batched_device_put",
+    lambda: importlib.import_module("jax._src.lib").xla_client.batched_device_put,
 )
 _shaped_array = _first("jax._src.core.ShapedArray", _jax_private("jax._src.core", "ShapedArray"))
-_during_call = _first(
-    "jax._src.lib.xla_client.HostBufferSemantics",
-    lambda: importlib.import_module("jax._src.lib.xla_client").HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL,
-)
 
 
 @functools.cache
@@ -208,13 +206,15 @@ def _placement(shape: tuple[int, ...], dtype: Any, device: Any) -> tuple[Any, An
 
 
 def put_copy(value: Any, device: Any) -> jax.Array:
-    """`jax.device_put(numpy.array(value, copy=True), device)`: a new array on `device` with a copy of a host
-    array's value, made during the call, without device_put's Python (~5x as dear as the copy for a scalar)."""
+    """`jax.device_put(numpy.array(value, copy=True), device)` without device_put's Python, which costs ~10x the
+    transfer of a scalar: the array is a private copy, so the transfer may alias it or read it later, as
+    device_put's may (an immutable-during-the-call transfer waits for a worker thread, 10x dearer again)."""
+    private = np.array(value, copy=True, order="C")
     try:
-        aval, sharding = _placement(value.shape, value.dtype, device)
-        return _batched_device_put(aval, sharding, [value], [device], True, False, _during_call)
+        aval, sharding = _placement(private.shape, private.dtype, device)
+        return _batched_device_put(aval, sharding, [private], [device])
     except (RuntimeError, TypeError):  # an API this release lacks or spells otherwise
-        return jax.device_put(value.copy(), device)
+        return jax.device_put(private, device)
 
 
 def jax_backends_initialized() -> bool:
