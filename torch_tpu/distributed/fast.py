@@ -17,6 +17,7 @@ unwritten, bool, PREMUL_SUM, floating MAX/MIN, TORCH_DISTRIBUTED_DEBUG=DETAIL.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -151,19 +152,25 @@ def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = N
 
 
 def _all_reduce(tensor: torch.Tensor, buffer: storage.DeviceBuffer, state: handshake.Group, plan: _Plan) -> None:
-    """The kernel's carrier path (`kernels._all_reduce`), its plan and buffers made once. The result is a new
-    array for the storage (a copy of 1-8 bytes): unlike writing the old one in place, this needs no donation
-    program to wait for computations still reading it, a JAX worker thread woken on every call."""
+    """The kernel's carrier path (`kernels._all_reduce`), its plan and buffers made once, the value read while
+    the check's exchange is under way. The result is a new array for the storage (a copy of 1-8 bytes): cheaper
+    than writing the old one in place, which needs a donation program to wait for computations still reading it
+    (a JAX worker thread woken on every call)."""
     slot = _slot(state, plan)
+    fill = functools.partial(_fill, slot.wide, buffer)
+    if handshake.enabled:
+        handshake.agree(state, plan.description, slot.carrier, fill)
+    else:
+        handshake.carry(state, slot.carrier, plan.description, fill)
+    host.store(tensor, host.rounded(slot.wide, plan.dtype, plan.compute, plan.op, len(state.ranks)))
+
+
+def _fill(wide: np.ndarray, buffer: storage.DeviceBuffer) -> None:
+    """The carrier's value: the tensor's, widened (exactly: float64 and int64 hold every value of the dtypes)."""
     array = buffer._array
     if type(array) is _Pending:
         array = deferred.concrete(array)
-    slot.wide[0] = np.asarray(array).reshape(-1)[0]  # exact: float64 and int64 hold every value of the dtypes
-    if handshake.enabled:
-        handshake.agree(state, plan.description, slot.carrier)
-    else:
-        handshake.carry(state, slot.carrier, plan.description)
-    host.store(tensor, host.rounded(slot.wide, plan.dtype, plan.compute, plan.op, len(state.ranks)))
+    wide[0] = np.asarray(array).reshape(-1)[0]
 
 
 def install() -> None:
