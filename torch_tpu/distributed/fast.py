@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from torch_tpu import metrics
 from torch_tpu.distributed import handshake, host, watchdog
-from torch_tpu.runtime import deferred, dtypes, mapping, storage
+from torch_tpu.runtime import compat, deferred, dtypes, mapping, storage
 
 _RedOpType = dist.ReduceOp.RedOpType
 _OPS = {
@@ -41,9 +41,9 @@ _OPS = {
     _RedOpType.BOR: "bor",
     _RedOpType.BXOR: "bxor",
 }
-_has_torch_function = torch._C._has_torch_function
-_dispatch_modes = torch._C._len_torch_dispatch_stack
-_profiling = torch._C._autograd._profiler_enabled
+_has_torch_function = torch.overrides.has_torch_function
+_dispatch_modes = compat.dispatch_mode_depth
+_profiling = compat.profiler_enabled
 _is_compiling = torch.compiler.is_compiling
 _c10d = dist.distributed_c10d
 _Pending = deferred.Pending
@@ -118,10 +118,10 @@ def _slot(state: handshake.Group, plan: _Plan) -> _Slot:
 def _served(tensor: Any, group: Any, async_op: bool) -> bool:
     """Whether this call may skip torch (the cheap tests first: this is every call's cost)."""
     return (
-        not async_op
+        not _is_compiling()  # first: torch.compile traces this, and only this, to torch's call
+        and not async_op
         and type(tensor) is torch.Tensor
         and tensor.device.type == "tpu"
-        and not _is_compiling()
         and not _has_torch_function((tensor,))
         and not _dispatch_modes()
         and not _profiling()
@@ -134,8 +134,8 @@ def _served(tensor: Any, group: Any, async_op: bool) -> bool:
 def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
     """`torch.distributed.all_reduce`: a one-element tpu tensor's served here, every other call by torch's."""
     if _served(tensor, group, async_op) and (plan := _plan(tensor, op)) is not None:
-        process_group = group if group is not None else _c10d._world.default_pg
-        if process_group is not None and process_group not in _c10d._world.pg_coalesce_state:
+        process_group = compat.c10d_group_now(group)
+        if process_group is not None:
             buffer = storage.buffer_of(tensor)
             if (
                 buffer._array is not None

@@ -175,6 +175,27 @@ def present(ops: tuple) -> tuple:
     return tuple(op for op in ops if not isinstance(op, AbsentOp))
 
 
+# torch's state that decides whether a collective may skip torch.distributed's own call (`distributed/fast.py`);
+# where a release lacks one, every call goes through torch.
+dispatch_mode_depth: Callable[[], int] = _first(
+    "torch._C._len_torch_dispatch_stack", lambda: torch._C._len_torch_dispatch_stack, lambda: lambda: 1
+)
+profiler_enabled: Callable[[], bool] = _first(
+    "torch._C._autograd._profiler_enabled", lambda: torch._C._autograd._profiler_enabled, lambda: lambda: True
+)
+
+
+def c10d_group_now(group: Any) -> Any:
+    """`group` (None: the default group) if torch.distributed would issue a collective on it now; None before
+    init_process_group, in a coalescing context (`_coalescing_manager`), or on a release that keeps these elsewhere."""
+    try:
+        world = sys.modules["torch.distributed.distributed_c10d"]._world
+        group = group if group is not None else world.default_pg
+        return None if group is None or group in world.pg_coalesce_state else group
+    except (KeyError, AttributeError):
+        return None
+
+
 # --- jax ---------------------------------------------------------------------------------------------------------
 
 
