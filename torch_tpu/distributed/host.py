@@ -13,7 +13,8 @@ When the tensor is its storage's whole buffer and nothing else holds the array, 
 program (which waits for any computation still reading it and hands the same memory back as an array the storage
 alone owns) and gloo works on it in place: no copy. Otherwise (a view, an array shared with another tensor or a
 cache) gloo works on a copy, which becomes the storage's new array (DLPack again, no copy). A small collective's
-result is computed here, in rank order, from every rank's data (`handshake.gather`). Only
+result is computed here, in rank order, from every rank's data (`handshake.gather`), and, like a one-element
+one, becomes a new array (`store`): a copy of a few bytes is cheaper than the donation. Only
 eager goes this way: compiled graphs keep XLA's collectives.
 """
 
