@@ -61,7 +61,7 @@ def _overflow_is_silent(rank: int, world: int) -> None:
 
 def _in_place_is_safe(rank: int, world: int) -> None:
     """gloo writes the device memory in place only where no other tensor or computation still reads it."""
-    for shape in ((4,), _LARGE):
+    for shape in ((1,), (4,), _LARGE):  # one element: a new array, however the old one is shared
         values = [_integral(r, shape, torch.float32) for r in range(world)]
         expected = _reference(dist.ReduceOp.SUM, values)
         tensor = values[rank].to("tpu")
@@ -150,6 +150,59 @@ def _premul_sum(rank: int, world: int) -> None:
         raise AssertionError("premul_sum on int32 did not raise")
 
 
+def _torch_calls(call) -> int:  # noqa: ANN001
+    """How many times `call()` reaches `ProcessGroup.allreduce` (torch.distributed's call into the c10d kernels)."""
+    calls = []
+    method = dist.ProcessGroup.allreduce
+
+    def counted(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        calls.append(1)
+        return method(self, *args, **kwargs)
+
+    dist.ProcessGroup.allreduce = counted
+    try:
+        call()
+    finally:
+        dist.ProcessGroup.allreduce = method
+    return len(calls)
+
+
+def _fast_and_torch_paths(rank: int, world: int) -> None:
+    """A one-element dist.all_reduce skips torch's call into the c10d kernel (`distributed/fast.py`) unless torch
+    must see it (async, a dispatch mode, the profiler); ranks on either path agree and get the same values."""
+    values = [torch.tensor([r + 0.25]) for r in range(world)]
+    expected = _reference(dist.ReduceOp.SUM, values)
+    ways = {
+        "plain": lambda t: dist.all_reduce(t),
+        "async": lambda t: dist.all_reduce(t, async_op=True).wait(),
+        "mixed": lambda t: _wait(dist.all_reduce(t, async_op=rank == 1)),
+        "profiled": lambda t: _profiled(lambda: dist.all_reduce(t)),
+    }
+    through_torch = {"plain": 0, "async": 1, "mixed": int(rank == 1), "profiled": 1}
+    for way, call in ways.items():
+        tensor = values[rank].to("tpu")
+        calls = _torch_calls(lambda: call(tensor))  # noqa: B023
+        assert calls == through_torch[way], f"{way}: {calls} calls into torch's c10d kernel"
+        _equal(tensor, expected, f"one-element all_reduce, {way}")
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    tensor = values[rank].to("tpu")
+    with CommDebugMode() as comms:
+        dist.all_reduce(tensor)
+    assert comms.get_total_counts() == 1, comms.get_comm_counts()
+    _equal(tensor, expected, "one-element all_reduce under CommDebugMode")
+
+
+def _wait(work) -> None:  # noqa: ANN001
+    if work is not None:
+        work.wait()
+
+
+def _profiled(call) -> None:  # noqa: ANN001
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        call()
+
+
 def _unchecked(rank: int, world: int) -> None:
     handshake.enabled = False
     try:
@@ -176,6 +229,7 @@ def exact() -> None:
     _rooted_values(rank, world)
     _premul_sum(rank, world)
     _unchecked(rank, world)
+    _fast_and_torch_paths(rank, world)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -213,6 +267,13 @@ def mismatches() -> None:
         f"tpu_dist: all_reduce mismatch: {ranks} float32[1] SUM, rank 1 int32[1] SUM",
         [tensor],
         lambda: dist.all_reduce(tensor),
+    )
+    tensor = torch.ones(1, dtype=torch.int32 if odd else torch.float32, device="tpu")
+    _expect_mismatch(  # rank 1 through torch's call into the c10d kernel, the others not (`fast.py`)
+        "dtype of one element, one rank through torch's c10d kernel",
+        f"tpu_dist: all_reduce mismatch: {ranks} float32[1] SUM, rank 1 int32[1] SUM",
+        [tensor],
+        lambda: dist.all_reduce(tensor, async_op=odd),
     )
     for length in (1, 4, 1500):  # in the check's carrier, gathered after the check, reduced by gloo
         tensor = torch.ones(length + odd, device="tpu")

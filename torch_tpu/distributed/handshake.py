@@ -19,6 +19,7 @@ import hashlib
 import os
 import struct
 import weakref
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -100,11 +101,16 @@ def _failed(state: Group, description: str, error: RuntimeError) -> RuntimeError
     )
 
 
-def agree(state: Group, description: str, carrier: Carrier | None = None) -> None:
+def agree(
+    state: Group, description: str, carrier: Carrier | None = None, fill: Callable[[], None] | None = None
+) -> None:
     """Check that every rank of the group is making the same call (`description` names it: "all_reduce
-    float32[4] SUM"), running `carrier` beside the check; raise on every rank if the calls differ."""
+    float32[4] SUM"), running `carrier` beside the check; raise on every rank if the calls differ. `fill`, if
+    given, writes the carrier's value once the check is under way: reading the value overlaps its round trip."""
     state.calls += 1
     if len(state.ranks) == 1:
+        if fill is not None:
+            fill()
         return
     text = description.encode()
     fingerprint = int.from_bytes(_digest(b"%d " % state.calls + text), "little") & _FINGERPRINT_MASK
@@ -114,6 +120,8 @@ def agree(state: Group, description: str, carrier: Carrier | None = None) -> Non
         carrier = state.idle
     try:
         check = state.gloo.allreduce([state.words], _MAX)
+        if fill is not None:
+            fill()  # if it fails, the peers wait for the carrier as for any rank that fails before a collective
         data = state.gloo.allreduce([carrier.tensor], carrier.options)
         check.wait()
         data.wait()
@@ -123,8 +131,10 @@ def agree(state: Group, description: str, carrier: Carrier | None = None) -> Non
         raise RuntimeError(_mismatch(state, _descriptions(state, description, text)))
 
 
-def carry(state: Group, carrier: Carrier, description: str) -> None:
-    """`carrier` alone, as the unchecked call's data exchange."""
+def carry(state: Group, carrier: Carrier, description: str, fill: Callable[[], None] | None = None) -> None:
+    """`carrier` alone, as the unchecked call's data exchange (`fill` first, if given, as for `agree`)."""
+    if fill is not None:
+        fill()
     try:
         state.gloo.allreduce([carrier.tensor], carrier.options).wait()
     except RuntimeError as error:

@@ -13,13 +13,13 @@ When the tensor is its storage's whole buffer and nothing else holds the array, 
 program (which waits for any computation still reading it and hands the same memory back as an array the storage
 alone owns) and gloo works on it in place: no copy. Otherwise (a view, an array shared with another tensor or a
 cache) gloo works on a copy, which becomes the storage's new array (DLPack again, no copy). A small collective's
-result is computed here, in rank order, from every rank's data (`handshake.gather`). Only
+result is computed here, in rank order, from every rank's data (`handshake.gather`), and, like a one-element
+one, becomes a new array (`store`): a copy of a few bytes is cheaper than the donation. Only
 eager goes this way: compiled graphs keep XLA's collectives.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 import sys
@@ -30,7 +30,7 @@ import torch
 from torch._C._distributed_c10d import AllreduceOptions, BroadcastOptions, ReduceOp
 
 from torch_tpu.distributed import handshake
-from torch_tpu.runtime import deferred, dtypes, mapping, platform, storage
+from torch_tpu.runtime import compat, deferred, dtypes, mapping, platform, storage
 
 # What ProcessGroupGloo reduces (bool travels as uint8).
 DTYPES = frozenset(
@@ -99,15 +99,20 @@ def claim(tensor: torch.Tensor) -> jax.Array | None:
     back as the storage's new array. Asynchronous: the caller's exchange with the other ranks overlaps it."""
     buffer = storage.buffer_of(tensor)
     if (
-        not isinstance(buffer._array, jax.Array)
-        or mapping.classify(tensor, buffer, tensor.shape, tensor.dtype)[0] not in (mapping.WHOLE, mapping.RESHAPE)
+        mapping.classify(tensor, buffer, tensor.shape, tensor.dtype)[0] not in (mapping.WHOLE, mapping.RESHAPE)
         or tensor.is_conj()
         or tensor.is_neg()
+        or not isinstance(buffer._array, jax.Array)
         or sys.getrefcount(buffer._array) > 2  # the buffer's own reference and this call's argument
     ):
         return None
     buffer._array = owned = _take(buffer._array)
     return owned
+
+
+def to_array(result: np.ndarray) -> jax.Array:
+    """A new device array of `result`'s value (a private copy: on the CPU platform the array may alias it)."""
+    return compat.put_copy(result, platform.device())
 
 
 def _memory(owned: jax.Array, tensor: torch.Tensor) -> torch.Tensor:
@@ -155,6 +160,11 @@ def broadcast(tensor: torch.Tensor, owned: jax.Array | None, gloo: object, root:
         storage.write(tensor, jax.dlpack.from_dlpack(host))
 
 
+def carrier_options(op: str) -> AllreduceOptions:
+    """The carrier's reduction for `op` (a kernel's op name)."""
+    return _CARRIER_OPTIONS[op]
+
+
 def in_carrier(tensor: torch.Tensor, op: str) -> bool:
     """Whether this all_reduce of `tensor` travels in the check's carrier (a rule of the call alone, never of
     the data: every rank making the call decides alike)."""
@@ -172,19 +182,29 @@ def carrier(tensor: torch.Tensor, op: str, factor: float | None) -> handshake.Ca
     return handshake.Carrier(torch.from_numpy(value.astype(wide)), _CARRIER_OPTIONS[op])
 
 
-def from_carrier(tensor: torch.Tensor, owned: jax.Array | None, carried: handshake.Carrier, op: str, size: int) -> None:
+def from_carrier(tensor: torch.Tensor, carried: handshake.Carrier, op: str, size: int) -> None:
     """Write the carrier's reduction, rounded back to the dtype, into `tensor`."""
     wide = carried.tensor.numpy()
     if tensor.dtype == torch.bool:
-        _store(tensor, owned, (wide != 0).view(np.uint8))
+        store(tensor, (wide != 0).view(np.uint8))
         return
     dtype = np.dtype(dtypes.to_jax(tensor.dtype))
-    compute = np.dtype(np.float32) if tensor.dtype in (torch.float16, torch.bfloat16) else dtype
+    store(tensor, rounded(wide, dtype, compute_dtype(tensor.dtype), op, size))
+
+
+def compute_dtype(dtype: torch.dtype) -> np.dtype:
+    """The dtype CPU PyTorch computes `dtype`'s arithmetic in (16-bit floats in float32)."""
+    return np.dtype(np.float32) if dtype in (torch.float16, torch.bfloat16) else np.dtype(dtypes.to_jax(dtype))
+
+
+def rounded(wide: np.ndarray, dtype: np.dtype, compute: np.dtype, op: str, size: int) -> np.ndarray:
+    """A carrier's reduction `wide` (float64 or int64) rounded back to `dtype` (`compute`: `compute_dtype`), the
+    average divided by the group's `size` in the dtype, as PyTorch divides."""
     with np.errstate(over="ignore"):  # overflow to inf, as PyTorch's casts, without NumPy's warning
         result = wide.astype(compute).astype(dtype)
-        if op == "avg":  # in the dtype, as PyTorch divides (16-bit floats in float32)
+        if op == "avg":
             result = (result.astype(compute) / compute.type(size)).astype(dtype)
-    _store(tensor, owned, result)
+    return result
 
 
 def broadcast_carrier(tensor: torch.Tensor, root: bool) -> handshake.Carrier:
@@ -196,28 +216,24 @@ def broadcast_carrier(tensor: torch.Tensor, root: bool) -> handshake.Carrier:
     return handshake.Carrier(torch.from_numpy(word.view(np.int64)), _BOR)
 
 
-def from_broadcast_carrier(tensor: torch.Tensor, owned: jax.Array | None, carried: handshake.Carrier) -> None:
-    _store(tensor, owned, _rows(carried.tensor.numpy().view(np.uint8)[None, : tensor.element_size()], tensor)[0])
+def from_broadcast_carrier(tensor: torch.Tensor, carried: handshake.Carrier) -> None:
+    store(tensor, _rows(carried.tensor.numpy().view(np.uint8)[None, : tensor.element_size()], tensor)[0])
 
 
 def _rows(rows: np.ndarray, tensor: torch.Tensor) -> np.ndarray:
     return rows.view(np.uint8 if tensor.dtype == torch.bool else dtypes.to_jax(tensor.dtype))
 
 
-def _store(tensor: torch.Tensor, owned: jax.Array | None, result: np.ndarray) -> None:
-    """Write `result` (the tensor's dtype, bool as uint8) into `tensor`: into `owned` (`claim`) if not None,
-    a memcpy (a fresh jax.Array would cost a transfer, several times dearer)."""
-    result = np.ascontiguousarray(result)
-    if owned is not None:
-        owned.block_until_ready()
-        ctypes.memmove(owned.unsafe_buffer_pointer(), result.ctypes.data, result.nbytes)
-        return
+def store(tensor: torch.Tensor, result: np.ndarray) -> None:
+    """Write `result` (the tensor's dtype, bool as uint8, at most `handshake.INLINE` bytes) into `tensor` as a
+    new array: a copy this small costs less than claiming the old array (`claim`: a donation program, which
+    wakes a JAX worker thread) to write it in place."""
     if tensor.dtype == torch.bool:
         result = result.view(np.bool_)
-    storage.write(tensor, jax.device_put(result.reshape(tuple(tensor.shape)).copy(), platform.device()))
+    storage.write(tensor, to_array(result.reshape(tuple(tensor.shape))))
 
 
-def reduce_rows(tensor: torch.Tensor, owned: jax.Array | None, rows: np.ndarray, op: str, factor: float) -> None:
+def reduce_rows(tensor: torch.Tensor, rows: np.ndarray, op: str, factor: float) -> None:
     """Write into `tensor` the reduction, in group-rank order, of every rank's data gathered in `rows`: NumPy's
     arithmetic, which rounds as CPU PyTorch's does (16-bit floats in float32 where PyTorch computes so)."""
     values = _rows(rows, tensor)
@@ -231,4 +247,4 @@ def reduce_rows(tensor: torch.Tensor, owned: jax.Array | None, rows: np.ndarray,
             result = fold(result, value)
     if op == "avg":
         result = np.true_divide(result, len(values)).astype(values.dtype)
-    _store(tensor, owned, result)
+    store(tensor, result)

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from torch_tpu import metrics
-from torch_tpu.distributed import collectives, handshake, host, watchdog
+from torch_tpu.distributed import collectives, fast, handshake, host, watchdog
 from torch_tpu.eager import fused
 from torch_tpu.runtime import compat, storage
 
@@ -170,19 +170,18 @@ def _all_reduce(collective: str, state: handshake.Group, tensor: torch.Tensor, r
         return
     if host.in_carrier(tensor, op):  # one round trip: the value rides beside the check
         carrier = host.carrier(tensor, op, factor)
-        owned = host.claim(tensor) if write else None
         _check(state, description, [tensor], carrier)
         if write:
-            host.from_carrier(tensor, owned, carrier, op, len(state.ranks))
+            host.from_carrier(tensor, carrier, op, len(state.ranks))
         return
     small = handshake.enabled and tensor.numel() * tensor.element_size() <= handshake.INLINE
     data = host.data(tensor) if small else None
-    owned = host.claim(tensor) if write else None
+    owned = host.claim(tensor) if write and data is None else None
     _check(state, description, [tensor])
     if data is not None:  # computed here in rank order from every rank's data
         rows = handshake.gather(state, description, data)
         if write:
-            host.reduce_rows(tensor, owned, rows, op, factor)
+            host.reduce_rows(tensor, rows, op, factor)
     else:
         host.all_reduce(tensor, owned, state.gloo, op, factor, write)
 
@@ -213,9 +212,8 @@ def broadcast_(tensors, process_group, root_rank, root_tensor, async_op=True, ti
             storage.write(tensor, collectives.run("broadcast", state.ranks, local, root=root_rank).astype(local.dtype))
         elif tensor.numel() == 1:  # one round trip: the root's value rides beside the check
             carrier = host.broadcast_carrier(tensor, state.rank == root_rank)
-            owned = host.claim(tensor)
             _check(state, description, [tensor], carrier)
-            host.from_broadcast_carrier(tensor, owned, carrier)
+            host.from_broadcast_carrier(tensor, carrier)
         else:
             owned = host.claim(tensor)
             _check(state, description, [tensor])
@@ -549,6 +547,7 @@ def install() -> None:
     if _library is not None:
         return
     watchdog.guard_api()
+    fast.install()
     for name in _REDUCING:
         method = getattr(dist.ProcessGroup, name)
         if not getattr(method, "_tpu_dist", False):

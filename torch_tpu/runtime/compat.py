@@ -9,6 +9,7 @@ the releases themselves (docs/compatibility.md lists what was tested).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import re
@@ -19,6 +20,7 @@ from importlib import metadata
 from typing import Any
 
 import jax
+import numpy as np
 import torch
 
 # (lowest supported, first unsupported), the ranges pyproject.toml declares (tests/test_compat.py checks they agree).
@@ -173,6 +175,27 @@ def present(ops: tuple) -> tuple:
     return tuple(op for op in ops if not isinstance(op, AbsentOp))
 
 
+# torch's state that decides whether a collective may skip torch.distributed's own call (`distributed/fast.py`);
+# where a release lacks one, every call goes through torch.
+dispatch_mode_depth: Callable[[], int] = _first(
+    "torch._C._len_torch_dispatch_stack", lambda: torch._C._len_torch_dispatch_stack, lambda: lambda: 1
+)
+profiler_enabled: Callable[[], bool] = _first(
+    "torch._C._autograd._profiler_enabled", lambda: torch._C._autograd._profiler_enabled, lambda: lambda: True
+)
+
+
+def c10d_group_now(group: Any) -> Any:
+    """`group` (None: the default group) if torch.distributed would issue a collective on it now; None before
+    init_process_group, in a coalescing context (`_coalescing_manager`), or on a release that keeps these elsewhere."""
+    try:
+        world = sys.modules["torch.distributed.distributed_c10d"]._world
+        group = group if group is not None else world.default_pg
+        return None if group is None or group in world.pg_coalesce_state else group
+    except (KeyError, AttributeError):
+        return None
+
+
 # --- jax ---------------------------------------------------------------------------------------------------------
 
 
@@ -189,6 +212,30 @@ _backends_are_initialized = _first(
     "jax._src.xla_bridge.backends_are_initialized", _jax_private("jax._src.xla_bridge", "backends_are_initialized")
 )
 _distributed_state = _first("jax._src.distributed.global_state", _jax_private("jax._src.distributed", "global_state"))
+
+
+_batched_device_put = _first(
+    "jax._src.lib.xla_client.batched_device_put",
+    lambda: importlib.import_module("jax._src.lib").xla_client.batched_device_put,
+)
+_shaped_array = _first("jax._src.core.ShapedArray", _jax_private("jax._src.core", "ShapedArray"))
+
+
+@functools.cache
+def _placement(shape: tuple[int, ...], dtype: Any, device: Any) -> tuple[Any, Any]:
+    return _shaped_array(shape, dtype), jax.sharding.SingleDeviceSharding(device)
+
+
+def put_copy(value: Any, device: Any) -> jax.Array:
+    """`jax.device_put(numpy.array(value, copy=True), device)` without device_put's Python, which costs ~10x the
+    transfer of a scalar: the array is a private copy, so the transfer may alias it or read it later, as
+    device_put's may (an immutable-during-the-call transfer waits for a worker thread, 10x dearer again)."""
+    private = np.array(value, copy=True, order="C")
+    try:
+        aval, sharding = _placement(private.shape, private.dtype, device)
+        return _batched_device_put(aval, sharding, [private], [device])
+    except (RuntimeError, TypeError):  # an API this release lacks or spells otherwise
+        return jax.device_put(private, device)
 
 
 def jax_backends_initialized() -> bool:
