@@ -94,6 +94,7 @@ def test_report_text_reset_and_summary_dict():
         "transfers",
         "fused_clusters",
         "collectives",
+        "graph_collectives",
         "memory",
     }
     assert f"  {'compiles':<24}: none" in metrics.report().splitlines()

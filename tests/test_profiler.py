@@ -145,18 +145,11 @@ def test_schedule_and_tensorboard_trace_handler(tmp_path):
     span = (begin, time.time_ns())
     exported = sorted((tmp_path / "tb").glob("w0.*.pt.trace.json"))
     assert len(exported) == 2
-    merged = 0
-    for path in exported:
+    for path in exported:  # every active cycle has its executions, linked (a regression: 1 cycle in 3 had none)
         trace = json.loads(path.read_text())
-        # NOTE: XLA:CPU sometimes records no thunk events at all in a short profiling session (the host's calls
-        # are in its XSpace, the executions are not; docs/profiling.md, Limits): a cycle's device timeline is
-        # asserted when it has executions, and at least one cycle must have them.
-        if any(e.get("cat") == "xla_module" for e in trace["traceEvents"]):
-            _check_flows(trace, span, "jit_aten__mm", launcher="aten::mm")
-            merged += 1
+        _check_flows(trace, span, "jit_aten__mm", launcher="aten::mm")
         steps = [e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
         assert len(steps) == 1
-    assert merged >= 1
     assert len(list((tmp_path / "run" / "plugins" / "profile").glob("*/*_0.xplane.pb"))) == 2
 
 

@@ -2,10 +2,11 @@
 
 What compiled (eager per-op executables, Fused clusters, compiled graphs) and how long that took, what each cache
 tier served, which ops fell back to CPU or were decomposed, what crossed between host and device, how ops fused
-into clusters, and what the collectives moved. Each layer bumps these counters where it already does the work
-(a compile, a transfer, a cluster run, a collective call), so counting adds nothing to an op served from the
-cache; the caches' own counters are read through `tally`. `report()` is the text, `summary()` the same as a dict,
-`reset()` starts both afresh.
+into clusters, and what the collectives moved (eager calls, and those inside compiled graphs, per run of the
+graph). Each layer bumps these counters where it already does the work (a compile, a transfer, a cluster run, a
+collective call or a graph's run), so counting adds nothing to an op served from the cache; the caches' own
+counters are read through `tally`. `report()` is the text, `summary()` the same as a dict, `reset()` starts both
+afresh.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ transfer_bytes: Counter[str] = Counter()
 fused_clusters: Counter[int] = Counter()  # Fused-mode cluster runs, by the number of ops in the cluster
 collectives: Counter[str] = Counter()  # c10d collective calls on tpu tensors, by op, and the bytes this rank sent
 collective_bytes: Counter[str] = Counter()
+# Collectives run inside compiled graphs (one SPMD program each): per run of a graph, each of its collectives, by
+# functional op (all_reduce, all_gather_into_tensor, ...), and the bytes of its input on this rank.
+graph_collectives: Counter[str] = Counter()
+graph_collective_bytes: Counter[str] = Counter()
 
 _COUNTERS = (
     cpu_fallbacks,
@@ -37,6 +42,8 @@ _COUNTERS = (
     fused_clusters,
     collectives,
     collective_bytes,
+    graph_collectives,
+    graph_collective_bytes,
 )
 _TIER_KEYS = (
     "hits",
@@ -112,6 +119,10 @@ def summary() -> dict[str, Any]:
             "by_size": dict(sorted(fused_clusters.items())),
         },
         "collectives": {op: {"count": collectives[op], "bytes": collective_bytes[op]} for op in sorted(collectives)},
+        "graph_collectives": {
+            op: {"count": graph_collectives[op], "bytes": graph_collective_bytes[op]}
+            for op in sorted(graph_collectives)
+        },
         "memory": _memory(),
     }
 
@@ -165,6 +176,8 @@ def report() -> str:
         )
     for op, moved in data["collectives"].items():
         row(f"collective {op}", f"{moved['count']} calls, {_bytes(moved['bytes'])} sent")
+    for op, moved in data["graph_collectives"].items():
+        row(f"in graphs {op}", f"{moved['count']} runs, {_bytes(moved['bytes'])} sent")
     memory = data["memory"]
     row(
         "tpu memory",

@@ -12,6 +12,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from workers import _TIMEOUT, _equal, _input
 
+from torch_tpu import metrics
+
 _COLLECTIVES_HLO = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter", "stablehlo.all_to_all")
 
 
@@ -72,10 +74,26 @@ def _compiled_checks(rank: int, world: int) -> None:
     )
     shape = (2, 3)
     x = _input(rank, shape, torch.float64)
-    for turn in range(3):
+    metrics.reset()
+    runs = 3
+    for turn in range(runs):
         results = step(x.to("tpu"), group)
         for name, got, expected in zip(_NAMES, results, _expected_step(rank, world, shape), strict=True):
             _equal(got, expected, f"compiled {name} (call {turn})")
+    # `_step`'s collectives and their inputs' bytes (x: 2x3 float64; gathered: world times as many rows), per run
+    block, gathered = x.nbytes, x.nbytes * world
+    per_run = {
+        "all_reduce": (3, 3 * block),
+        "all_gather_into_tensor": (1, block),
+        "reduce_scatter_tensor": (2, 2 * gathered),
+        "all_to_all_single": (1, gathered),
+        "broadcast": (1, block),
+    }
+    counted = metrics.summary()
+    expected_counts = {op: {"count": n * runs, "bytes": sent * runs} for op, (n, sent) in per_run.items()}
+    assert counted["graph_collectives"] == expected_counts, counted["graph_collectives"]
+    assert counted["collectives"] == {}, counted["collectives"]  # none of them ran as an eager c10d call
+    assert "in graphs all_reduce" in metrics.report() and f"{3 * runs} runs" in metrics.report()
     assert len(texts) == 1, f"{len(texts)} programs lowered for one graph"
     missing = [op for op in _COLLECTIVES_HLO if op not in texts[0]]
     assert not missing, f"the compiled graph's HLO lacks {missing}"

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from torch_tpu import metrics
 from torch_tpu.distributed import collectives, functional, meshes
 from torch_tpu.runtime import compat, persistent, platform
 
@@ -169,6 +170,13 @@ def _describe(node: torch.fx.Node, group: str | None) -> str:
     return f"{functional.COLLECTIVES[node.target]}({shape}{', ' if statics else ''}{', '.join(map(str, statics))})"
 
 
+def _input_bytes(node: torch.fx.Node) -> int:
+    """The bytes of a collective node's input (a coalesced one's inputs), as this rank sends them."""
+    inputs = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
+    values = [getattr(n, "meta", {}).get("val") for n in inputs]
+    return sum(v.nbytes for v in values if isinstance(v, torch.Tensor))
+
+
 class GraphProgram(Program):
     """A compiled graph's `Program`, with what its ranks agree on: a fingerprint of the graph (every node's op,
     arguments, shapes and dtypes; a collective's group as its axis) and its collectives."""
@@ -190,6 +198,8 @@ class GraphProgram(Program):
         self.graph = "\n".join(parts)
         several = len(mesh.axis_names) > 1
         self.collectives = [_describe(node, labels[node] if several else None) for node in nodes]
+        # what each run adds to `torch_tpu.metrics.graph_collectives`: per collective, its op and input bytes
+        self.counted = [(functional.COLLECTIVES[node.target], _input_bytes(node)) for node in nodes]
         self.scalar_outputs: dict[tuple, list[bool]] = {}  # per compiled-in sizes, which outputs are 0-d
 
     def lower(self, fn: Callable, values: Sequence[Any]) -> jax.stages.Lowered:
@@ -198,8 +208,13 @@ class GraphProgram(Program):
         return lowered
 
     def call(self, executable: Callable, values: Sequence[Any]) -> Any:
-        """Run `lower`'s executable on this rank's values; its outputs as this rank's arrays."""
-        return self._call(executable, values, self.scalar_outputs[tuple(v for v in values if isinstance(v, int))])
+        """Run `lower`'s executable on this rank's values; its outputs as this rank's arrays (and count the
+        collectives it ran)."""
+        outputs = self._call(executable, values, self.scalar_outputs[tuple(v for v in values if isinstance(v, int))])
+        for op, sent in self.counted:
+            metrics.graph_collectives[op] += 1
+            metrics.graph_collective_bytes[op] += sent
+        return outputs
 
     def agree(self, what: str, inputs: Sequence[Any]) -> None:
         """The handshake before the graph's first run with these inputs (their shapes and compiled-in sizes)."""

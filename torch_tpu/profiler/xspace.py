@@ -12,9 +12,14 @@ Two shapes of XSpace are read:
   thread (the call). An execution that waited for its inputs was scheduled from an XLA thread when they were
   ready; its launch is then the host's call of that module (`PjitFunction(jit(aten::relu))`, outermost), matched
   in order among that module's calls no exact launch took.
-- TPU and GPU: a `/device:*` plane whose "XLA Modules" line holds one event per execution ("jit_aten__mm(42)")
-  and whose "XLA Ops" line holds the ops; the launch is the host event carrying the same `run_id` stat. (Written
-  from XProf's documented layout; only the XLA:CPU shape is exercised by the tests here.)
+- TPU (and GPU after XProf's derived timelines): a `/device:*` plane whose "XLA Modules" line holds one event per
+  execution ("jit_aten__mm(42)", the program id in brackets; stat `run_id`) and whose "XLA Ops" line holds its HLO
+  ops, nested in it by time.
+- GPU as the device tracer records it: no "XLA Modules" line; kernels on "Stream #N(...)" lines, each with
+  `hlo_module`, `hlo_op` and `run_id` stats; one execution is the kernels of one (module, run), spanning them.
+  On a device plane the launch is the host event carrying the execution's `run_id` stat, else (no such event) the
+  host's next unclaimed call of that module, as for XLA:CPU's waiting executions. These shapes are tested on
+  synthetic XSpaces shaped after XProf's names (tests/test_profiler_xspace.py), not on a TPU or GPU here.
 """
 
 from __future__ import annotations
@@ -100,9 +105,16 @@ def read(path: str | pathlib.Path) -> list[Execution]:
                 found.start_ns, found.end_ns = min(found.start_ns, op.start_ns), max(found.end_ns, op.end_ns)
                 found.ops.append(op)
     _cpu_launches(cpu_runs, regions, producers, calls)
-    for execution in executions:
-        if execution.run_id is not None:
-            execution.launch_ns = by_run.get(execution.run_id)
+    for execution in sorted(executions, key=lambda e: e.start_ns):
+        execution.launch_ns = by_run.get(execution.run_id) if execution.run_id is not None else None
+        starts = calls.get(execution.name, [])
+        if execution.launch_ns is None:
+            if starts and starts[0] <= execution.start_ns:
+                execution.launch_ns = starts.pop(0)
+        else:  # the call this launch was made in is claimed
+            claimed = bisect.bisect_right(starts, execution.launch_ns) - 1
+            if claimed >= 0:
+                starts.pop(claimed)
     executions += cpu_runs.values()
     return sorted(executions, key=lambda e: e.start_ns)
 
@@ -133,10 +145,12 @@ def _cpu_launches(runs: dict[tuple, Execution], regions: dict, producers: dict, 
 
 
 def _device_plane(plane: object, base: int) -> list[Execution]:
-    """A TPU/GPU device plane's executions ("XLA Modules") with their ops ("XLA Ops") by time."""
+    """A device plane's executions: its "XLA Modules" line with the "XLA Ops" ops nested in them (TPU), else
+    its kernels grouped by (`hlo_module`, `run_id`) stats (GPU streams)."""
     device = plane.name.removeprefix("/device:")
     modules: list[Execution] = []
     ops: list[Op] = []
+    kernels: dict[tuple, Execution] = {}
     for line in plane.lines:
         if line.name == "XLA Modules":
             for event in line.events:
@@ -146,9 +160,27 @@ def _device_plane(plane: object, base: int) -> list[Execution]:
                 modules.append(Execution(name, device, start, end, None if run is None else int(run)))
         elif line.name == "XLA Ops":
             ops += [Op(e.name, base + int(e.start_ns), base + int(e.end_ns), line.name) for e in line.events]
-    for op in ops:
-        for module in modules:
-            if module.start_ns <= op.start_ns and op.end_ns <= module.end_ns:
-                module.ops.append(op)
-                break
-    return modules
+        else:
+            for event in line.events:
+                stats = dict(event.stats)
+                module, run = stats.get("hlo_module"), stats.get("run_id")
+                if module is None:
+                    continue
+                op = Op(str(stats.get("hlo_op", event.name)), base + int(event.start_ns), base + int(event.end_ns),
+                        line.name)  # fmt: skip
+                key = (module, run)
+                found = kernels.get(key)
+                if found is None:
+                    run_id = None if run is None else int(run)
+                    found = kernels[key] = Execution(module, device, op.start_ns, op.end_ns, run_id)
+                found.start_ns, found.end_ns = min(found.start_ns, op.start_ns), max(found.end_ns, op.end_ns)
+                found.ops.append(op)
+    if modules:  # the device's own module timeline; kernels with module stats beside it are its ops already
+        modules.sort(key=lambda m: m.start_ns)
+        starts = [m.start_ns for m in modules]
+        for op in ops:
+            i = bisect.bisect_right(starts, op.start_ns) - 1
+            if i >= 0 and op.end_ns <= modules[i].end_ns:
+                modules[i].ops.append(op)
+        return modules
+    return list(kernels.values())
