@@ -30,8 +30,9 @@ demo: venv
 
 # The suite in two runs: tests/distributed alone (its tests start several processes each: in parallel they would
 # oversubscribe the cores), then the rest spread over TEST_WORKERS pytest-xdist workers, a file to a worker
-# (`--dist loadfile`: a module's fixtures and compiled programs stay in one process). TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 2
+# (`--dist loadfile`: a module's fixtures and compiled programs stay in one process). TEST_WORKERS=0 (the default
+# until the suite has been green under 2 workers more than once): one process.
+TEST_WORKERS ?= 0
 test: venv
 	$(PY) -m ruff check torch_tpu tests bench examples
 	$(PY) -m ruff format --check torch_tpu tests bench examples
