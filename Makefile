@@ -28,10 +28,15 @@ demo: venv
 	else echo "make demo: the evaluation did not run to a report (exit status $$status)" >&2; \
 		[ $$status -ne 0 ] && exit $$status; exit 1; fi
 
+# The suite in two runs: tests/distributed alone (its tests start several processes each: in parallel they would
+# oversubscribe the cores), then the rest spread over TEST_WORKERS pytest-xdist workers, a file to a worker
+# (`--dist loadfile`: a module's fixtures and compiled programs stay in one process). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: venv
 	$(PY) -m ruff check torch_tpu tests bench examples
 	$(PY) -m ruff format --check torch_tpu tests bench examples
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider tests/distributed
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests --ignore=tests/distributed
 
 test-slow: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m slow

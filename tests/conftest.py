@@ -10,9 +10,16 @@ def _seed():
 
 def pytest_configure(config):
     """Tests compile cold: a private, per-run persistent cache, and PyTorch's cache directory (AOTAutograd's
-    entries) too (tests of the cache set their own)."""
+    entries) too (tests of the cache set their own). A pytest-xdist worker inherits the controller's directories
+    and takes a subdirectory of each: workers run at once and must not see each other's entries."""
     import os
     import tempfile
 
-    os.environ.setdefault("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", tempfile.mkdtemp(prefix="torch_tpu_cache_"))
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="torchinductor_"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    for variable, prefix in (
+        ("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", "torch_tpu_cache_"),
+        ("TORCHINDUCTOR_CACHE_DIR", "torchinductor_"),
+    ):
+        os.environ.setdefault(variable, tempfile.mkdtemp(prefix=prefix))
+        if worker:
+            os.environ[variable] = os.path.join(os.environ[variable], worker)

@@ -2,12 +2,14 @@
 host read and `synchronize()` — from a flag the op's own executable computed; Debug mode raises at the op; the
 switch (TORCH_TPU_CHECK_INDICES, torch_tpu.set_index_checks) turns them off and is part of the cache keys."""
 
+import gc
 import os
 import subprocess
 import sys
 
 import pytest
 import torch
+from torch.func import grad, vmap
 
 import torch_tpu
 from torch_tpu.eager.cache import executables
@@ -56,6 +58,21 @@ def test_every_host_read_raises(read):
     }
     with pytest.raises(IndexError, match=MESSAGE):
         reads[read]()
+
+
+def test_a_failed_check_raised_by_print_leaves_functorch_working():
+    """`str` of a tpu tensor reads it inside torch's `_str`, which turns functorch off while its frame lives: the
+    raised check must not keep that frame alive (a reference cycle through `raise_pending`'s frame did until a gc
+    pass, so a later `vmap(grad(...))` on CPU raised "Cannot access storage of BatchedTensorImpl")."""
+    x, w = torch.randn(4, 3), torch.randn(3, 2)
+    gc.disable()  # the cycle would be freed by whichever collection happens to run first
+    try:
+        with pytest.raises(IndexError, match=MESSAGE):
+            str(_bad_index())
+        got = vmap(grad(lambda row, w: torch.tanh(row @ w).sum()), in_dims=(0, None))(x, w)
+    finally:
+        gc.enable()
+    torch.testing.assert_close(got, (1 - torch.tanh(x @ w) ** 2) @ w.T)
 
 
 def test_debug_mode_raises_at_the_op():

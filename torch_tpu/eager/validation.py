@@ -172,5 +172,8 @@ def check_out_dtypes(out_op: OpOverload, args: tuple, kwargs: dict) -> None:
         return
     error = _cpu_error(out_op, args, kwargs, _copy)
     if error is not None:
-        raise error
+        try:
+            raise error
+        finally:
+            del error  # no cycle through this frame (see checks.raise_pending)
     _out_dtypes_allowed.add(signature)

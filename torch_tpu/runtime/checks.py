@@ -198,7 +198,10 @@ def raise_pending() -> None:
     for checks, flags in taken:
         error = _failure(checks, np.asarray(flags))
         if error is not None:
-            raise error
+            try:
+                raise error
+            finally:  # else this frame holds the error holding its traceback holding this frame: a cycle that
+                del error  # keeps every frame of the read alive until gc (torch's `_str` disables functorch meanwhile)
 
 
 @contextlib.contextmanager
