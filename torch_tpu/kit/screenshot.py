@@ -13,8 +13,10 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -92,6 +94,11 @@ class _DevTools:
                     raise RuntimeError(f"chromium: {method} failed: {message['error']}")
                 return message["result"]
 
+    def close_browser(self) -> None:
+        """Ask the browser to exit cleanly (its helpers and the profile's writes end with it)."""
+        self.socket.send(json.dumps({"id": next(self.ids), "method": "Browser.close", "params": {}}))
+        self.socket.close()
+
     def evaluate(self, expression: str) -> Any:
         return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
 
@@ -112,7 +119,9 @@ def sections(
     with tempfile.TemporaryDirectory(prefix="torch_tpu_chromium_") as profile:
         command = [browser, "--headless", "--no-sandbox", "--disable-gpu", *_QUIET, f"--user-data-dir={profile}"]
         command += [f"--window-size={width},1000", "--hide-scrollbars", "--remote-debugging-port=0", "about:blank"]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         try:
             tools = _DevTools(_page_socket(pathlib.Path(profile) / "DevToolsActivePort", timeout), timeout)
             tools.call("Page.navigate", url=page.as_uri())
@@ -127,11 +136,31 @@ def sections(
                 shot = tools.call("Page.captureScreenshot", format="png", clip=clip, captureBeyondViewport=True)
                 box["png"] = out_dir / f"{box['id']}.png"
                 box["png"].write_bytes(base64.b64decode(shot["data"]))
-            tools.socket.close()
+            tools.close_browser()
         finally:
-            process.kill()
-            process.wait(timeout=30)
+            _end(process)
     return layout
+
+
+def _end(process: subprocess.Popen) -> None:
+    """Wait for the browser to exit (it was asked to close), else kill its process group: its renderer and helper
+    processes write into the profile directory, which can be removed only once they are gone."""
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
 
 
 def _page_socket(port_file: pathlib.Path, timeout: float) -> str:
