@@ -31,7 +31,8 @@ from torch_tpu.distributed import handshake, host, watchdog
 from torch_tpu.runtime import compat, deferred, dtypes, mapping, storage
 
 _RedOpType = dist.ReduceOp.RedOpType
-_OPS = {
+# torch's reduce ops by name; the kernels add PREMUL_SUM, which the fast path leaves to torch's call.
+RED_OP_NAMES = {
     _RedOpType.SUM: "sum",
     _RedOpType.AVG: "avg",
     _RedOpType.MAX: "max",
@@ -91,7 +92,7 @@ def _plan(tensor: torch.Tensor, op: Any) -> _Plan | None:
     except KeyError:
         pass
     plan = None
-    name = _OPS.get(op)
+    name = RED_OP_NAMES.get(op)
     if (
         name is not None
         and tensor.numel() == 1

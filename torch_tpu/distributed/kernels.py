@@ -29,17 +29,7 @@ from torch_tpu.eager import fused
 from torch_tpu.runtime import compat, storage
 
 _RedOpType = dist.ReduceOp.RedOpType
-_OPS = {
-    _RedOpType.SUM: "sum",
-    _RedOpType.AVG: "avg",
-    _RedOpType.MAX: "max",
-    _RedOpType.MIN: "min",
-    _RedOpType.PRODUCT: "product",
-    _RedOpType.BAND: "band",
-    _RedOpType.BOR: "bor",
-    _RedOpType.BXOR: "bxor",
-    _RedOpType.PREMUL_SUM: "premul_sum",
-}
+_OPS = {**fast.RED_OP_NAMES, _RedOpType.PREMUL_SUM: "premul_sum"}
 _BITWISE = ("band", "bor", "bxor")
 # PREMUL_SUM's factor, for the call in progress on this thread (see `_keeping_premul_factor`).
 _premul = threading.local()

@@ -29,14 +29,10 @@ def serves(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal) -> bo
     """Whether cuDNN's fused attention computes this SDPA call (its shapes, dtypes, mask and dropout)."""
     if attn_mask is not None or dropout_p != 0.0:
         return False
-    if query.ndim != 4 or key.ndim != 4 or value.shape != key.shape:
+    if not library.attention_layout(query, key, value, DTYPES, enable_gqa):
         return False
-    if query.dtype not in DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
-        return False
-    batch, heads, q_len, dim = query.shape
-    if key.shape[0] != batch or key.shape[3] != dim or dim % 8 or dim > MAX_HEAD_DIM:
-        return False
-    if heads % key.shape[1] or heads != key.shape[1] and not enable_gqa:
+    _, _, q_len, dim = query.shape
+    if dim % 8 or dim > MAX_HEAD_DIM:
         return False
     return not is_causal or q_len == key.shape[2]
 

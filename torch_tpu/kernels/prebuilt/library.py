@@ -53,3 +53,16 @@ def check_tensor(op: str, argument: str, value: object, ndim: tuple[int, ...], d
     if value.dtype not in dtypes:
         names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
         raise TypeError(f"torch.tpu.ops.{op}: {argument} has dtype {value.dtype}; supported: {names}")
+
+
+def attention_layout(query, key, value, dtypes: tuple[torch.dtype, ...], enable_gqa: bool) -> bool:  # noqa: ANN001
+    """Whether an SDPA call has the layout every attention kernel here takes: (B, H, T, D) query and key/value of
+    one dtype among `dtypes`, the same batch and head size, and query heads a multiple of key heads (only with
+    `enable_gqa` when they differ)."""
+    if query.ndim != 4 or key.ndim != 4 or value.shape != key.shape:
+        return False
+    if query.dtype not in dtypes or key.dtype != query.dtype or value.dtype != query.dtype:
+        return False
+    if key.shape[0] != query.shape[0] or key.shape[3] != query.shape[3] or query.shape[1] % key.shape[1]:
+        return False
+    return query.shape[1] == key.shape[1] or enable_gqa

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import torch
 
-from torch_tpu.kernels.prebuilt import cudnn, tokamax_attention
+from torch_tpu.kernels.prebuilt import cudnn, library, tokamax_attention
 from torch_tpu.runtime import platform
 
 KERNELS = ("splash", "cudnn", "tokamax", "xla")
@@ -48,13 +48,7 @@ def force(kernel: str | None) -> Iterator[None]:
 def _splash_serves(query, key, value, attn_mask, dropout_p, enable_gqa) -> bool:  # noqa: ANN001
     if attn_mask is not None or dropout_p != 0.0:
         return False
-    if query.ndim != 4 or key.ndim != 4 or value.shape != key.shape or query.shape[-1] != key.shape[-1]:
-        return False
-    if query.dtype not in SPLASH_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
-        return False
-    if query.shape[0] != key.shape[0] or query.shape[1] % key.shape[1]:
-        return False
-    if query.shape[1] != key.shape[1] and not enable_gqa:
+    if not library.attention_layout(query, key, value, SPLASH_DTYPES, enable_gqa):
         return False
     return query.shape[2] % 128 == 0 and key.shape[2] % 128 == 0
 

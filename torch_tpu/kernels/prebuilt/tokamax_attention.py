@@ -40,15 +40,9 @@ def serves(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal) -> bo
     dropout)."""
     if not available() or dropout_p != 0.0:
         return False
-    if query.ndim != 4 or key.ndim != 4 or value.shape != key.shape:
+    if not library.attention_layout(query, key, value, DTYPES, enable_gqa):
         return False
-    if query.dtype not in DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
-        return False
-    batch, heads, q_len, dim = query.shape
-    if key.shape[0] != batch or key.shape[3] != dim:
-        return False
-    if heads % key.shape[1] or heads != key.shape[1] and not enable_gqa:
-        return False
+    batch, heads, q_len, _ = query.shape
     if attn_mask is not None:
         if attn_mask.dtype != torch.bool or attn_mask.ndim > 4:
             return False
