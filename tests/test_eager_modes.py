@@ -6,11 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-MODES = {
-    "strict": torch.tpu.EagerMode.DEFER_NEVER,
-    "debug": torch.tpu.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING,
-    "fused": torch.tpu.EagerMode.DEFER_AND_FUSE,
-}
+from torch_tpu.testing.compare import EAGER_MODES as MODES
+
 RTOL, ATOL = 1e-4, 1e-5
 
 

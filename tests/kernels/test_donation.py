@@ -13,13 +13,10 @@ import jax
 import pytest
 import torch
 
+from torch_tpu.testing.compare import EAGER_MODES as MODES
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _names = itertools.count()
-MODES = {
-    "strict": torch.tpu.EagerMode.DEFER_NEVER,
-    "debug": torch.tpu.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING,
-    "fused": torch.tpu.EagerMode.DEFER_AND_FUSE,
-}
 CONSUMED = r"donated to jax_op 'donation_test::axpy_\d+' \(argument 'x'\)"
 
 

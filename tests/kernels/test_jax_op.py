@@ -18,14 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from torch_tpu.kernels.jax_op import KernelError
+from torch_tpu.testing.compare import EAGER_MODES as MODES
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _names = itertools.count()
-MODES = {
-    "strict": torch.tpu.EagerMode.DEFER_NEVER,
-    "debug": torch.tpu.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING,
-    "fused": torch.tpu.EagerMode.DEFER_AND_FUSE,
-}
 
 
 def _name(base: str) -> str:

@@ -13,12 +13,9 @@ import pytest
 import torch
 from jax.sharding import Mesh
 
+from torch_tpu.testing.compare import EAGER_MODES as MODES
+
 _names = itertools.count()
-MODES = {
-    "strict": torch.tpu.EagerMode.DEFER_NEVER,
-    "debug": torch.tpu.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING,
-    "fused": torch.tpu.EagerMode.DEFER_AND_FUSE,
-}
 
 
 def rms(x: jax.Array, w: jax.Array, eps: float = 0.0) -> jax.Array:

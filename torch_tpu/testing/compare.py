@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from torch_tpu.eager.modes import EagerMode
+
 # (rtol, atol). fp32: rtol 1.3e-5 is about 100 ulp, ten times PyTorch's same-device default (1.3e-6), since
 # XLA sums in another order and uses its own transcendental approximations; atol is PyTorch's 1e-5.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -20,6 +22,14 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.complex64: (1.3e-5, 1e-5),
     torch.float16: (1e-3, 1e-3),
     torch.bfloat16: (1.6e-2, 1e-2),
+}
+
+
+# The three eager modes by the names tests parametrize over.
+EAGER_MODES = {
+    "strict": EagerMode.DEFER_NEVER,
+    "debug": EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING,
+    "fused": EagerMode.DEFER_AND_FUSE,
 }
 
 
