@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -46,17 +47,20 @@ SOAK = textwrap.dedent(
 )
 
 
-def soak(programs: int, every: int, max_entries: int, timeout: float) -> dict:
+def soak(programs: int, every: int, max_entries: int, timeout: float, log: Path) -> dict:
+    """Runs SOAK in a fresh process; its progress lines go to `log` as they come (a long soak can be watched)."""
     env = dict(os.environ, TORCH_TPU_EXECUTABLE_CACHE_ENTRIES=str(max_entries), TORCH_TPU_PERSISTENT_CACHE="0")
-    done = subprocess.run(
-        [sys.executable, "-c", SOAK, str(programs), str(every)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
+    with open(log, "w") as out:
+        done = subprocess.run(
+            [sys.executable, "-c", SOAK, str(programs), str(every)],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=timeout,
+        )
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(log.read_text().strip().splitlines()[-1])
 
 
 def _entry(name: str) -> Entry:
@@ -122,20 +126,20 @@ def test_bounds_are_configurable_and_checked(monkeypatch, name):
         ExecutableCache()
 
 
-def test_mappings_stop_growing_under_a_bound():
+def test_mappings_stop_growing_under_a_bound(tmp_path):
     """160 distinct programs through a 16-entry table: once the table is full the count is flat (unbounded, it
     grows by ~3 mappings per program: ~290 over the samples compared)."""
-    result = soak(programs=160, every=16, max_entries=16, timeout=600)
+    result = soak(programs=160, every=16, max_entries=16, timeout=600, log=tmp_path / "soak.log")
     samples = result["samples"]
     assert result["entries"] <= 16 and result["evictions"] >= 140, result
     assert max(samples[3:]) - samples[3] < 100, samples
 
 
 @pytest.mark.slow
-def test_soak_tens_of_thousands_of_programs():
+def test_soak_tens_of_thousands_of_programs(tmp_path):
     """The default bound (2,048 entries), 30,000 distinct programs in one process: no crash, and the mapping count
     after the table fills stays within a small margin."""
-    result = soak(programs=30000, every=1000, max_entries=2048, timeout=7200)
+    result = soak(programs=30000, every=1000, max_entries=2048, timeout=9000, log=tmp_path / "soak.log")
     samples = result["samples"]
     print(json.dumps(result))
     assert result["entries"] <= 2048 and result["inserts"] >= 30000, result

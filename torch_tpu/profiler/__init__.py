@@ -25,7 +25,9 @@ def _register() -> None:
     `torch.tpu.profiler`."""
     from torch_tpu import tpu
     from torch_tpu.profiler import session
+    from torch_tpu.runtime import compat
 
+    compat.name_profiler_activity("tpu")
     session.install()
     tpu.profiler = sys.modules[__name__]
     sys.modules["torch.tpu.profiler"] = sys.modules[__name__]

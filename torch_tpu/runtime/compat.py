@@ -185,6 +185,30 @@ profiler_enabled: Callable[[], bool] = _first(
 )
 
 
+def name_profiler_activity(backend: str) -> None:
+    """`ProfilerActivity.<BACKEND>` as PrivateUse1's alias: torch >= 2.13 adds it when the backend is renamed,
+    older releases only have `ProfilerActivity.PrivateUse1`."""
+    from torch._C._profiler import ProfilerActivity
+
+    if not hasattr(ProfilerActivity, backend.upper()):
+        setattr(ProfilerActivity, backend.upper(), ProfilerActivity.PrivateUse1)
+
+
+def wrap_fake_device_normalizer(wrap: Callable[[Callable], Callable]) -> bool:
+    """Replaces FakeTensor's device normalisation with `wrap(original)`; False where the release inlines it in
+    `FakeTensor.__new__` (torch 2.11) and nothing can be wrapped."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    original = getattr(FakeTensor, "_normalize_fake_device", None)
+    if original is None:
+        return False
+    if not getattr(original, "_torch_tpu_wrapped", False):
+        wrapped = wrap(original)
+        wrapped._torch_tpu_wrapped = True
+        FakeTensor._normalize_fake_device = staticmethod(wrapped)
+    return True
+
+
 def c10d_group_now(group: Any) -> Any:
     """`group` (None: the default group) if torch.distributed would issue a collective on it now; None before
     init_process_group, in a coalescing context (`_coalescing_manager`), or on a release that keeps these elsewhere."""
