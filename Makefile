@@ -49,7 +49,7 @@ COMPAT_VENVS ?= $(abspath ..)/compat-venvs
 COMPAT_PAIRS ?= 3.11:2.13.0:0.10.2 3.11:2.14.1:0.10.2 3.11:2.12.1:0.10.2 3.12:2.11.0:0.11.2
 COMPAT_TESTS ?= tests --ignore=tests/distributed
 COMPAT_TIMEOUT ?= 5400
-COMPAT_DEPS := numpy ml_dtypes pytest expecttest hypothesis "setuptools>=70.1,<82" transformers kubernetes jsonschema pyyaml
+COMPAT_DEPS := numpy ml_dtypes pytest pytest-xdist expecttest hypothesis "setuptools>=70.1,<82" transformers kubernetes jsonschema pyyaml
 
 test-compat: SHELL := /bin/bash
 test-compat:
@@ -67,7 +67,9 @@ test-compat:
 		fi; \
 		$$venv/bin/python -m pip install -q --no-deps --no-build-isolation -e . > /dev/null; \
 		echo "== $$pair: pytest -q $(COMPAT_TESTS)"; \
-		timeout $(COMPAT_TIMEOUT) $$venv/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_TESTS) > $$venv.pytest.log 2>&1; \
+		$$venv/bin/python -m pip install -q pytest-xdist > /dev/null; \
+		timeout $(COMPAT_TIMEOUT) $$venv/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+			$(COMPAT_TESTS) > $$venv.pytest.log 2>&1; \
 		status=$$?; echo "$$pair: $$(tail -n 1 $$venv.pytest.log) (exit $$status; log $$venv.pytest.log)" | tee -a $$summary; \
 	done; echo "--- $$summary"; cat $$summary
 
