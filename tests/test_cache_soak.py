@@ -135,12 +135,27 @@ def test_mappings_stop_growing_under_a_bound(tmp_path):
     assert max(samples[3:]) - samples[3] < 100, samples
 
 
+def _trend(samples: list[int], every: int) -> float:
+    """Least-squares slope of the mapping count, in mappings per program."""
+    n = len(samples)
+    mean_x, mean_y = (n - 1) / 2, sum(samples) / n
+    cov = sum((i - mean_x) * (y - mean_y) for i, y in enumerate(samples))
+    return cov / sum((i - mean_x) ** 2 for i in range(n)) / every
+
+
+def test_trend_is_the_slope_per_program():
+    assert _trend([100, 130, 160, 190], every=10) == pytest.approx(3.0)
+    assert _trend([6500, 6400, 6900, 6450, 6350], every=1000) == pytest.approx(-0.025)
+
+
 @pytest.mark.slow
 def test_soak_tens_of_thousands_of_programs(tmp_path):
-    """The default bound (2,048 entries), 30,000 distinct programs in one process: no crash, and the mapping count
-    after the table fills stays within a small margin."""
+    """The default bound (2,048 entries), 30,000 distinct programs in one process: no crash, and once the table is
+    full the mapping count has no upward trend. Unbounded, each program adds ~3 mappings (90,000 over the run,
+    past vm.max_map_count); bounded, glibc's and XLA's allocators make a sawtooth of a few hundred mappings around
+    a flat line, so the check is the slope (under 0.05 per program, 60x below unbounded) and the band (1,500)."""
     result = soak(programs=30000, every=1000, max_entries=2048, timeout=9000, log=tmp_path / "soak.log")
-    samples = result["samples"]
+    samples = result["samples"][2:]  # from 3,000 programs: the table filled at 2,048
     print(json.dumps(result))
     assert result["entries"] <= 2048 and result["inserts"] >= 30000, result
-    assert max(samples[5:]) - samples[5] < 300, samples
+    assert _trend(samples, every=1000) < 0.05 and max(samples) - min(samples) < 1500, result["samples"]

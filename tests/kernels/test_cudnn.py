@@ -31,13 +31,15 @@ def test_routing_on_gpu_by_dtype_head_dim_heads_mask_dropout_and_causal_lengths(
     half = _meta(2, 8, 1024, 64, dtype=torch.float16)
     assert sdpa.choose("gpu", half, half, half) == "cudnn"
     single = _meta(2, 8, 1024, 64, dtype=torch.float32)
-    assert sdpa.choose("gpu", single, single, single) == "xla"  # cuDNN's flash attention: 16-bit floats
+    # cuDNN's flash attention is 16-bit only: float32 goes to Pallas (tests/kernels/test_pallas_gpu_sdpa.py)
+    assert sdpa.choose("gpu", single, single, single) == "pallas_gpu"
     assert sdpa.choose("gpu", q, half, half) == "xla"  # mixed dtypes
     assert sdpa.choose("gpu", q, kv, kv, attn_mask=_meta(1024, 1024, dtype=torch.bool)) == "xla"
     assert sdpa.choose("gpu", q, kv, kv, dropout_p=0.1) == "xla"
     assert sdpa.choose("gpu", q, gqa, gqa, enable_gqa=True) == "cudnn"
     assert sdpa.choose("gpu", q, gqa, gqa) == "xla"  # PyTorch refuses unequal heads without enable_gqa
-    for dim, path in ((8, "cudnn"), (72, "cudnn"), (128, "cudnn"), (60, "xla"), (256, "xla")):
+    dims = ((8, "cudnn"), (72, "cudnn"), (128, "cudnn"), (60, "pallas_gpu"), (256, "pallas_gpu"), (512, "xla"))
+    for dim, path in dims:
         t = _meta(1, 4, 256, dim)
         assert sdpa.choose("gpu", t, t, t) == path, dim
     short, long = _meta(1, 4, 100, 64), _meta(1, 4, 300, 64)

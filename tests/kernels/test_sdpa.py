@@ -129,7 +129,7 @@ def test_routing_by_platform_shapes_dtype_mask_and_dropout():
     assert sdpa.choose("tpu", half, half, half) == "xla"
     assert sdpa.choose("tpu", _meta(8, 1024, 64), _meta(8, 1024, 64), _meta(8, 1024, 64)) == "xla"
     assert sdpa.choose("cpu", q, kv, kv) == "xla"
-    assert sdpa.choose("gpu", q, kv, kv) == "xla"  # float32: not cuDNN's (tests/kernels/test_cudnn.py)
+    assert sdpa.choose("gpu", q, kv, kv) == "pallas_gpu"  # float32: not cuDNN's (tests/kernels/test_pallas_gpu_sdpa.py)
     with sdpa.force("splash"):
         assert sdpa.choose("cpu", q, kv, kv) == "splash"
         assert sdpa.choose("cpu", q, kv, kv, dropout_p=0.1) == "xla"  # forced only where splash serves the call

@@ -14,6 +14,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+from torch_tpu import compile as hooks
 from torch_tpu import metrics, precision
 from torch_tpu import random as tpu_random
 from torch_tpu.compile import buckets, graph, warm
@@ -24,9 +25,6 @@ from torch_tpu.runtime import checks, memory, platform, storage
 from torch_tpu.runtime import persistent as cache
 
 _OPTIONS = {"async_compile", "num_dynamic_buckets", "bucket_size", "serializable", "debug_callback", "name"}
-# Installed by torch_tpu.distributed (a layer above): `spmd_plan(gm)` is None for a graph without collectives, else
-# the program over the group's devices it runs as (`distributed.spmd.GraphProgram`: `lower`, `call`, `agree`).
-spmd_plan: Callable[[torch.fx.GraphModule], Any] | None = None
 
 
 class CompiledGraph:
@@ -52,7 +50,7 @@ class CompiledGraph:
         self.buckets: list[tuple[int, ...]] = []
         self.fn, self.mutations = graph.to_jax(gm)
         self.opaque = set(graph.opaque_inputs(gm))
-        self.spmd = spmd_plan(gm) if spmd_plan is not None else None
+        self.spmd = hooks.spmd_plan(gm) if hooks.spmd_plan is not None else None
         output_node = next(n for n in gm.graph.nodes if n.op == "output")
         self.host_outputs = [
             isinstance(v := getattr(o, "meta", {}).get("val"), torch.Tensor) and v.device.type == "cpu"

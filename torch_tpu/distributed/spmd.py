@@ -289,6 +289,6 @@ def agree(ranks: tuple[int, ...], what: str, fingerprint: str, collective_list: 
 
 def install() -> None:
     """Compiled graphs holding collectives run as `plan` says (the compile layer's hook)."""
-    from torch_tpu.compile import backend
+    import torch_tpu.compile
 
-    backend.spmd_plan = plan
+    torch_tpu.compile.spmd_plan = plan

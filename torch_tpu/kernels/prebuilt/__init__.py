@@ -24,12 +24,13 @@ _OURS = ("max_pool1d", "max_pool2d", "max_pool3d", "optimization_barrier", "ragg
 def install() -> None:
     """Define the ops, route SDPA, and make this module `torch.tpu.ops` (once)."""
     from torch_tpu import tpu
-    from torch_tpu.kernels.prebuilt import cudnn, grouped, pool, sdpa, splash, tokamax_attention
+    from torch_tpu.kernels.prebuilt import cudnn, grouped, pallas_gpu, pool, sdpa, splash, tokamax_attention
 
     if hasattr(tpu, "ops"):
         return
     splash.install()
     cudnn.install()
+    pallas_gpu.install()
     tokamax_attention.install()
     grouped.install()
     pool.install()

@@ -12,7 +12,9 @@ lengths), no dropout. `force("splash")` routes every call splash can serve to it
 TPU: how the CPU tests check the kernel path against the math path); `force("cudnn")` likewise (it runs only where
 jaxlib has CUDA and cuDNN). Where tokamax is installed (`torch_tpu[kernels]`), "tokamax" takes the TPU and GPU calls
 those kernels do not (`kernels.prebuilt.tokamax_attention`: boolean masks, float32 on GPU, other lengths); without it
-they take the XLA path. `force("tokamax")` runs tokamax's XLA implementation on CPU.
+they take the XLA path. `force("tokamax")` runs tokamax's XLA implementation on CPU. On GPU, what neither cuDNN nor
+tokamax takes goes to "pallas_gpu", JAX's Pallas (Triton) flash attention (`kernels.prebuilt.pallas_gpu`: float32
+too, equal heads, tile-divisible lengths); `force("pallas_gpu")` runs it interpreted on CPU.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from collections.abc import Iterator
 
 import torch
 
-from torch_tpu.kernels.prebuilt import cudnn, library, tokamax_attention
+from torch_tpu.kernels.prebuilt import cudnn, library, pallas_gpu, tokamax_attention
 from torch_tpu.runtime import platform
 
-KERNELS = ("splash", "cudnn", "tokamax", "xla")
+KERNELS = ("splash", "cudnn", "tokamax", "pallas_gpu", "xla")
 SPLASH_DTYPES = (torch.float32, torch.bfloat16)
 # How often each path was chosen (a compiled graph counts once, when it is traced).
 choices: Counter[str] = Counter()
@@ -75,6 +77,8 @@ def choose(
         return "cudnn"
     if device_platform in ("tpu", "gpu") and tokamax_attention.serves(*call, is_causal):
         return "tokamax"
+    if device_platform == "gpu" and pallas_gpu.serves(*call, is_causal):
+        return "pallas_gpu"
     return "xla"
 
 
@@ -83,6 +87,7 @@ _SERVES = {
     "splash": lambda *call: _splash_serves(*call[:-1]),  # causal at any lengths: splash's mask is its own
     "cudnn": cudnn.serves,
     "tokamax": tokamax_attention.serves,
+    "pallas_gpu": pallas_gpu.serves,
 }
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
@@ -104,6 +109,8 @@ def _kernel(
         return torch.ops.torch_tpu.splash_sdpa(query, key, value, is_causal=is_causal, scale=scale)
     if path == "cudnn":
         return torch.ops.torch_tpu._cudnn_sdpa(query, key, value, is_causal=is_causal, scale=scale)
+    if path == "pallas_gpu":
+        return torch.ops.torch_tpu._pallas_gpu_sdpa(query, key, value, is_causal=is_causal, scale=scale)
     if path == "tokamax":
         return torch.ops.torch_tpu._tokamax_sdpa(query, key, value, attn_mask, is_causal=is_causal, scale=scale)
     return _SDPA.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
