@@ -5,7 +5,7 @@
 # environment), then, on TORCH_TPU_PLATFORM (default gpu; or the first argument), runs:
 #   the platform report, the device checks (a pytest subset, if pytest is there), the seed smoke test
 #   (shared/seeds/smoke.py or ../shared/seeds/smoke.py, unmodified) eager and compiled, bench/compile_step.py in
-#   float32 and bfloat16, and bench/eager_modes.py.
+#   float32 and bfloat16, bench/eager_modes.py, and bench/kernels.py's attention (the platform's kernel vs XLA).
 # Every step has its own timeout, cut to what is left of DEVICE_RUN_BUDGET_S (default 540 s, so the whole run fits
 # one 10-minute borrowed command); a failed or timed-out step is recorded and the run goes on; the summary at the
 # end has one line per step. All output lands under $OUT (default: a fresh temporary folder), one log per step.
@@ -118,9 +118,11 @@ fi
 if [ "$SMALL" = 1 ]; then
     COMPILE_SIZE=(--layers 1 --d-model 64 --heads 2 --seq 32 --batch 2 --vocab 128 --steps 3 --warmup 1)
     EAGER_SIZE=(--rounds 1 --steps 2 --warmup 1)
+    KERNEL_SIZE=(--batch 1 --heads 2 --length 128 --dim 32 --repeats 1)
 else
     COMPILE_SIZE=(--steps 10 --warmup 2)
     EAGER_SIZE=(--rounds 5 --steps 10 --warmup 3)
+    KERNEL_SIZE=(--repeats 3)
 fi
 PEAK32=()
 PEAK16=()
@@ -132,6 +134,7 @@ step compile_step_fp32 120 "$PYTHON" bench/compile_step.py --skip-inductor --dty
 step compile_step_bf16 120 "$PYTHON" bench/compile_step.py --skip-inductor --dtype bfloat16 "${COMPILE_SIZE[@]}" \
     "${PEAK16[@]}"
 step eager_modes 150 "$PYTHON" bench/eager_modes.py "${EAGER_SIZE[@]}"
+step kernels 90 "$PYTHON" bench/kernels.py --sections attention "${KERNEL_SIZE[@]}"
 
 {
     echo "device_run on TORCH_TPU_PLATFORM=$PLATFORM, $((SECONDS - START)) s; logs in $OUT"

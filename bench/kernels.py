@@ -1,11 +1,12 @@
-"""Kernels: `F.scaled_dot_product_attention` on tpu by the kernel path (splash, `sdpa.force("splash")`) and by the XLA
-(math) path, beside CPU PyTorch's SDPA, causal, forward and forward+backward, eager (Strict), in one process; and
+"""Kernels: `F.scaled_dot_product_attention` on tpu by the kernel path (the platform's float32 kernel: splash on TPU
+and CPU, Pallas GPU flash attention on GPU; `sdpa.force(kernel)`, or `--kernel`) and by the XLA (math) path,
+beside CPU PyTorch's SDPA, causal, forward and forward+backward, eager (Strict), in one process; and
 `jax_op`'s per-call overhead against the same computation as ATen ops (section `jax_op`).
 
-On the XLA CPU platform the splash kernel runs in Pallas interpret mode (plain HLO emulating the TPU kernel's
-blocks), so it is expected to be much slower there: the figure that matters comes from a TPU run.
+On the XLA CPU platform the kernel runs in Pallas interpret mode (plain HLO emulating the kernel's blocks), so it is
+expected to be much slower there: the figure that matters comes from a TPU or GPU run (bench/device_run.sh).
 Usage: python bench/kernels.py [--batch 2] [--heads 8] [--length 1024] [--dim 64] [--repeats 3] [--calls 2000]
-       [--sections attention jax_op]
+       [--kernel splash|pallas_gpu|...] [--sections attention jax_op]
 """
 
 from __future__ import annotations
@@ -61,12 +62,13 @@ def attention(args: argparse.Namespace) -> None:
     cpu = [torch.randn(shape) for _ in range(3)]
     tpu = [t.to("tpu") for t in cpu]
     where = platform.platform()
-    print(f"attention (B, H, T, D) = {shape}, causal, float32, eager, tpu platform: {where}")
-    if where != "tpu":
-        print("  note: off TPU the splash kernel runs in Pallas interpret mode, expected to be far slower; the")
-        print("  kernel figure that matters is a TPU run's (not run here)")
+    kernel = args.kernel or ("pallas_gpu" if where == "gpu" else "splash")
+    print(f"attention (B, H, T, D) = {shape}, causal, float32, eager, tpu platform: {where}, kernel: {kernel}")
+    if where == "cpu":
+        print("  note: on the CPU platform the kernel runs in Pallas interpret mode, expected to be far slower; the")
+        print("  kernel figure that matters is a TPU or GPU run's")
     paths = {
-        "kernel (splash)": (lambda: _attention_runs(*tpu, "splash"), torch.tpu.synchronize),
+        "kernel": (lambda: _attention_runs(*tpu, kernel), torch.tpu.synchronize),
         "xla (math)": (lambda: _attention_runs(*tpu, "xla"), torch.tpu.synchronize),
         "cpu pytorch": (lambda: _attention_runs(*cpu, None), lambda: None),
     }
@@ -79,7 +81,7 @@ def attention(args: argparse.Namespace) -> None:
             f"{name} {seconds * 1e3:.1f} ms ({seconds / base:.2f}x cpu)" for name, seconds in times.items()
         )
         print(f"  {phase}: {line}")
-        print(f"  {phase}: kernel / xla = {times['kernel (splash)'] / times['xla (math)']:.2f}")
+        print(f"  {phase}: kernel / xla = {times['kernel'] / times['xla (math)']:.2f}")
 
 
 def scaled_gelu(x: jax.Array, y: jax.Array, alpha: float) -> jax.Array:
@@ -149,10 +151,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--length", type=int, default=1024, help="sequence length, a multiple of 128 (splash)")
+    parser.add_argument("--length", type=int, default=1024, help="a multiple of 128 (the kernels' tiles)")
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--calls", type=int, default=2000, help="eager calls per repeat (jax_op section)")
+    kernels = [name for name in sdpa.KERNELS if name != "xla"]
+    parser.add_argument("--kernel", choices=kernels, help="the kernel path (default: the platform's)")
     parser.add_argument("--sections", nargs="+", choices=sorted(SECTIONS), default=sorted(SECTIONS))
     args = parser.parse_args()
     for name in args.sections:
