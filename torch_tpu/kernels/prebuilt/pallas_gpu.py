@@ -54,9 +54,7 @@ def attention(query, key, value, is_causal=False, scale=None):  # noqa: ANN001, 
     interpret = platform.platform() != "gpu"
     with jax.enable_x64(False):
         q, k, v = (jnp.swapaxes(t, 1, 2) for t in (query, key, value))
-        out = pallas_attention.mha(
-            q, k, v, None, sm_scale=float(scale), causal=bool(is_causal), interpret=interpret
-        )
+        out = pallas_attention.mha(q, k, v, None, sm_scale=float(scale), causal=bool(is_causal), interpret=interpret)
     return jnp.swapaxes(out, 1, 2)
 
 
