@@ -2,9 +2,7 @@
 
 Each rank is a fresh Python process (torch's env:// rendezvous: MASTER_ADDR/PORT, RANK, WORLD_SIZE) in a
 session of its own, so that on timeout the whole process group it started is killed by its PID and nothing
-outlives the test. The port is chosen free at run time. The persistent compile cache is the test session's
-(`SHARED_CACHE`, set by conftest.py: a job reuses what earlier jobs compiled, as a user's jobs share the default
-cache directory), else a directory private to the launch.
+outlives the test. The port is chosen free at run time; the persistent compile cache is a private directory.
 """
 
 from __future__ import annotations
@@ -22,11 +20,6 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-SHARED_CACHE = "TPU_DIST_TEST_CACHE"
-
-
-def _cache(scratch: str) -> str:
-    return os.environ.get(SHARED_CACHE) or os.path.join(scratch, "cache")
 
 
 @dataclasses.dataclass
@@ -68,7 +61,7 @@ def launch(worker: str, nprocs: int = 2, timeout: float = 150, env: dict[str, st
             "WORLD_SIZE": str(nprocs),
             "LOCAL_WORLD_SIZE": str(nprocs),
             "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)]),
-            "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": _cache(scratch),
+            "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": os.path.join(scratch, "cache"),
             "TPU_DIST_SCRATCH": scratch,
             **(env or {}),
         }
@@ -92,14 +85,13 @@ def launch_once(worker: str, nprocs: int = 2, timeout: float = 150) -> tuple[Ran
     return tuple(launch(worker, nprocs, timeout))
 
 
-def torchrun(worker: str, nprocs: int = 2, timeout: float = 150, env: dict[str, str] | None = None) -> Rank:
+def torchrun(worker: str, nprocs: int = 2, timeout: float = 150) -> Rank:
     """Run `workers.<worker>()` under `torchrun --nproc-per-node nprocs` (its own rendezvous and agent)."""
     with tempfile.TemporaryDirectory(prefix="tpu_dist_test_") as scratch:
         environment = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)]),
-            "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": _cache(scratch),
-            **(env or {}),
+            "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": os.path.join(scratch, "cache"),
         }
         command = [
             sys.executable,
@@ -132,7 +124,7 @@ def torchrun_nodes(worker: str, nnodes: int = 2, timeout: float = 150) -> list[R
         environment = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)]),
-            "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": _cache(scratch),
+            "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": os.path.join(scratch, "cache"),
         }
         processes, logs = [], []
         for node in range(nnodes):
