@@ -399,10 +399,11 @@ def _guarding(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def guard_api() -> None:
-    """Guard the `API` calls, in torch.distributed and its `distributed_c10d` module (once per process)."""
+    """Guard the `API` calls, in torch.distributed and its `distributed_c10d` module (once per process); a call the
+    release lacks is skipped (`all_gather_single` and `reduce_scatter_single` are torch >= 2.13's names)."""
     for name in API:
-        function = getattr(dist.distributed_c10d, name)
-        if not getattr(function, "_tpu_dist", False):
+        function = getattr(dist.distributed_c10d, name, None)
+        if function is not None and not getattr(function, "_tpu_dist", False):
             guarding = _guarding(function)
             setattr(dist.distributed_c10d, name, guarding)
             setattr(dist, name, guarding)

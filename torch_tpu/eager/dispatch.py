@@ -606,6 +606,8 @@ def inplace_kernel(lowering: Lowering, inplace_op: OpOverload) -> Callable:
     def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         try:
             validation.check_writes(self, args, kwargs)
+            if not compat.META_REFUSES_INPLACE_CASTS:  # CPU's canCast rule, which older releases' meta kernels skip
+                validation.check_inplace_dtype(lowering.op, inplace_op, (self, *args), kwargs)
             storage.write(self, runner.run(inplace_op, (self, *args), kwargs))
         except Exception as error:
             validation.raise_as_cpu(inplace_op, (self, *args), kwargs, error)

@@ -124,10 +124,9 @@ def _ensure_function_events(self: autograd_profiler.profile) -> None:
         merge.into_function_events(self._function_events, trace, self.kineto_results.trace_start_ns())
 
 
-def _export_chrome_trace(
-    self: autograd_profiler.profile, path: str, metadata: Any = None, use_python_export: bool = False
-) -> Any:
-    result = _original["export_chrome_trace"](self, path, metadata, use_python_export)
+def _export_chrome_trace(self: autograd_profiler.profile, path: str, *args: Any, **kwargs: Any) -> Any:
+    # torch's own arguments pass through as given (2.13 added `metadata` and `use_python_export`; 2.12 has neither)
+    result = _original["export_chrome_trace"](self, path, *args, **kwargs)
     trace = getattr(self, "_tpu_trace", None)
     if trace is not None:
         merge.into_chrome_trace(path, trace)

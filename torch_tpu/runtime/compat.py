@@ -185,6 +185,19 @@ profiler_enabled: Callable[[], bool] = _first(
 )
 
 
+def _meta_refuses_inplace_casts() -> bool:
+    try:
+        torch.empty(1, dtype=torch.int64, device="meta").div_(2)
+    except RuntimeError:
+        return True
+    return False
+
+
+META_REFUSES_INPLACE_CASTS = _meta_refuses_inplace_casts()
+"""Whether an in-place op's meta kernel refuses a result dtype its tensor cannot take (`int_tensor.div_(2)`,
+torch >= 2.13); where not, eager checks the functional result's dtype itself (`validation.check_inplace_dtype`)."""
+
+
 def name_profiler_activity(backend: str) -> None:
     """`ProfilerActivity.<BACKEND>` as PrivateUse1's alias: torch >= 2.13 adds it when the backend is renamed,
     older releases only have `ProfilerActivity.PrivateUse1`."""
