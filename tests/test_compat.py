@@ -220,3 +220,14 @@ def test_inplace_casts_are_checked_where_meta_kernels_do_not():
     floats, doubles = torch.ones(3, device="tpu"), torch.ones(3, dtype=torch.float64, device="tpu")
     validation.check_inplace_dtype(aten.add.Tensor, aten.add_.Tensor, (floats, doubles), {})
     validation.check_inplace_dtype(aten.mul.Scalar, aten.mul_.Scalar, (ints, 2), {})
+
+
+def test_storage_resize_without_pointer_swaps_is_a_clear_error(monkeypatch):
+    """torch 2.11 cannot change a storage's size from Python: resize_ of a tpu storage says so, changing nothing."""
+    from torch_tpu.runtime import storage
+
+    monkeypatch.setattr(storage, "_CAN_SWAP_POINTER", False)
+    x = torch.ones(4, device="tpu")
+    with pytest.raises(NotImplementedError, match="resize_ of a tpu storage needs torch >= 2.12"):
+        x.untyped_storage().resize_(0)
+    assert x.untyped_storage().nbytes() == 16 and x.cpu().tolist() == [1.0] * 4

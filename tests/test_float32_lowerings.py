@@ -7,6 +7,7 @@ included. One OpInfo sample per op keeps it fast.
 """
 
 import jax
+import jax.extend.core
 import numpy as np
 import pytest
 import torch
@@ -53,7 +54,7 @@ def _wide_arrays(jaxpr):
             aval = var.aval
             if getattr(aval, "dtype", None) in _WIDE and aval.shape != ():
                 found.add(str(eqn.primitive))
-        for sub in jax.core.jaxprs_in_params(eqn.params):
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
             found |= _wide_arrays(sub)
     return found
 

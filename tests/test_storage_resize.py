@@ -8,7 +8,11 @@ import weakref
 import pytest
 import torch
 
-from torch_tpu.runtime import deferred, storage
+from torch_tpu.runtime import compat, deferred, storage
+
+pytestmark = pytest.mark.skipif(
+    not compat.STORAGE_SWAPS_DATA_POINTER, reason=f"torch {torch.__version__}: no tpu storage resize (test_compat)"
+)
 
 
 def _bytes(s: torch.UntypedStorage) -> list[int]:

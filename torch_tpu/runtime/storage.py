@@ -214,6 +214,11 @@ def resize(storage: torch.UntypedStorage, nbytes: int) -> torch.UntypedStorage:
     CPU reads freed memory)."""
     if nbytes < 0:
         raise RuntimeError(f"torch_tpu: UntypedStorage.resize_: size must be non-negative, got {nbytes}")
+    if not _CAN_SWAP_POINTER:
+        raise NotImplementedError(
+            f"torch_tpu: UntypedStorage.resize_ of a tpu storage needs torch >= 2.12 (a storage's size is changed "
+            f"through UntypedStorage._swap_data_ptr_, which torch {torch.__version__} lacks)"
+        )
     buffer = getattr(storage, _ATTR)
     old = buffer.nbytes
     if nbytes == old:
