@@ -57,42 +57,6 @@ def reference(query, key, value, is_causal=False, scale=None):  # noqa: ANN001, 
     return F.scaled_dot_product_attention(query, key, value, is_causal=is_causal, scale=scale, enable_gqa=gqa)
 
 
-def _reference_backward(grad, query, key, value, is_causal, scale):  # noqa: ANN001, ANN202
-    with torch.enable_grad():
-        inputs = [t.detach().requires_grad_() for t in (query, key, value)]
-        return torch.autograd.grad(reference(*inputs, is_causal, scale), inputs, grad)
-
-
-def _fake(query, key, value, is_causal=False, scale=None):  # noqa: ANN001, ANN202
-    return query.new_empty(query.shape)
-
-
-def _fake_backward(grad, query, key, value, is_causal, scale):  # noqa: ANN001, ANN202
-    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
-
-
-def _setup(ctx, inputs, keyword_only_inputs, output) -> None:  # noqa: ANN001
-    ctx.save_for_backward(*inputs)
-    ctx.options = (keyword_only_inputs.get("is_causal", False), keyword_only_inputs.get("scale"))
-
-
 def install() -> None:
     """Define `torch_tpu::_cudnn_sdpa` and its backward op, with autograd between them."""
-    forward = library.define(
-        "_cudnn_sdpa(Tensor query, Tensor key, Tensor value, *, bool is_causal=False, float? scale=None) -> Tensor",
-        attention,
-        reference,
-        _fake,
-    )
-    grads = library.define(
-        "_cudnn_sdpa_backward(Tensor grad, Tensor query, Tensor key, Tensor value, bool is_causal, float? scale) "
-        "-> (Tensor, Tensor, Tensor)",
-        backward,
-        _reference_backward,
-        _fake_backward,
-    )
-
-    def differentiate(ctx, grad):  # noqa: ANN001, ANN202
-        return grads(grad.contiguous(), *ctx.saved_tensors, *ctx.options)
-
-    library.differentiable(forward, differentiate, _setup)
+    library.define_attention("_cudnn_sdpa", attention, backward, reference)

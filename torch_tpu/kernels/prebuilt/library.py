@@ -66,3 +66,43 @@ def attention_layout(query, key, value, dtypes: tuple[torch.dtype, ...], enable_
     if key.shape[0] != query.shape[0] or key.shape[3] != query.shape[3] or query.shape[1] % key.shape[1]:
         return False
     return query.shape[1] == key.shape[1] or enable_gqa
+
+
+def define_attention(name: str, attention: Callable, backward: Callable, reference: Callable) -> None:
+    """Define `torch_tpu::<name>(query, key, value, *, is_causal=False, scale=None)`, an SDPA kernel over (B, H, T, D)
+    tensors, and `<name>_backward` (`backward(grad, query, key, value, is_causal, scale)` -> the three gradients),
+    with autograd between them; the CPU kernels are `reference` (PyTorch's math SDPA) and its autograd."""
+
+    def reference_backward(grad, query, key, value, is_causal, scale):  # noqa: ANN001, ANN202
+        with torch.enable_grad():
+            inputs = [t.detach().requires_grad_() for t in (query, key, value)]
+            return torch.autograd.grad(reference(*inputs, is_causal, scale), inputs, grad)
+
+    def fake(query, key, value, is_causal=False, scale=None):  # noqa: ANN001, ANN202
+        return query.new_empty(query.shape)
+
+    def fake_backward(grad, query, key, value, is_causal, scale):  # noqa: ANN001, ANN202
+        return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+
+    def setup(ctx, inputs, keyword_only_inputs, output) -> None:  # noqa: ANN001
+        ctx.save_for_backward(*inputs)
+        ctx.options = (keyword_only_inputs.get("is_causal", False), keyword_only_inputs.get("scale"))
+
+    forward = define(
+        f"{name}(Tensor query, Tensor key, Tensor value, *, bool is_causal=False, float? scale=None) -> Tensor",
+        attention,
+        reference,
+        fake,
+    )
+    grads = define(
+        f"{name}_backward(Tensor grad, Tensor query, Tensor key, Tensor value, bool is_causal, float? scale) "
+        "-> (Tensor, Tensor, Tensor)",
+        backward,
+        reference_backward,
+        fake_backward,
+    )
+
+    def differentiate(ctx, grad):  # noqa: ANN001, ANN202
+        return grads(grad.contiguous(), *ctx.saved_tensors, *ctx.options)
+
+    differentiable(forward, differentiate, setup)
