@@ -208,18 +208,18 @@ def test_put_copy_is_device_put_of_a_private_copy(dtype, shape):
 def test_inplace_casts_are_checked_where_meta_kernels_do_not():
     """torch < 2.13's meta kernels let `int_tensor.div_(2)` through (the result would be truncated into the
     integer tensor); `validation.check_inplace_dtype` raises CPU's error for such a call and writes nothing."""
-    from torch_tpu.eager import validation
+    from torch_tpu.eager import dispatch, validation
     from torch_tpu.runtime import compat
 
     assert compat.META_REFUSES_INPLACE_CASTS == (torch.__version__ >= "2.13")
     aten = torch.ops.aten
     ints = torch.arange(-3, 3, device="tpu")
     with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Long"):
-        validation.check_inplace_dtype(aten.div.Scalar, aten.div_.Scalar, (ints, 2), {})
+        validation.check_inplace_dtype(aten.div.Scalar, aten.div_.Scalar, (ints, 2), {}, dispatch._to_meta)
     assert ints.cpu().tolist() == [-3, -2, -1, 0, 1, 2]
     floats, doubles = torch.ones(3, device="tpu"), torch.ones(3, dtype=torch.float64, device="tpu")
-    validation.check_inplace_dtype(aten.add.Tensor, aten.add_.Tensor, (floats, doubles), {})
-    validation.check_inplace_dtype(aten.mul.Scalar, aten.mul_.Scalar, (ints, 2), {})
+    validation.check_inplace_dtype(aten.add.Tensor, aten.add_.Tensor, (floats, doubles), {}, dispatch._to_meta)
+    validation.check_inplace_dtype(aten.mul.Scalar, aten.mul_.Scalar, (ints, 2), {}, dispatch._to_meta)
 
 
 def test_storage_resize_without_pointer_swaps_is_a_clear_error(monkeypatch):

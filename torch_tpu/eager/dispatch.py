@@ -607,7 +607,7 @@ def inplace_kernel(lowering: Lowering, inplace_op: OpOverload) -> Callable:
         try:
             validation.check_writes(self, args, kwargs)
             if not compat.META_REFUSES_INPLACE_CASTS:  # CPU's canCast rule, which older releases' meta kernels skip
-                validation.check_inplace_dtype(lowering.op, inplace_op, (self, *args), kwargs)
+                validation.check_inplace_dtype(lowering.op, inplace_op, (self, *args), kwargs, _to_meta)
             storage.write(self, runner.run(inplace_op, (self, *args), kwargs))
         except Exception as error:
             validation.raise_as_cpu(inplace_op, (self, *args), kwargs, error)

@@ -164,26 +164,20 @@ def _describe(value: Any) -> Any:
     return value
 
 
-def check_inplace_dtype(functional: OpOverload, inplace_op: OpOverload, args: tuple, kwargs: dict) -> None:
+def check_inplace_dtype(
+    functional: OpOverload, inplace_op: OpOverload, args: tuple, kwargs: dict, to_meta: Callable[[Any], Any]
+) -> None:
     """For an in-place call whose functional result has another dtype than the tensor written (on meta tensors,
-    once per dtype signature): raise what CPU raises for it (e.g. `int_tensor.div_(2)`: "result type Float can't
-    be cast to the desired output type Long"), if anything. Needed where the release's meta kernels do not."""
+    `to_meta` of each argument, once per dtype signature): raise what CPU raises for it (e.g. `int_tensor.div_(2)`:
+    "result type Float can't be cast to the desired output type Long"), if anything. Needed where the release's
+    meta kernels do not."""
     signature = (inplace_op, _describe(args), tuple((n, _describe(v)) for n, v in kwargs.items()))
     if signature in _inplace_dtypes_checked:
         return
-    meta_args, meta_kwargs = tree_map(_on_meta, (args, kwargs))
-    result = functional(*meta_args, **meta_kwargs)
+    result = functional(*to_meta(args), **{name: to_meta(value) for name, value in kwargs.items()})
     if isinstance(result, torch.Tensor) and result.dtype != args[0].dtype:
         check_out_dtypes(inplace_op, args, kwargs)
     _inplace_dtypes_checked.add(signature)
-
-
-def _on_meta(value: Any) -> Any:
-    return (
-        torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
-        if isinstance(value, torch.Tensor)
-        else value
-    )
 
 
 def check_out_dtypes(out_op: OpOverload, args: tuple, kwargs: dict) -> None:
