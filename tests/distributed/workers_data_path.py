@@ -275,6 +275,14 @@ def mismatches() -> None:
         [tensor],
         lambda: dist.all_reduce(tensor, async_op=odd),
     )
+    tensor = torch.ones(1, dtype=torch.int64 if odd else torch.float32, device="tpu")
+    op = dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM
+    _expect_mismatch(  # a value in the check's exchange on one side, a value that follows the check on the other
+        "op of one element",
+        f"tpu_dist: all_reduce mismatch: {ranks} float32[1] SUM, rank 1 int64[1] MAX",
+        [tensor],
+        lambda: dist.all_reduce(tensor, op=op),
+    )
     for length in (1, 4, 1500):  # in the check's carrier, gathered after the check, reduced by gloo
         tensor = torch.ones(length + odd, device="tpu")
         _expect_mismatch(

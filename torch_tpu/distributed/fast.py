@@ -4,7 +4,7 @@ Through torch, `dist.all_reduce(t)` costs ~150 us of CPU before and after its on
 Python, the dispatcher boxing the call into our `c10d::allreduce_` kernel (`kernels.py`), the kernel's generic
 path and the completed Work it returns, several times gloo's own ~20 us for a CPU tensor. A scalar reduced every
 step (a loss, a token count, a flag) pays it each time. So on the XLA CPU platform, where such a value rides in
-the mismatch check's 8-byte carrier (`host.py`), the call goes straight there: the same description, fingerprint,
+the mismatch check's carrier (`host.py`), the call goes straight there: the same description, fingerprint,
 carrier and rounding as the kernel's path (so ranks may take either path for the same call and still agree, and
 a mismatch still raises on every rank naming both sides before anything is written), the watchdog and the
 metrics counting it alike, with the per-(dtype, shape, op) plan and the carrier's tensors made once.
@@ -73,8 +73,8 @@ class _Slot:
     __slots__ = ("carrier", "wide")
 
     def __init__(self, plan: _Plan) -> None:
-        self.carrier = handshake.Carrier(torch.zeros(1, dtype=plan.wide), plan.options)
-        self.wide = self.carrier.tensor.numpy()
+        self.carrier = handshake.Carrier(plan.wide, plan.options)
+        self.wide = self.carrier.pair[1:]
 
 
 _plans: dict[tuple, _Plan | None] = {}

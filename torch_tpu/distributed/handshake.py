@@ -4,13 +4,17 @@ gloo and XLA trust every rank to call the same collective on the same shapes and
 against an int32[4] one returns garbage, a different shape hangs or corrupts. So before each collective the ranks
 of the group compare a fingerprint of the call (its number in the group and a description of what it is: kind,
 dtype, shape, op, root; with TORCH_DISTRIBUTED_DEBUG=DETAIL every tensor of the call too). The comparison is one
-gloo all_reduce(MAX) of two int64 words, (f, -f), which gives every rank the same (max f, -min f): the calls agree
-where max f == min f. Beside it runs a one-element all_reduce of 8 bytes (`Carrier`): a one-element all_reduce's
-own data (`host.py`), or nothing; its layout is the same whatever the call, so a mismatch cannot corrupt it, and
-its result is used only once the words agree. A small collective is thus one round trip, the cheapest gloo has.
-Only when the words differ do the ranks all-gather their descriptions, to name each side. Results are written
-only once every rank agrees. `TORCH_TPU_DIST_CHECK=0` (or `enabled = False`) turns the check off; the bench
-measures its cost so.
+gloo all_reduce(SUM) of two 8-byte words, (f, v): a rank's f (an integer below 2**40, exact in float64 too) agrees
+with the group's when the sum is N f. Where the ranks' f differ, N = 2 fails on both; beyond, a rank whose f is the
+mean of the others' would pass alone (a chance of ~2**-40 per mismatch, and it then waits in its collective until
+the timeout, never writes a wrong value). v is a one-element collective's data (`Carrier`: a one-element
+all_reduce(SUM/AVG) or broadcast, `host.py`), or 0; the layout is the same whatever the call (float64 or int64
+words, the same bytes), so a mismatch cannot corrupt it, and v is used only once the fingerprints agree. A
+one-element sum is thus one gloo round trip of two elements, the cheapest gloo has after a lone element (two
+all_reduces, even overlapped, cost ~1.7x one). A one-element all_reduce of another op exchanges its value after
+the check. Only when the fingerprints differ do the ranks all-gather their descriptions, to name each side.
+Results are written only once every rank agrees. `TORCH_TPU_DIST_CHECK=0` (or `enabled = False`) turns the check
+off (a carrier then travels alone); the bench measures its cost so.
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ HEADER = 256
 INLINE = 4096
 _LAYOUT = struct.Struct(f"<q8s{HEADER - 16}s")  # call number, digest, description
 _CPU = torch.device("cpu")
-# Fingerprints are below 2**62: f and -f never overflow.
-_FINGERPRINT_MASK = (1 << 62) - 1
+# Fingerprints are in [1, 2**40): a group of up to 8192 ranks sums them exactly in float64.
+_FINGERPRINT_BITS = 40
 enabled = os.environ.get("TORCH_TPU_DIST_CHECK", "1") != "0"
 
 
@@ -43,32 +47,35 @@ def _options(op: ReduceOp) -> AllreduceOptions:
     return options
 
 
-_MAX = _options(ReduceOp.MAX)
+_SUM = _options(ReduceOp.SUM)
 
 
 class Carrier:
-    """A one-element all_reduce of 8 bytes run beside the check: `tensor` (float64 or int64) reduced by `options`."""
+    """A one-element collective's 8 bytes, reduced by `options`: `words` is the check's (f, v) pair (float64 or
+    int64), `value` its v (a view); with a SUM the value travels in the check's own exchange."""
 
-    __slots__ = ("tensor", "options")
+    __slots__ = ("words", "pair", "value", "options", "fused")
 
-    def __init__(self, tensor: torch.Tensor, options: AllreduceOptions) -> None:
-        self.tensor = tensor
+    def __init__(self, dtype: torch.dtype, options: AllreduceOptions) -> None:
+        self.words = torch.zeros(2, dtype=dtype)
+        self.pair = self.words.numpy()  # NumPy's indexing costs a tenth of torch's
+        self.value = self.words[1:]
         self.options = options
+        self.fused = options.reduceOp == ReduceOp.SUM
 
 
 class Group:
     """What the check keeps per process group: its gloo backend, global ranks, call count and buffers."""
 
-    __slots__ = ("gloo", "ranks", "rank", "calls", "words", "_words", "idle", "__weakref__")
+    __slots__ = ("gloo", "ranks", "rank", "calls", "words", "pair", "__weakref__")
 
     def __init__(self, group: dist.ProcessGroup, gloo: dist.ProcessGroup) -> None:
         self.gloo = gloo
         self.ranks = tuple(dist.get_process_group_ranks(group))
         self.rank = group.rank()
         self.calls = 0
-        self.words = torch.zeros(2, dtype=torch.int64)
-        self._words = self.words.numpy()
-        self.idle = Carrier(torch.zeros(1, dtype=torch.int64), _MAX)  # MAX: whatever it meets stays in range
+        self.words = torch.zeros(2, dtype=torch.int64)  # the check's pair when no value rides in it
+        self.pair = self.words.numpy()
 
 
 # Keyed weakly by the group: a destroyed group's state (its gloo backend, whose store the next group's rendezvous
@@ -105,38 +112,43 @@ def agree(
     state: Group, description: str, carrier: Carrier | None = None, fill: Callable[[], None] | None = None
 ) -> None:
     """Check that every rank of the group is making the same call (`description` names it: "all_reduce
-    float32[4] SUM"), running `carrier` beside the check; raise on every rank if the calls differ. `fill`, if
-    given, writes the carrier's value once the check is under way: reading the value overlaps its round trip."""
+    float32[4] SUM"), exchanging `carrier` in the check (a SUM) or after it; raise on every rank if the calls
+    differ. `fill`, if given, writes the carrier's value (before the exchange that carries it)."""
     state.calls += 1
     if len(state.ranks) == 1:
         if fill is not None:
             fill()
         return
     text = description.encode()
-    fingerprint = int.from_bytes(_digest(b"%d " % state.calls + text), "little") & _FINGERPRINT_MASK
-    words = state._words
-    words[0], words[1] = fingerprint, -fingerprint
-    if carrier is None:
-        carrier = state.idle
+    digest = int.from_bytes(_digest(b"%d " % state.calls + text), "little")
+    fingerprint = 1 + digest % ((1 << _FINGERPRINT_BITS) - 1)
+    fused = carrier is not None and carrier.fused
+    holder = carrier if fused else state
+    holder.pair[0] = fingerprint
+    if not fused:
+        holder.pair[1] = 0  # a mismatched call's peer may have left its value there
+    if fill is not None and fused:
+        fill()
     try:
-        check = state.gloo.allreduce([state.words], _MAX)
-        if fill is not None:
-            fill()  # if it fails, the peers wait for the carrier as for any rank that fails before a collective
-        data = state.gloo.allreduce([carrier.tensor], carrier.options)
+        check = state.gloo.allreduce([holder.words], _SUM)
+        if fill is not None and not fused:
+            fill()  # overlaps the check; if it fails, the peers wait as for any rank that fails before a collective
         check.wait()
-        data.wait()
     except RuntimeError as error:
         raise _failed(state, description, error) from error
-    if words[0] != -words[1]:
+    if holder.pair[0] != len(state.ranks) * fingerprint:
         raise RuntimeError(_mismatch(state, _descriptions(state, description, text)))
+    if carrier is not None and not fused:
+        carry(state, carrier, description)
 
 
 def carry(state: Group, carrier: Carrier, description: str, fill: Callable[[], None] | None = None) -> None:
-    """`carrier` alone, as the unchecked call's data exchange (`fill` first, if given, as for `agree`)."""
+    """`carrier`'s value alone (the unchecked call's exchange, or a non-SUM value's after the check; `fill`
+    first, if given)."""
     if fill is not None:
         fill()
     try:
-        state.gloo.allreduce([carrier.tensor], carrier.options).wait()
+        state.gloo.allreduce([carrier.value], carrier.options).wait()
     except RuntimeError as error:
         raise _failed(state, description, error) from error
 

@@ -1,8 +1,9 @@
 """Eager all_reduce and broadcast on the XLA CPU platform: the group's gloo backend on the device buffers as host
 memory, as torch's gloo runs on CPU tensors (XLA:CPU's collective program is 2-4x slower on the same data).
 
-A one-element all_reduce or broadcast travels in the mismatch check's 8-byte carrier (`handshake.Carrier`), so it
-costs one round trip: its value widened to float64 or int64 (exact), reduced by gloo, and rounded back to the
+A one-element all_reduce or broadcast travels in the mismatch check's carrier (`handshake.Carrier`), a SUM (and
+AVG, and a broadcast: the root's bytes summed with zeros) in the check's own exchange, one round trip: its value
+widened to float64 or int64 (exact), reduced by gloo, and rounded back to the
 dtype through float32 as CPU PyTorch computes 16-bit floats; where two ranks combine, one operation rounded
 (twice, innocuously: float64 holds more than twice float32's digits) equals the dtype's own arithmetic bit for
 bit; over more ranks, gloo's order of float additions, as for large tensors. (Floating MAX and MIN do not go
@@ -69,7 +70,6 @@ def _options(op: ReduceOp) -> AllreduceOptions:
 
 # The carrier's reduction for each op (bool's ops arrive as max, min and bxor: `collectives.BOOL_OPS`).
 _CARRIER_OPTIONS = {op: _options(gloo_op) for op, gloo_op in _GLOO_OPS.items()}
-_BOR = _CARRIER_OPTIONS["bor"]
 
 
 @functools.cache
@@ -178,13 +178,14 @@ def carrier(tensor: torch.Tensor, op: str, factor: float | None) -> handshake.Ca
         compute = np.dtype(np.float32) if value.dtype.itemsize == 2 else value.dtype
         with np.errstate(over="ignore"):
             value = (value.astype(compute) * compute.type(factor)).astype(value.dtype)
-    wide = np.float64 if tensor.dtype.is_floating_point else np.int64
-    return handshake.Carrier(torch.from_numpy(value.astype(wide)), _CARRIER_OPTIONS[op])
+    carried = handshake.Carrier(torch.float64 if tensor.dtype.is_floating_point else torch.int64, _CARRIER_OPTIONS[op])
+    carried.pair[1] = value[0]  # widened exactly: float64 and int64 hold every value of the dtypes
+    return carried
 
 
 def from_carrier(tensor: torch.Tensor, carried: handshake.Carrier, op: str, size: int) -> None:
     """Write the carrier's reduction, rounded back to the dtype, into `tensor`."""
-    wide = carried.tensor.numpy()
+    wide = carried.pair[1:]
     if tensor.dtype == torch.bool:
         store(tensor, (wide != 0).view(np.uint8))
         return
@@ -208,16 +209,17 @@ def rounded(wide: np.ndarray, dtype: np.dtype, compute: np.dtype, op: str, size:
 
 
 def broadcast_carrier(tensor: torch.Tensor, root: bool) -> handshake.Carrier:
-    """A one-element broadcast as a carrier: the root's bytes, zeros elsewhere, reduced by bitwise or."""
-    word = np.zeros(8, np.uint8)
+    """A one-element broadcast as a carrier: the root's bytes, zeros elsewhere, summed as int64 (in the check's
+    exchange: one round trip)."""
+    carried = handshake.Carrier(torch.int64, _CARRIER_OPTIONS["sum"])
     if root:
         value = data(tensor)
-        word[: value.size] = value
-    return handshake.Carrier(torch.from_numpy(word.view(np.int64)), _BOR)
+        carried.pair[1:].view(np.uint8)[: value.size] = value
+    return carried
 
 
 def from_broadcast_carrier(tensor: torch.Tensor, carried: handshake.Carrier) -> None:
-    store(tensor, _rows(carried.tensor.numpy().view(np.uint8)[None, : tensor.element_size()], tensor)[0])
+    store(tensor, _rows(carried.pair[1:].view(np.uint8)[None, : tensor.element_size()], tensor)[0])
 
 
 def _rows(rows: np.ndarray, tensor: torch.Tensor) -> np.ndarray:
