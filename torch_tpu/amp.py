@@ -46,10 +46,15 @@ FP32 = (
 # float32 through the op's own `dtype` argument (unless the caller gave one), so the result is float32.
 FP32_SET_DTYPE = (
     "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum", "linalg_vector_norm",
-    "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum", "sum.dim_IntList",
+    "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum", "sum.dim_IntList", "prod.dim_Dimname",
+    "softmax.Dimname", "log_softmax.Dimname", "cumprod.dimname", "cumsum.dimname", "sum.dim_DimnameList",
 )  # fmt: skip
 # float32 through the overload that takes a dtype.
-FP32_APPEND_DTYPE = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
+FP32_APPEND_DTYPE = {
+    "norm.Scalar": "norm.ScalarOpt_dtype",
+    "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype",
+    "norm.names_ScalarOpt_dim": "norm.names_ScalarOpt_dim_dtype",
+}
 PROMOTE = (
     "addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler", "index_put", "tensordot",
     "scatter_add",
@@ -142,14 +147,24 @@ def _banned(op: OpOverload) -> Callable:
 
 
 def policies() -> dict[OpOverload, Callable]:
-    """Each op with an autocast rule on `tpu` -> its kernel."""
+    """Each op with an autocast rule on `tpu` -> its kernel: those of the lists above (every supported release's:
+    2.11 and 2.12 also cast Dimname overloads that 2.13 no longer has, 2.11 not rms_norm) that the installed torch
+    gives its accelerators a rule for."""
+    existing = set(torch._C._dispatch_get_all_op_names())
+
+    def _in_accelerator_policy(name: str) -> bool:
+        qualified = f"aten::{name}"
+        return qualified in existing and torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "AutocastXPU")
+
     table: dict[OpOverload, Callable] = {}
     for names, make in ((LOWER_PRECISION, _lower_precision), (FP32, _fp32), (FP32_SET_DTYPE, _fp32_set_dtype),
                         (PROMOTE, _promote), (BANNED, _banned)):  # fmt: skip
         for name in names:
-            table[_overload(name)] = make(_overload(name))
+            if _in_accelerator_policy(name):
+                table[_overload(name)] = make(_overload(name))
     for name, with_dtype in FP32_APPEND_DTYPE.items():
-        table[_overload(name)] = _fp32_append_dtype(_overload(name), _overload(with_dtype))
+        if _in_accelerator_policy(name):
+            table[_overload(name)] = _fp32_append_dtype(_overload(name), _overload(with_dtype))
     return table
 
 

@@ -15,6 +15,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from torch_tpu.kernels import examples, jax_op
+from torch_tpu.testing.export import exported
 
 MODES = [torch.tpu.EagerMode.DEFER_NEVER, torch.tpu.EagerMode.DEFER_AND_FUSE]
 _names = itertools.count()
@@ -78,8 +79,7 @@ def test_unmodified_tpu_kernel_runs_interpreted():
 
 
 def _exported(fn, args, platform):
-    with jax.enable_x64(False):  # as jax_op traces kernels
-        return export.export(jax.jit(fn), platforms=[platform], disabled_checks=[_TRITON])(*args)
+    return exported(fn, args, platform, [_TRITON])
 
 
 @pytest.mark.parametrize("platform", ["tpu", "cuda"])

@@ -16,6 +16,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from torch_tpu.kernels.prebuilt import pallas_gpu, sdpa
 from torch_tpu.testing.compare import assert_close
+from torch_tpu.testing.export import exported
 
 # float32 kernel vs a float64 reference: the kernel's online softmax rounds per 128-key block; the backward
 # recomputes the probabilities per 32-row tile and accumulates dq/dk/dv in float32.
@@ -109,10 +110,10 @@ def test_exported_gpu_lowering_holds_the_triton_kernels_forward_and_backward(mon
     def backward(q, k, v):
         return pallas_gpu.backward(forward(q, k, v), q, k, v, True, 0.125)
 
-    text = export.export(jax.jit(forward), platforms=["cuda"], disabled_checks=checks)(q, q, q).mlir_module()
+    text = exported(forward, (q, q, q), "cuda", checks).mlir_module()
     assert text.count(f"stablehlo.custom_call @{pallas_gpu.CUSTOM_CALL}(") == 1
     assert "tensor<2x128x4x64xf32>" in text  # the kernel's (B, T, H, D) layout inside
-    grads = export.export(jax.jit(backward), platforms=["cuda"], disabled_checks=checks)(q, q, q)
+    grads = exported(backward, (q, q, q), "cuda", checks)
     assert grads.mlir_module().count(f"stablehlo.custom_call @{pallas_gpu.CUSTOM_CALL}(") >= 3  # fwd, dq, dkv
     assert [a.shape for a in grads.out_avals] == [(2, 4, 128, 64)] * 3
 

@@ -19,6 +19,17 @@ def make(shape, dtype, grad=False):
     return x.requires_grad_(grad and dtype == FLOAT)
 
 
+def _differentiable(fn) -> bool:
+    """Whether this torch's autograd has a formula for `fn` (torch 2.11 has none for aminmax)."""
+    try:
+        torch.stack(list(fn(torch.ones(2, 3, requires_grad=True)))).sum().backward()
+    except RuntimeError as error:
+        if "derivative for" in str(error) and "is not implemented" in str(error):
+            return False
+        raise
+    return True
+
+
 # (id, fn, dtypes)
 REDUCTIONS = [
     ("sum", lambda x: torch.sum(x), (FLOAT, BF16, INT, BOOL)),
@@ -82,12 +93,15 @@ REDUCTIONS = [
 ]
 
 
+_NOT_DIFFERENTIABLE = {fn for name, fn, _ in REDUCTIONS if name.startswith("aminmax") and not _differentiable(fn)}
+
+
 @pytest.mark.parametrize(
     "fn, dtype",
     [pytest.param(fn, dtype, id=f"{name}-{str(dtype)[6:]}") for name, fn, dtypes in REDUCTIONS for dtype in dtypes],
 )
 def test_reduction(fn, dtype):
-    x = make((2, 3, 5), dtype, grad=True)
+    x = make((2, 3, 5), dtype, grad=fn not in _NOT_DIFFERENTIABLE)
     check_op(fn, x, grad=x.requires_grad)
 
 
