@@ -182,3 +182,17 @@ def assert_as_accurate_as_cpu(actual: Any, expected: Any, reference: Any) -> Non
         cpu_error = (e.to(r.dtype) - r).abs().nan_to_num(0.0).max().item() if e.numel() else 0.0
         rtol, atol = tolerance(e.dtype)
         torch.testing.assert_close(a.to(r.dtype), r, rtol=rtol, atol=atol + 2 * cpu_error, equal_nan=True)
+
+
+def has_derivative(fn: Callable[..., Any], *shapes: tuple[int, ...]) -> bool:
+    """Whether the installed torch's autograd differentiates `fn` (on CPU float32 inputs of `shapes`): releases
+    differ (torch 2.11 has no formula for aminmax or narrow_copy), and a test then checks values only."""
+    inputs = [torch.ones(shape, requires_grad=True) for shape in shapes]
+    try:
+        outputs = [t for t in torch.utils._pytree.tree_leaves(fn(*inputs)) if isinstance(t, torch.Tensor)]
+        torch.stack([t.float().sum() for t in outputs if t.is_floating_point()]).sum().backward()
+    except RuntimeError as error:
+        if "derivative for" in str(error) and "is not implemented" in str(error):
+            return False
+        raise
+    return True
