@@ -1,6 +1,8 @@
 """What each rank runs in tests/distributed/test_kernels_mesh.py (launched by `launch.py`): a `jax_op` made with
 `mesh=` a DeviceMesh of one rank runs its function under shard_map over the mesh's axes (eager, compiled,
-gradients) against the same computation in CPU PyTorch; a mesh over several ranks is refused, naming its size."""
+gradients) against the same computation in CPU PyTorch; over a mesh of every rank the op is one SPMD program whose
+psum spans the ranks (Strict and Fused eager, compiled graphs, gradients), against the whole computation on every
+rank's data."""
 
 from __future__ import annotations
 
@@ -26,17 +28,58 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     torch.testing.assert_close(actual.cpu(), expected, msg=lambda m: f"{what}: {m}")
 
 
+def _sharded_rms(blocks: list[torch.Tensor], w: torch.Tensor, rank: int) -> torch.Tensor:
+    """`rms` of rank `rank` over a "tp" axis of every rank: the sum of squares spans all ranks' blocks."""
+    total = sum((x * x).sum(-1, keepdim=True) for x in blocks)
+    return blocks[rank] * torch.rsqrt(total / blocks[rank].shape[-1]) * w + rank
+
+
+def _over_every_rank(rank: int, world: int) -> None:
+    """The op over a 1-D mesh of every rank (eager in two modes, gradients) and over a (world, 1) mesh."""
+    mesh = init_device_mesh("tpu", (world,), mesh_dim_names=("tp",))
+    op = torch.tpu.pallas.jax_op("mesh_test::sharded_rms", rms, mesh=mesh)
+    blocks = [_input(r, (3, 8), torch.float32) for r in range(world)]
+    w = _input(100, (8,), torch.float32)
+    for mode in (torch.tpu.EagerMode.DEFER_NEVER, torch.tpu.EagerMode.DEFER_AND_FUSE):
+        with torch.tpu.set_eager_mode(mode):
+            result = op(blocks[rank].to("tpu") * 1, w.to("tpu"))
+            _close(result, _sharded_rms(blocks, w, rank), f"over {world} ranks, {mode}")
+    leaves = [x.clone().requires_grad_() for x in blocks]
+    sum(_sharded_rms(leaves, w, r).square().sum() for r in range(world)).backward()
+    step = torch.compile(lambda a, b: op(a, b).square().sum(), backend="tpu", fullgraph=True)
+    for how, loss in (("eager", lambda a, b: op(a, b).square().sum()), ("compiled", step)):
+        leaf = blocks[rank].to("tpu").requires_grad_()
+        loss(leaf, w.to("tpu")).backward()  # every rank's loss: the psum's transpose sums their cotangents
+        _close(leaf.grad, leaves[rank].grad, f"{how} gradient over {world} ranks")
+    doubled = torch.compile(lambda a, b: op(a, b) * 2, backend="tpu", fullgraph=True)
+    _close(doubled(blocks[rank].to("tpu"), w.to("tpu")), _sharded_rms(blocks, w, rank) * 2, "compiled")
+    try:
+        op(blocks[rank], w)
+    except NotImplementedError as error:
+        assert "has no CPU kernel" in str(error), error
+    else:
+        raise AssertionError("a mesh op over several ranks ran on CPU tensors")
+    # rank 1's block differs, at a shape no rank has compiled: the ranks' handshake raises on every rank (a shape
+    # one rank has already run would meet the collective's timeout instead, as a compiled graph's run does)
+    odd = torch.ones(5 if rank == 1 else 6, 8, device="tpu")
+    try:
+        op(odd, w.to("tpu"))
+    except RuntimeError as error:
+        assert "ranks differ on SPMD program" in str(error), error
+    else:
+        raise AssertionError("ranks calling the mesh op on different shapes were not stopped")
+    grid = init_device_mesh("tpu", (world, 1), mesh_dim_names=("dp", "tp"))
+    whole = torch.tpu.pallas.jax_op("mesh_test::whole", rms, mesh=grid)
+    x = blocks[rank]
+    _close(whole(x.to("tpu"), w.to("tpu")), _rms(x, w, 0), f"over a ({world}, 1) mesh")
+
+
 def mesh_ops() -> None:
     dist.init_process_group("tpu_dist", timeout=_TIMEOUT)
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("tpu", (world, 1), mesh_dim_names=("dp", "tp"))
     if world > 1:
-        try:
-            torch.tpu.pallas.jax_op("mesh_test::whole", rms, mesh=mesh)
-        except NotImplementedError as error:
-            assert f"over {world} devices {{'dp': {world}, 'tp': 1}}" in str(error), error
-        else:
-            raise AssertionError("a mesh over several ranks was accepted")
+        _over_every_rank(rank, world)
         mesh = mesh["tp"]  # this rank's one-rank submesh
     op = torch.tpu.pallas.jax_op("mesh_test::rms", rms, mesh=mesh)
     x, w = _input(rank, (3, 8), torch.float32), _input(100, (8,), torch.float32)

@@ -1,5 +1,5 @@
 """`jax_op(..., mesh=jax.sharding.Mesh)` of one device: the function runs under shard_map over the mesh's axes, so
-collectives over its axis names trace (a DeviceMesh, and the refusal of a mesh over several ranks, are in
+collectives over its axis names trace (a DeviceMesh, and meshes over several ranks, are in
 tests/distributed/test_kernels_mesh.py)."""
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import torch_tpu.compile
 from torch_tpu import metrics
 from torch_tpu.distributed import collectives, functional, meshes
 from torch_tpu.runtime import compat, persistent, platform
@@ -223,10 +224,30 @@ class GraphProgram(Program):
         agree(self.ranks, f"graph '{what}'", fingerprint, self.collectives)
 
 
+def _kernel_plan(gm: torch.fx.GraphModule, kernels: list[torch.fx.Node], nodes: list) -> GraphProgram:
+    """The program of a graph holding kernels over a mesh of several ranks: that mesh's (one for the graph)."""
+    grids = {torch_tpu.compile.mesh_ops[node.target] for node in kernels}
+    if len(grids) > 1 or nodes:
+        beside = f"collectives ({', '.join(sorted({str(n.target) for n in nodes}))})" if nodes else "other meshes"
+        raise NotImplementedError(
+            f"torch_tpu: a compiled graph holds kernels over a mesh of several ranks "
+            f"({', '.join(sorted({str(n.target) for n in kernels}))}) beside {beside}: one graph runs as one SPMD "
+            f"program over one mesh; split the graph between them (torch._dynamo.graph_break())"
+        )
+    ((ranks, shape, names),) = grids
+    if dist.get_rank() not in ranks:
+        raise RuntimeError(f"torch_tpu: rank {dist.get_rank()} runs a graph with kernels over ranks {list(ranks)}")
+    return GraphProgram(collectives.grid_mesh(ranks, shape, names), {}, gm, [])
+
+
 def plan(gm: torch.fx.GraphModule) -> GraphProgram | None:
     """The program a graph must run as: None when it holds no collective over more than one rank; over one group,
-    its 1-D mesh; over several, the DeviceMesh whose dimensions they are (else a clear error)."""
+    its 1-D mesh; over several, the DeviceMesh whose dimensions they are (else a clear error); with kernels over a
+    mesh of several ranks (`jax_op(..., mesh=)`), that mesh."""
     nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in functional.COLLECTIVES]
+    kernels = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in torch_tpu.compile.mesh_ops]
+    if kernels:
+        return _kernel_plan(gm, kernels, nodes)
     names: dict[tuple[int, ...], str] = {}  # each group's ranks: its name, in graph order
     for node in nodes:
         names.setdefault(_ranks(node), functional.group_name(functional.group_argument(node.target, node.args)))
@@ -287,8 +308,15 @@ def agree(ranks: tuple[int, ...], what: str, fingerprint: str, collective_list: 
             )
 
 
-def install() -> None:
-    """Compiled graphs holding collectives run as `plan` says (the compile layer's hook)."""
-    import torch_tpu.compile
+@functools.cache
+def mesh_program(ranks: tuple[int, ...], shape: tuple[int, ...], names: tuple[str, ...]) -> Program:
+    """The `Program` over a mesh of global `ranks` (row-major) in `shape` with axes `names`: a kernel's
+    (`kernels.meshed`), whose collectives name the axes themselves."""
+    return Program(collectives.grid_mesh(ranks, shape, names), {})
 
+
+def install() -> None:
+    """Compiled graphs holding collectives run as `plan` says, kernels over a mesh of several ranks as
+    `mesh_program` (the compile layer's hooks)."""
     torch_tpu.compile.spmd_plan = plan
+    torch_tpu.compile.spmd_program = mesh_program

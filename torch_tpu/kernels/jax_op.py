@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
+import torch_tpu.compile
 from torch_tpu.eager import dispatch
 from torch_tpu.kernels import donation, meshed, signature
 from torch_tpu.kernels.signature import LIST, STATIC
@@ -379,6 +380,25 @@ def _register(overload: OpOverload, fn: Callable, name: str = "", donate: frozen
     _libraries.append(library)
 
 
+def _define(name: str, lowering: Callable, schema: str, names: Sequence[str], grid: meshed.Grid | None) -> Any:
+    """The custom op `name` of `lowering`: its CPU kernel and fake implementation, and over a mesh of several
+    ranks (`grid`) its SPMD tpu kernel (otherwise the caller registers the lowering)."""
+    if grid is None:
+        op = torch.library.custom_op(name, _cpu_kernel(lowering), mutates_args=(), device_types="cpu", schema=schema)
+        op.register_fake(_fake(lowering, name, names))
+        return op
+    op = torch.library.custom_op(
+        name, meshed.no_cpu_kernel(name, grid), mutates_args=(), device_types="cpu", schema=schema
+    )
+    op.register_fake(meshed.spmd_fake(lowering, name, grid))
+    lower(op._opoverload)(lowering)  # what a compiled graph's SPMD program over the mesh inlines
+    torch_tpu.compile.mesh_ops[op._opoverload] = (grid.ranks, grid.shape, grid.names)
+    library = torch.library.Library(op._opoverload.namespace, "IMPL")
+    library.impl(op._opoverload, meshed.spmd_kernel(lowering, name, grid), "PrivateUse1")
+    _libraries.append(library)
+    return op
+
+
 def jax_op(
     name: str,
     fn: Callable,
@@ -398,8 +418,9 @@ def jax_op(
         donate_argnums: indices of tensor parameters whose buffers eager's executable may reuse for the outputs,
             as `jax.jit`'s: a donated tpu tensor is consumed by the call (reading it afterwards raises, naming the
             op and argument); refused for inputs that require grad or share storage (`kernels.donation`).
-        mesh: a DeviceMesh or jax.sharding.Mesh of one device: `fn` runs under `jax.shard_map` over its axes (their
-            names usable in `fn`'s collectives); a mesh over several devices raises (`kernels.meshed`).
+        mesh: a DeviceMesh or jax.sharding.Mesh: `fn` runs under `jax.shard_map` over its axes (their names
+            usable in `fn`'s collectives), each tensor this rank's block; over several ranks the op is collective,
+            one SPMD program over the mesh's devices, in eager (`kernels.meshed`).
         x64: trace with 64-bit types (off by default: Mosaic rejects them; 64-bit inputs are narrowed to 32 bits).
         interpret: how `pallas_call`s run on the CPU platform (see the module's docstring).
 
@@ -415,29 +436,30 @@ def jax_op(
         raise ValueError(f"torch_tpu: jax_op name {name!r} must be 'namespace::name'")
     sig = signature.of(name, fn)
     grid = meshed.axes(name, mesh)
-    if grid is not None:
-        fn = meshed.under(fn, *grid, _trace_device)
+    spanning = grid is not None and grid.ranks is not None  # a collective op: one SPMD program over the mesh
+    if grid is not None and not spanning:
+        fn = meshed.under(fn, grid.shape, grid.names, _trace_device)
     donate = donation.names(name, sig, donate_argnums)
+    if spanning and donate:
+        raise NotImplementedError(f"torch_tpu: jax_op {name!r}: donate_argnums with mesh= over several devices")
     kinds = tuple((p.name, p.kind) for p in sig.params)
     names = [p.name for p in sig.params]
     forward = functools.partial(_forward, fn, x64, interpret, sig.returns)
-    op = torch.library.custom_op(name, _cpu_kernel(forward), mutates_args=(), device_types="cpu", schema=sig.schema)
-    op.register_fake(_fake(forward, name, names))
-    _register(op._opoverload, forward, name, donate)
+    backward = functools.partial(_backward, fn, x64, interpret, kinds)
+    op = _define(name, forward, sig.schema, names, grid if spanning else None)
+    if not spanning:
+        _register(op._opoverload, forward, name, donate)
 
     statics = ", ".join(f"{p.type} {p.name}" for p in sig.statics)
     vjp_schema = (
         f"(Tensor[] _primals, Tensor[] _cotangents, int[] _counts{', ' if statics else ''}{statics}) -> Tensor[]"
     )
-    backward = functools.partial(_backward, fn, x64, interpret, kinds)
     vjp_names = ["_primals", "_cotangents", "_counts", *(p.name for p in sig.statics)]
-    vjp = torch.library.custom_op(
-        f"{name}_vjp", _cpu_kernel(backward), mutates_args=(), device_types="cpu", schema=vjp_schema
-    )
-    vjp.register_fake(_fake(backward, f"{name}_vjp", vjp_names))
+    vjp = _define(f"{name}_vjp", backward, vjp_schema, vjp_names, grid if spanning else None)
     refuse_setup, refuse = _no_double_backward(name)
     vjp.register_autograd(refuse, setup_context=refuse_setup)
-    register_lowering(vjp, backward)
+    if not spanning:
+        register_lowering(vjp, backward)
     setup_context, backward_fn = _autograd(sig, vjp)
     op.register_autograd(backward_fn, setup_context=setup_context)
     return op

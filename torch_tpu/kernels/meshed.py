@@ -5,48 +5,77 @@ names, as `distributed.meshes` maps a DeviceMesh's dimensions onto a compiled gr
 `jax.sharding.Mesh`. The function sees each tensor argument as this rank's block and may use the mesh's axis names
 (`jax.lax.psum(x, "tp")`, `jax.lax.axis_index("dp")`), so a kernel written for a mesh runs unchanged.
 
-Supported: a mesh of one device (a DeviceMesh of one rank, this process's; a JAX mesh of one device), in eager, the
-CPU kernel, compiled graphs and autograd: the shard_map is traced on the device the op runs on. A mesh over several
-ranks raises `NotImplementedError` when the op is made: every eager op here is one program on this rank's device,
-and a program spanning the mesh's devices (what the distributed layer builds for collectives, `distributed.spmd`)
-is not built for jax_ops; run such a kernel's collectives with torch.distributed around the op instead.
+A mesh of one device (a DeviceMesh of this rank alone; a JAX mesh of one device) is traced on the device the op
+runs on, so the op is a registry lowering like any other: eager, the CPU kernel, compiled graphs and autograd. A
+mesh over several ranks (a DeviceMesh of a tpu_dist job) makes the op collective, like a c10d call: every rank of
+the mesh calls it with its block, and it runs as one SPMD program over the mesh's devices (the distributed layer's
+`spmd.Program`, reached through `torch_tpu.compile.spmd_program`: the ranks agree on the program before its first
+run, a rank calling something else raises on every rank), compiled once per shapes and static arguments. Eager
+(every mode: Fused runs its pending cluster first) and autograd serve it; inside `torch.compile` it is a graph
+break (one graph's program spans one mesh, which is the graph's collectives'), and it has no CPU kernel.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
+import torch
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+import torch_tpu.compile
+from torch_tpu.runtime import deferred, dtypes, storage
 
 
-def axes(name: str, mesh: Any) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
-    """The shape and axis names of `mesh` (None for none), checked: one device, a DeviceMesh or a JAX Mesh."""
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """A mesh as a jax_op runs over it: its shape, axis names and, over several devices, its global ranks
+    (row-major; None for one device)."""
+
+    shape: tuple[int, ...]
+    names: tuple[str, ...]
+    ranks: tuple[int, ...] | None
+
+
+def axes(name: str, mesh: Any) -> Grid | None:
+    """`mesh` as a Grid (None for none), checked: a DeviceMesh holding this rank, or a JAX Mesh."""
     if mesh is None:
         return None
     if isinstance(mesh, Mesh):
-        shape, names, size = tuple(mesh.devices.shape), tuple(mesh.axis_names), mesh.devices.size
+        shape, names = tuple(mesh.devices.shape), tuple(mesh.axis_names)
+        ranks = tuple(int(device.process_index) for device in mesh.devices.flat)
     elif hasattr(mesh, "mesh") and hasattr(mesh, "mesh_dim_names"):  # torch.distributed.device_mesh.DeviceMesh
         grid = mesh.mesh.cpu().numpy()
-        shape, size = tuple(grid.shape), grid.size
+        shape, ranks = tuple(grid.shape), tuple(int(r) for r in grid.reshape(-1))
         names = tuple(mesh.mesh_dim_names or (f"dim_{i}" for i in range(grid.ndim)))
         import torch.distributed as dist
 
-        if size == 1 and dist.is_initialized() and int(grid.reshape(-1)[0]) != dist.get_rank():
-            raise ValueError(f"torch_tpu: jax_op {name!r}: mesh= holds rank {int(grid.reshape(-1)[0])}, not this one")
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if rank not in ranks:
+            raise ValueError(f"torch_tpu: jax_op {name!r}: mesh= holds ranks {list(ranks)}, not this one ({rank})")
     else:
         raise TypeError(f"torch_tpu: jax_op {name!r}: mesh= must be a DeviceMesh or a jax.sharding.Mesh, not {mesh!r}")
-    if size != 1:
+    if len(ranks) == 1:
+        return Grid(shape, names, None)
+    if len(set(ranks)) != len(ranks):
         raise NotImplementedError(
-            f"torch_tpu: jax_op {name!r}: mesh= over {size} devices {dict(zip(names, shape, strict=True))} is not "
-            f"supported: each eager op runs on this rank's device alone, and no program spanning the mesh is built "
-            f"for jax_ops; give a mesh of one device, or run the collectives with torch.distributed around the op"
+            f"torch_tpu: jax_op {name!r}: mesh= over several devices of one process (ranks {list(ranks)}): each "
+            "tpu_dist process owns one device; give a mesh over the job's ranks"
         )
-    return shape, names
+    import torch_tpu.compile
+
+    if torch_tpu.compile.spmd_program is None:  # installed with the tpu_dist backend
+        raise RuntimeError(
+            f"torch_tpu: jax_op {name!r}: mesh= over {len(ranks)} devices {dict(zip(names, shape, strict=True))} "
+            "needs a tpu_dist job (dist.init_process_group('tpu_dist')) whose ranks the mesh's devices are"
+        )
+    return Grid(shape, names, ranks)
 
 
 def under(fn: Callable, shape: tuple[int, ...], names: tuple[str, ...], device: Callable[[], Any]) -> Callable:
@@ -71,3 +100,81 @@ def under(fn: Callable, shape: tuple[int, ...], names: tuple[str, ...], device: 
         return run(*[leaves[i] for i in positions])
 
     return mapped
+
+
+def _program(grid: Grid) -> Any:
+    return torch_tpu.compile.spmd_program(grid.ranks, grid.shape, grid.names)
+
+
+def _parts(args: tuple, kwargs: dict) -> tuple[list[Any], Any, list[int]]:
+    """The call's leaves, their structure and which of them are tensors."""
+    leaves, spec = tree_flatten((args, kwargs))
+    return leaves, spec, [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+
+
+def _body(lowering: Callable, leaves: list[Any], spec: Any, positions: list[int]) -> Callable:
+    """`lowering` as a function of the call's arrays alone (its static arguments compiled in)."""
+
+    def body(*arrays: Any) -> Any:
+        values = list(leaves)
+        for position, array in zip(positions, arrays, strict=True):
+            values[position] = array
+        call_args, call_kwargs = tree_unflatten(values, spec)
+        return lowering(*call_args, **call_kwargs)
+
+    return body
+
+
+def spmd_kernel(lowering: Callable, name: str, grid: Grid) -> Callable:
+    """The tpu kernel of an op over a mesh of several ranks: `lowering` as one SPMD program over the mesh's
+    devices, each rank's tensors its blocks (compiled, after the ranks agree on it, once per shapes, dtypes and
+    static arguments)."""
+    programs: dict[tuple, Callable] = {}
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        leaves, spec, positions = _parts(args, kwargs)
+        for position in positions:
+            if leaves[position].device.type != "tpu":
+                raise RuntimeError(
+                    f"torch_tpu: jax_op {name!r} over a mesh of {len(grid.ranks)} devices got a tensor on "
+                    f"{leaves[position].device}: its program spans the ranks' tpu devices; pass tpu tensors"
+                )
+        arrays = [deferred.concrete(storage.value(leaves[i].detach())) for i in positions]
+        statics = tuple(leaf for i, leaf in enumerate(leaves) if i not in positions)
+        key = (spec, statics, tuple((a.shape, a.dtype) for a in arrays))
+        run = programs.get(key)
+        if run is None:
+            run = programs[key] = _program(grid).compile(_body(lowering, leaves, spec, positions), arrays)
+        return tree_map(storage.wrap, run(*arrays))
+
+    return kernel
+
+
+def spmd_fake(lowering: Callable, name: str, grid: Grid) -> Callable:
+    """The fake implementation of an op over several ranks: this rank's output blocks as the SPMD program's
+    abstract evaluation gives them."""
+
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        leaves, spec, positions = _parts(args, kwargs)
+        structs = [jax.ShapeDtypeStruct(tuple(leaves[i].shape), dtypes.to_jax(leaves[i].dtype)) for i in positions]
+        device = leaves[positions[0]].device if positions else torch.device("cpu")
+        avals = _program(grid).output_avals(_body(lowering, leaves, spec, positions), structs)
+        return tree_map(
+            lambda a: torch.empty(a.shape, dtype=dtypes.to_torch(a.dtype), device=device),
+            avals,
+            is_leaf=lambda a: isinstance(a, jax.ShapeDtypeStruct),
+        )
+
+    return fake
+
+
+def no_cpu_kernel(name: str, grid: Grid) -> Callable:
+    """The CPU kernel of an op over several ranks: none (its collectives span the ranks' tpu devices)."""
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            f"torch_tpu: jax_op {name!r} runs over a mesh of {len(grid.ranks)} devices "
+            f"{dict(zip(grid.names, grid.shape, strict=True))}: it has no CPU kernel; call it on tpu tensors"
+        )
+
+    return kernel
