@@ -50,7 +50,8 @@ COMPAT_VENVS ?= $(abspath ..)/compat-venvs
 COMPAT_PAIRS ?= 3.11:2.13.0:0.10.2 3.11:2.14.1:0.10.2 3.11:2.12.1:0.10.2 3.12:2.11.0:0.11.2
 COMPAT_TESTS ?= tests --ignore=tests/distributed
 COMPAT_TIMEOUT ?= 5400
-COMPAT_DEPS := numpy ml_dtypes pytest pytest-xdist expecttest hypothesis "setuptools>=70.1,<82" transformers kubernetes jsonschema pyyaml
+COMPAT_DEPS := numpy ml_dtypes pytest pytest-xdist expecttest hypothesis "setuptools>=70.1,<82" transformers kubernetes jsonschema pyyaml \
+	matplotlib starlette uvicorn prometheus_client websocket-client
 
 test-compat: SHELL := /bin/bash
 test-compat:
