@@ -192,11 +192,14 @@ def _futures_and_names(rank: int, world: int) -> None:
     outputs = [torch.empty(2, dtype=torch.float64, device="tpu") for _ in range(world)]
     whole = torch.empty(world * 2, dtype=torch.float64, device="tpu")
     part = torch.empty(2, dtype=torch.float64, device="tpu")
+    # torch < 2.13 has these under their old names
+    all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+    reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
     calls = {
         "broadcast": (lambda: dist.broadcast(tensor, src=root, async_op=True), [tensor]),
         "all_gather": (lambda: dist.all_gather(outputs, tensor, async_op=True), outputs),
-        "all_gather_single": (lambda: dist.all_gather_single(whole, tensor, async_op=True), [whole]),
-        "reduce_scatter_single": (lambda: dist.reduce_scatter_single(part, whole, async_op=True), [part]),
+        "all_gather_single": (lambda: all_gather_single(whole, tensor, async_op=True), [whole]),
+        "reduce_scatter_single": (lambda: reduce_scatter_single(part, whole, async_op=True), [part]),
         "all_to_all_single": (lambda: dist.all_to_all_single(whole, whole.clone(), async_op=True), [whole]),
         "reduce": (lambda: dist.reduce(tensor, dst=root, async_op=True), [tensor]),
     }
@@ -208,9 +211,9 @@ def _futures_and_names(rank: int, world: int) -> None:
         assert all(got is want for got, want in zip(value, expected, strict=True)), f"{name}: the future's tensors"
     start = _input(rank, (2,))
     dist.broadcast(start_tpu := start.to("tpu"), src=root)
-    dist.all_gather_single(whole, start_tpu)
+    all_gather_single(whole, start_tpu)
     _equal(whole, torch.cat([_input(root, (2,))] * world), "all_gather_single")
-    dist.reduce_scatter_single(part, _input(rank, (world * 2,)).to("tpu"))
+    reduce_scatter_single(part, _input(rank, (world * 2,)).to("tpu"))
     _equal(part, sum(_input(r, (world * 2,)) for r in range(world))[rank * 2 : rank * 2 + 2], "reduce_scatter_single")
     lists = [[torch.empty(2, dtype=torch.float64, device="tpu") for _ in range(world)] for _ in range(2)]
     dist.all_gather_coalesced(lists, [_input(rank, (2,)).to("tpu"), _input(rank + 5, (2,)).to("tpu")])
