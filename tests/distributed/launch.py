@@ -18,7 +18,17 @@ import sys
 import tempfile
 import time
 
+import pytest
+import torch
+
+from torch_tpu.runtime import compat
+
 HERE = pathlib.Path(__file__).resolve().parent
+# FSDP2 frees and regrows unsharded parameters with UntypedStorage.resize_, which a tpu storage supports from
+# torch 2.12 (docs/compatibility.md).
+needs_storage_resize = pytest.mark.skipif(
+    not compat.STORAGE_SWAPS_DATA_POINTER, reason=f"torch {torch.__version__}: no tpu storage resize, so no FSDP2"
+)
 ROOT = HERE.parents[1]
 
 

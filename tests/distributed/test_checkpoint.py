@@ -6,6 +6,8 @@ import launch
 import pytest
 from workers_fsdp import HOWS
 
+pytestmark = launch.needs_storage_resize
+
 
 @pytest.mark.parametrize(
     ("worker", "nprocs"),

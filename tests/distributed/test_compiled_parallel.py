@@ -6,6 +6,7 @@ process."""
 import launch
 
 
+@launch.needs_storage_resize
 def test_tensor_parallel_simple_fsdp_and_fsdp2_compiled_train_equal_to_eager_and_one_process():
     results = launch.launch("workers_compiled_parallel.compiled_parallel", timeout=150)
     launch.check(results)

@@ -6,6 +6,8 @@ per step; a Hugging Face Llama; and FSDP2 x tensor parallel on a (2, 2) mesh."""
 import launch
 from workers_fsdp import CONFIGS
 
+pytestmark = launch.needs_storage_resize
+
 
 def test_fsdp2_on_two_ranks_every_configuration_and_llama():
     results = launch.launch_once("workers_fsdp.two_ranks", nprocs=2, timeout=420)

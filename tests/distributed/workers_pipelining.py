@@ -111,6 +111,14 @@ def _divergence_checks() -> None:
         "recv float64[4] from rank 0 to rank 1",
     )
     assert not received.cpu().any(), "a mismatched recv wrote its tensor"
+    # the same dtype and count in another shape is no mismatch: a send moves its elements (as gloo's and NCCL's)
+    scalar = torch.tensor(2.5, dtype=torch.float64, device="tpu")
+    flat = torch.zeros(1, dtype=torch.float64, device="tpu")
+    if rank == 0:
+        dist.send(scalar, 1)
+    else:
+        dist.recv(flat, 0)
+        assert flat.cpu().tolist() == [2.5], flat
     # stage 0 all-reduces where stage 1 all-gathers (c10d, then functional collectives in compiled graphs)
     values = torch.ones(4, device="tpu")
     _raises(

@@ -390,16 +390,19 @@ def scatter_(output_tensors, input_tensors, process_group, root_rank, async_op=T
 
 
 def _point_to_point(tensor: torch.Tensor, process_group: Any, src: int, dst: int) -> jax.Array:
-    """The program both ends run: a two-rank mesh (in global-rank order) that moves src's tensor to dst."""
+    """The program both ends run: a two-rank mesh (in global-rank order) that moves src's tensor to dst, flat (as
+    gloo and NCCL move a send's elements: the two ends' shapes may differ where dtype and count agree)."""
     state = _state(process_group)
     ranks = state.ranks
     pair = tuple(sorted((ranks[src], ranks[dst])))
     name = "send" if src == state.rank else "recv"
     if handshake.enabled:
-        transfer = f"{_describe(tensor)} from rank {ranks[src]} to rank {ranks[dst]}"
+        transfer = (
+            f"{str(tensor.dtype).removeprefix('torch.')}[{tensor.numel()}] from rank {ranks[src]} to rank {ranks[dst]}"
+        )
         handshake.agree_pair(state, dst if name == "send" else src, name, transfer)
     program = functools.partial(collectives.run, "send", pair, root=pair.index(ranks[src]))
-    return watchdog.guarded(name, pair, program, _read(tensor))
+    return watchdog.guarded(name, pair, program, _read(tensor).reshape(-1))
 
 
 def send(tensors, process_group, dst, tag):  # noqa: ANN001, ANN201
@@ -414,7 +417,7 @@ def recv_(tensors, process_group, src, tag):  # noqa: ANN001, ANN201
     _check_tpu("recv", tensors)
     rank = _state(process_group).rank
     for tensor in tensors:
-        storage.write(tensor, _point_to_point(tensor, process_group, src, rank))
+        storage.write(tensor, _point_to_point(tensor, process_group, src, rank).reshape(tuple(tensor.shape)))
     return _done(tensors)
 
 
@@ -507,7 +510,12 @@ def _premul_factor(values: Any) -> float | None:
     for value in values:
         op = getattr(value, "reduceOp", value)
         if isinstance(op, dist.ReduceOp) and op.op == _RedOpType.PREMUL_SUM:
-            factor = op.factor
+            factor = getattr(op, "factor", None)
+            if factor is None:
+                raise NotImplementedError(
+                    f"tpu_dist: ReduceOp.PREMUL_SUM needs torch >= 2.12 (torch {torch.__version__}'s ReduceOp does "
+                    "not expose its factor to Python); premultiply the tensor and use ReduceOp.SUM"
+                )
             return factor.item() if isinstance(factor, torch.Tensor) else float(factor)
     return None
 
