@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, hessian, jacfwd, jacrev, jvp, vjp, vmap
 
-from torch_tpu.testing.compare import assert_close
+from torch_tpu.testing.compare import assert_as_accurate_as_cpu, assert_close
 
 _generator = torch.Generator().manual_seed(0)
 X, W = torch.randn(4, 3, generator=_generator), torch.randn(3, 2, generator=_generator)
@@ -21,10 +21,10 @@ def _double_backward(device: str) -> tuple:
     return torch.autograd.grad(first.sin().sum(), x)
 
 
-def _conv_double_backward(device: str) -> tuple:
+def _conv_double_backward(device: str, dtype: torch.dtype = torch.float32) -> tuple:
     generator = torch.Generator().manual_seed(2)
-    x = torch.randn(1, 2, 5, 5, generator=generator).to(device).requires_grad_()
-    w = torch.randn(3, 2, 3, 3, generator=generator).to(device).requires_grad_()
+    x = torch.randn(1, 2, 5, 5, generator=generator).to(device, dtype).requires_grad_()
+    w = torch.randn(3, 2, 3, 3, generator=generator).to(device, dtype).requires_grad_()
     gx, gw = torch.autograd.grad(F.conv2d(x, w).tanh().sum(), (x, w), create_graph=True)
     return torch.autograd.grad(gx.pow(2).sum() + gw.pow(2).sum(), (x, w))
 
@@ -40,6 +40,9 @@ def _functional_call_grads(device: str) -> list:
     return list(grad(loss)(dict(model.named_parameters()), X.to(device)).values())
 
 
+# Cases whose CPU result rounds differently per CPU (oneDNN's convolution kernels on AVX2 and AVX-512): a miss of
+# the fixed tolerance is judged against the same computation in float64.
+FLOAT64_REFEREE = {"conv2d_double_backward"}
 CASES = {
     "double_backward": _double_backward,
     "conv2d_double_backward": _conv_double_backward,
@@ -61,4 +64,9 @@ def test_matches_cpu(name):
     expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
     got = list(got) if isinstance(got, (tuple, list)) else [got]
     assert all(t.device.type == "tpu" for t in got)
-    assert_close([t.cpu() for t in got], expected, rtol=1e-5, atol=1e-5)
+    try:
+        assert_close([t.cpu() for t in got], expected, rtol=1e-5, atol=1e-5)
+    except AssertionError:
+        if name not in FLOAT64_REFEREE:
+            raise
+        assert_as_accurate_as_cpu(got, expected, list(CASES[name]("cpu", torch.float64)))
