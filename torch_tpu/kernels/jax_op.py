@@ -420,7 +420,7 @@ def jax_op(
             op and argument); refused for inputs that require grad or share storage (`kernels.donation`).
         mesh: a DeviceMesh or jax.sharding.Mesh: `fn` runs under `jax.shard_map` over its axes (their names
             usable in `fn`'s collectives), each tensor this rank's block; over several ranks the op is collective,
-            one SPMD program over the mesh's devices, in eager (`kernels.meshed`).
+            one SPMD program over the mesh's devices, in eager, autograd and compiled graphs (`kernels.meshed`).
         x64: trace with 64-bit types (off by default: Mosaic rejects them; 64-bit inputs are narrowed to 32 bits).
         interpret: how `pallas_call`s run on the CPU platform (see the module's docstring).
 

@@ -11,8 +11,9 @@ mesh over several ranks (a DeviceMesh of a tpu_dist job) makes the op collective
 the mesh calls it with its block, and it runs as one SPMD program over the mesh's devices (the distributed layer's
 `spmd.Program`, reached through `torch_tpu.compile.spmd_program`: the ranks agree on the program before its first
 run, a rank calling something else raises on every rank), compiled once per shapes and static arguments. Eager
-(every mode: Fused runs its pending cluster first) and autograd serve it; inside `torch.compile` it is a graph
-break (one graph's program spans one mesh, which is the graph's collectives'), and it has no CPU kernel.
+(every mode: Fused runs its pending cluster first) and autograd serve it, and a compiled graph holding it runs as
+one SPMD program over the mesh (`torch_tpu.compile.mesh_ops`, which `distributed.spmd.plan` reads); it has no CPU
+kernel.
 """
 
 from __future__ import annotations
@@ -67,13 +68,6 @@ def axes(name: str, mesh: Any) -> Grid | None:
         raise NotImplementedError(
             f"torch_tpu: jax_op {name!r}: mesh= over several devices of one process (ranks {list(ranks)}): each "
             "tpu_dist process owns one device; give a mesh over the job's ranks"
-        )
-    import torch_tpu.compile
-
-    if torch_tpu.compile.spmd_program is None:  # installed with the tpu_dist backend
-        raise RuntimeError(
-            f"torch_tpu: jax_op {name!r}: mesh= over {len(ranks)} devices {dict(zip(names, shape, strict=True))} "
-            "needs a tpu_dist job (dist.init_process_group('tpu_dist')) whose ranks the mesh's devices are"
         )
     return Grid(shape, names, ranks)
 
