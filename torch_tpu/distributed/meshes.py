@@ -6,7 +6,8 @@ DeviceMesh that made them holds it (its `.mesh` rank tensor). torch keeps no reg
 `record` (called by `DeviceMesh.__init__`, patched in `torch_patches`) keeps a weak reference to each. A group is
 a dimension, or several flattened, of a mesh when its ranks, in group-rank order, are the mesh's ranks along
 those dimensions through this rank's coordinate (row-major, major dimension first): so a mesh dimension's group,
-a flattened one (`mesh._flatten()`) or a `new_group` with the same ranks all match.
+a flattened one (`mesh._flatten()`) or a `new_group` with the same ranks all match. Only the meshes of the job
+(default group) that is running count: torch's own caches keep a finished job's meshes alive.
 """
 
 from __future__ import annotations
@@ -19,17 +20,21 @@ from typing import Any
 import numpy as np
 import torch.distributed as dist
 
-# Each DeviceMesh made (weakly: one nothing uses any more is forgotten), with its rank tensor and dimension names.
-_meshes: list[tuple[weakref.ref, np.ndarray, tuple[str, ...]]] = []
+from torch_tpu.distributed import process_group
+
+# Each DeviceMesh made (weakly: one nothing uses any more is forgotten), with its rank tensor, dimension names and
+# the job it was made in (`process_group.generation()`).
+_meshes: list[tuple[weakref.ref, np.ndarray, tuple[str, ...], int]] = []
 
 
 def record(mesh: Any) -> None:
     """Remember a DeviceMesh just made, with its layout read now (a compiled graph's backend runs under a fake
     tensor mode, where the mesh's rank tensor cannot be computed)."""
-    _meshes[:] = [entry for entry in _meshes if entry[0]() is not None]
+    job = process_group.generation()
+    _meshes[:] = [entry for entry in _meshes if entry[0]() is not None and entry[3] == job]
     found = _grid(mesh)
     if found is not None:
-        _meshes.append((weakref.ref(mesh), *found))
+        _meshes.append((weakref.ref(mesh), *found, job))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +89,8 @@ def _match(grid: np.ndarray, names: tuple[str, ...], groups: list[tuple[int, ...
 
 def layout(groups: list[tuple[int, ...]]) -> Layout | None:
     """The first DeviceMesh made (on every rank alike) whose dimensions `groups` are, as a `Layout`; None if none."""
-    for ref, grid, names in list(_meshes):
-        if ref() is not None and (found := _match(grid, names, groups)) is not None:
+    job = process_group.generation()
+    for ref, grid, names, made_in in list(_meshes):
+        if ref() is not None and made_in == job and (found := _match(grid, names, groups)) is not None:
             return found
     return None

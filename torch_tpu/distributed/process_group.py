@@ -64,6 +64,11 @@ def _default_to_tpu_dist(init_process_group: Any) -> Any:
     return init
 
 
+def generation() -> int:
+    """How many default groups (jobs) this process has made: the running job's number while one runs."""
+    return _generation
+
+
 def _backend_initialized() -> bool:
     return compat.jax_backends_initialized()
 
@@ -132,6 +137,12 @@ def _create_backend(
 
     global _generation
     if not dist.is_initialized():  # the default group is being made: rank and world size are global
+        # torch.distributed.nn's functions bind `group.WORLD` as a default argument when first imported. Imported
+        # while a group exists (Dynamo imports them, and the first meta kernel of a tpu op imports Dynamo), they
+        # would hold that group, its store and the store's server for good: the next group on the same MASTER_PORT
+        # would meet the old one's keys. Imported now, before the default group exists, they bind None.
+        import torch.distributed.nn.functional  # noqa: F401
+
         _generation += 1
         initialize_jax(store, rank, world_size, timeout)
         watchdog.start(store, rank, world_size, timeout.total_seconds(), _host())
