@@ -7,6 +7,7 @@ outlives the test. The port is chosen free at run time; the persistent compile c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -19,6 +20,7 @@ import tempfile
 import time
 
 import pytest
+import run_shared
 import torch
 
 from torch_tpu.runtime import compat
@@ -40,9 +42,15 @@ class Rank:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    with contextlib.ExitStack() as probes:
+        return _bound(probes)
+
+
+def _bound(probes: contextlib.ExitStack) -> int:
+    """A free port on loopback, held by a socket until `probes` closes."""
+    probe = probes.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+    probe.bind(("127.0.0.1", 0))
+    return probe.getsockname()[1]
 
 
 def _kill(process: subprocess.Popen) -> None:
@@ -62,6 +70,11 @@ def _call(worker: str) -> str:
 
 def launch(worker: str, nprocs: int = 2, timeout: float = 150, env: dict[str, str] | None = None) -> list[Rank]:
     """Run `worker` (see `_call`) on `nprocs` ranks; every rank's exit status and output (None: killed at timeout)."""
+    return _ranks(["-c", _call(worker)], nprocs, timeout, env)
+
+
+def _ranks(arguments: list[str], nprocs: int, timeout: float, env: dict[str, str] | None = None) -> list[Rank]:
+    """`python ARGUMENTS` on `nprocs` ranks of one job on loopback."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="tpu_dist_test_") as scratch:
         base = {
@@ -79,7 +92,7 @@ def launch(worker: str, nprocs: int = 2, timeout: float = 150, env: dict[str, st
         for rank in range(nprocs):
             log = open(os.path.join(scratch, f"rank{rank}.log"), "w+")  # noqa: SIM115  (closed below)
             environment = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-            command = [sys.executable, "-c", _call(worker)]
+            command = [sys.executable, *arguments]
             processes.append(
                 subprocess.Popen(
                     command, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
@@ -89,10 +102,70 @@ def launch(worker: str, nprocs: int = 2, timeout: float = 150, env: dict[str, st
         return _collect(processes, logs, timeout)
 
 
+# Workers that need nothing but the default environment share one launch per world size, in the order given:
+# `run_shared.py` runs them in turn in the same processes, each with its own process group. A fresh rank costs ~3 s
+# of CPU before its first collective (importing torch, torch_tpu and JAX) and compiles again every program the last
+# launch compiled; paid per worker, that was half of the suite's time. Each worker's seconds bound it alone.
+# `workers_parallel.two_ranks` is first: it checks that no tensor exists before its mesh.
+SHARED: dict[int, dict[str, float]] = {
+    2: {
+        "workers_parallel.two_ranks": 480,
+        "regroup": 90,
+        "collectives": 150,
+        "ddp": 150,
+        "workers_c10d.run": 150,
+        "workers_data_path.exact": 150,
+        "workers_dim_collectives.dim_collectives": 100,
+        "workers_functional.functional": 90,
+        "workers_kernels.mesh_ops": 150,
+        "workers_pipelining.pipelining": 150,
+        "workers_ddp.train": 240,
+        "workers_profiler.ranks": 120,
+        **({"workers_compiled_parallel.compiled_parallel": 150} if compat.STORAGE_SWAPS_DATA_POINTER else {}),
+        **({"workers_fsdp.two_ranks": 420} if compat.STORAGE_SWAPS_DATA_POINTER else {}),
+        "workers_data_path.mismatches": 150,
+        "workers_functional.handshake": 90,
+    },
+    4: {
+        "workers_parallel.four_ranks": 400,
+        "workers_data_path.exact": 150,
+        "workers_ddp.train_four": 240,
+        "workers_functional.subgroups": 120,
+        "workers_compiled_parallel.mesh_2d": 240,
+        **({"workers_fsdp.four_ranks": 420} if compat.STORAGE_SWAPS_DATA_POINTER else {}),
+        "workers_data_path.mismatches": 150,
+    },
+}
+
+
+def shared(worker: str, nprocs: int = 2) -> list[Rank]:
+    """`worker`'s part of its world size's shared launch (`SHARED`): each rank's output between the worker's
+    markers, with 0 if it returned, 1 if it raised, else the status the process ended with there (None: killed)."""
+    assert worker in SHARED[nprocs], f"{worker} is not among SHARED[{nprocs}]"
+    return [Rank(rank.rank, *_section(rank, worker)) for rank in _shared_launch(nprocs)]
+
+
 @functools.cache
-def launch_once(worker: str, nprocs: int = 2, timeout: float = 150) -> tuple[Rank, ...]:
-    """`launch`, run once per test session: test files that check different parts of one worker's output share it."""
-    return tuple(launch(worker, nprocs, timeout))
+def _shared_launch(nprocs: int) -> tuple[Rank, ...]:
+    workers = SHARED[nprocs]
+    with contextlib.ExitStack() as probes:  # held together: distinct ports
+        ports = [_bound(probes) for _ in workers]
+    arguments = ["-u", str(HERE / "run_shared.py")]
+    arguments += [f"{name}:{seconds}:{port}" for (name, seconds), port in zip(workers.items(), ports, strict=True)]
+    return tuple(_ranks(arguments, nprocs, timeout=sum(workers.values()) + 60))
+
+
+def _section(rank: Rank, worker: str) -> tuple[int | None, str]:
+    begin, end = run_shared.BEGIN + worker + "\n", run_shared.END + worker + " "
+    ended = 1 if rank.returncode == 0 else rank.returncode  # a process that ended inside a worker failed it
+    start = rank.output.find(begin)
+    if start < 0:
+        return ended, f"{worker} never started:\n{rank.output[-3000:]}"
+    start += len(begin)
+    stop = rank.output.find(end, start)
+    if stop < 0:
+        return ended, rank.output[start:]
+    return int(rank.output[stop + len(end)]), rank.output[start:stop]
 
 
 def torchrun(worker: str, nprocs: int = 2, timeout: float = 150) -> Rank:

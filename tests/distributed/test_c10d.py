@@ -5,6 +5,6 @@ import launch
 
 
 def test_meshes_mixed_backends_coalescing_views_split_groups_and_the_program_cache():
-    results = launch.launch("workers_c10d.run", nprocs=2)
+    results = launch.shared("workers_c10d.run")
     launch.check(results)
     assert all("c10d checks passed" in r.output for r in results)

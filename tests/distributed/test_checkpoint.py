@@ -15,7 +15,7 @@ pytestmark = launch.needs_storage_resize
     ids=["fsdp2", "fsdp2_times_tensor_parallel"],
 )
 def test_checkpoints_resume_the_uninterrupted_run(worker, nprocs):
-    results = launch.launch_once(worker, nprocs=nprocs, timeout=420)
+    results = launch.shared(worker, nprocs)
     launch.check(results)
     for result in results:
         for how in HOWS:

@@ -8,12 +8,12 @@ import pytest
 
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_values_exact_against_a_local_computation(nprocs):
-    launch.check(launch.launch("workers_data_path.exact", nprocs=nprocs))
+    launch.check(launch.shared("workers_data_path.exact", nprocs))
 
 
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_mismatched_collectives_raise_on_every_rank_and_write_nothing(nprocs):
-    launch.check(launch.launch("workers_data_path.mismatches", nprocs=nprocs))
+    launch.check(launch.shared("workers_data_path.mismatches", nprocs))
 
 
 def test_detail_debug_level_compares_every_tensor():

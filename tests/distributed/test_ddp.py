@@ -13,8 +13,8 @@ def _check_every_config(results, names):
 
 
 def test_ddp_on_two_ranks_every_configuration():
-    _check_every_config(launch.launch("workers_ddp.train", nprocs=2, timeout=240), list(CONFIGS))
+    _check_every_config(launch.shared("workers_ddp.train"), list(CONFIGS))
 
 
 def test_ddp_on_four_ranks():
-    _check_every_config(launch.launch("workers_ddp.train_four", nprocs=4, timeout=240), FOUR_RANKS)
+    _check_every_config(launch.shared("workers_ddp.train_four", nprocs=4), FOUR_RANKS)

@@ -5,6 +5,6 @@ import launch
 
 
 def test_dim_collectives_eager_gradients_compiled_and_errors_against_a_local_computation():
-    results = launch.launch("workers_dim_collectives.dim_collectives", timeout=100)
+    results = launch.shared("workers_dim_collectives.dim_collectives")
     launch.check(results)
     assert all("dim collectives checks passed" in r.output for r in results)

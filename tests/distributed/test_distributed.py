@@ -9,13 +9,19 @@ def test_each_rank_owns_its_device_and_its_cache_entries():
 
 
 def test_collectives_exact_against_a_local_computation():
-    launch.check(launch.launch("collectives"))
+    launch.check(launch.shared("collectives"))
 
 
 def test_ddp_trains_equal_to_one_process_on_the_full_batch():
-    results = launch.launch("ddp")
+    results = launch.shared("ddp")
     launch.check(results)
     assert all("ddp parameters match" in r.output for r in results)
+
+
+def test_groups_made_one_after_another_in_one_process_leave_nothing_behind():
+    results = launch.shared("regroup")
+    launch.check(results)
+    assert all("regroup checks passed" in r.output for r in results)
 
 
 def test_init_after_a_tpu_tensor_raises():

@@ -10,7 +10,7 @@ pytestmark = launch.needs_storage_resize
 
 
 def test_fsdp2_on_two_ranks_every_configuration_and_llama():
-    results = launch.launch_once("workers_fsdp.two_ranks", nprocs=2, timeout=420)
+    results = launch.shared("workers_fsdp.two_ranks")
     launch.check(results)
     for result in results:
         for config in CONFIGS:
@@ -20,6 +20,6 @@ def test_fsdp2_on_two_ranks_every_configuration_and_llama():
 
 
 def test_fsdp2_times_tensor_parallel_on_a_two_by_two_mesh():
-    results = launch.launch_once("workers_fsdp.four_ranks", nprocs=4, timeout=420)
+    results = launch.shared("workers_fsdp.four_ranks", nprocs=4)
     launch.check(results)
     assert all("fsdp 2-D (dp, tp) = (2, 2): losses and parameters match" in r.output for r in results)

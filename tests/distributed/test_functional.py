@@ -6,20 +6,20 @@ import launch
 
 
 def test_functional_collectives_compiled_and_eager_exact_against_a_local_computation():
-    results = launch.launch("workers_functional.functional", timeout=90)
+    results = launch.shared("workers_functional.functional")
     launch.check(results)
     assert all("functional checks passed" in r.output for r in results)
 
 
 def test_ranks_compiling_different_graphs_or_clusters_fail_on_every_rank_naming_both_fingerprints():
-    results = launch.launch("workers_functional.handshake", timeout=90)
+    results = launch.shared("workers_functional.handshake")
     launch.check(results)
     named = [line for r in results for line in r.output.splitlines() if line.startswith("mismatch fingerprints")]
     assert len(named) == 2 and named[0] == named[1], named
 
 
 def test_compiled_collectives_over_subgroups_of_four_ranks_run_on_each_groups_mesh():
-    launch.check(launch.launch("workers_functional.subgroups", nprocs=4, timeout=120))
+    launch.check(launch.shared("workers_functional.subgroups", nprocs=4))
 
 
 def test_compiled_spmd_programs_persist_and_a_second_job_loads_them(tmp_path):

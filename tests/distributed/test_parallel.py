@@ -1,8 +1,8 @@
-"""DeviceMesh, DTensor and tensor parallel on tpu (`workers_parallel.py`): one torchrun launch of 2 ranks (device
-binding as CUDA code does it, layouts, redistributions, DTensor ops and random ops, TP of an MLP, a transformer
-block and a Hugging Face Llama) and one launch of 4 ranks (a topology-aware 2-D mesh, submeshes, 2-D DTensor, TP
-within DP). Every value is compared with CPU PyTorch; here, each check must have run on every rank. The device
-binding rules themselves are unit-tested in one process."""
+"""DeviceMesh, DTensor and tensor parallel on tpu (`workers_parallel.py`), in the shared launches: on 2 ranks (a mesh
+made before any tensor, layouts, redistributions, DTensor ops and random ops, TP of an MLP, a transformer block
+and a Hugging Face Llama) and on 4 (device binding as CUDA code does it, a topology-aware 2-D mesh, submeshes, 2-D
+DTensor, TP within DP). Every value is compared with CPU PyTorch; here, each check must have run on every rank.
+The device binding rules themselves are unit-tested in one process."""
 
 import launch
 import pytest
@@ -34,14 +34,14 @@ def _ran_everywhere(output: str, world: int, checks: tuple[str, ...]) -> None:
     assert not missing, f"checks that did not run: {missing}\n{output[-3000:]}"
 
 
-def test_device_binding_dtensor_and_tensor_parallel_on_two_ranks_under_torchrun():
-    result = launch.torchrun("workers_parallel.two_ranks", nprocs=2, timeout=480)
-    launch.check([result])
-    _ran_everywhere(result.output, 2, _TWO_RANKS)
+def test_mesh_before_any_tensor_dtensor_and_tensor_parallel_on_two_ranks():
+    results = launch.shared("workers_parallel.two_ranks")
+    launch.check(results)
+    _ran_everywhere("".join(r.output for r in results), 2, _TWO_RANKS)
 
 
 def test_topology_aware_2d_mesh_dtensor_and_tp_within_dp_on_four_ranks():
-    results = launch.launch("workers_parallel.four_ranks", nprocs=4, timeout=400)
+    results = launch.shared("workers_parallel.four_ranks", nprocs=4)
     launch.check(results)
     _ran_everywhere("".join(r.output for r in results), 4, _FOUR_RANKS)
 

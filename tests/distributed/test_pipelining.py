@@ -16,7 +16,7 @@ _CHECKS = (
 
 
 def test_pipeline_stages_on_two_ranks_equal_one_process_and_divergence_is_an_error_on_both():
-    results = launch.launch("workers_pipelining.pipelining", timeout=150)
+    results = launch.shared("workers_pipelining.pipelining")
     launch.check(results)
     for result in results:
         missing = [check for check in _CHECKS if check not in result.output]

@@ -5,4 +5,4 @@ import launch
 
 
 def test_every_rank_writes_its_own_xspace_and_merged_trace():
-    launch.check(launch.launch("workers_profiler.ranks", nprocs=2, timeout=120))
+    launch.check(launch.shared("workers_profiler.ranks"))

@@ -313,3 +313,42 @@ def init_after_a_tensor() -> None:
         print("raised", flush=True)
     else:
         raise AssertionError("init_process_group after a tpu tensor did not raise")
+
+
+def _store_server_gone() -> bool:
+    """Whether MASTER_PORT is free again: no group, store or store server of the last group survives."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])))
+        except OSError:
+            return False
+    return True
+
+
+def regroup() -> None:
+    """A process makes one group after another, as in-process test fixtures and restarts do: each destroyed group
+    leaves nothing behind, so the next one's rendezvous meets no stale keys; and no torch function was left holding
+    a group as its default argument (torch.distributed.nn's bind `group.WORLD` when first imported, and a tpu op's
+    first meta kernel imports them through Dynamo: in the shared launch, during an earlier worker's group)."""
+    import gc
+    import inspect
+
+    import torch.distributed.nn.functional as functional
+
+    default = inspect.signature(functional.broadcast).parameters["group"].default
+    assert default is None, f"torch.distributed.nn.functional.broadcast holds {default} as its default group"
+    for backend in ("tpu_dist", "cpu:gloo,tpu:tpu_dist", "tpu"):
+        dist.init_process_group(backend, timeout=_TIMEOUT)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        for device in ("cpu", "tpu"):
+            tensor = _input(rank, (3,)).to(device)
+            dist.all_reduce(tensor)
+            _equal(tensor, _reference(dist.ReduceOp.SUM, [_input(r, (3,)) for r in range(world)]), backend)
+        dist.destroy_process_group()
+        gc.collect()
+        if rank == 0:
+            assert _store_server_gone(), f"the {backend} group's store still serves MASTER_PORT after its destruction"
+    print("regroup checks passed", flush=True)

@@ -1,4 +1,4 @@
-"""DeviceMesh, DTensor and tensor parallel on tpu (launched by `test_dtensor.py` / `test_tensor_parallel.py`).
+"""DeviceMesh, DTensor and tensor parallel on tpu (launched by `test_parallel.py`).
 
 Every DTensor value is compared with the same computation on CPU PyTorch on the full tensor, float64, bit-exact
 where the math is exact (layouts, redistributions of exact values, elementwise ops) and to a reduction-order
@@ -386,7 +386,7 @@ def _llama(mesh: DeviceMesh, rank: int, world: int) -> None:
 
 
 def two_ranks() -> None:
-    """Everything on 2 ranks, in one launch under torchrun (whose store outlives a group: one group per job)."""
+    """Everything on 2 ranks: the first worker of the shared launch (no tensor may exist before its mesh)."""
     mesh = _mesh_before_any_tensor()
     rank, world = dist.get_rank(), dist.get_world_size()
     for check in (_layouts, _ops, _random, _mlp, _block, _llama):
