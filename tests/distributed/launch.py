@@ -121,8 +121,11 @@ SHARED: dict[int, dict[str, float]] = {
         "workers_pipelining.pipelining": 150,
         "workers_ddp.train": 240,
         "workers_profiler.ranks": 120,
-        **({"workers_compiled_parallel.compiled_parallel": 150} if compat.STORAGE_SWAPS_DATA_POINTER else {}),
-        **({"workers_fsdp.two_ranks": 420} if compat.STORAGE_SWAPS_DATA_POINTER else {}),
+        **(
+            {"workers_compiled_parallel.compiled_parallel": 150, "workers_fsdp.two_ranks": 420}
+            if compat.STORAGE_SWAPS_DATA_POINTER  # both train FSDP2 (`needs_storage_resize`)
+            else {}
+        ),
         "workers_data_path.mismatches": 150,
         "workers_functional.handshake": 90,
     },
