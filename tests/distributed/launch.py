@@ -7,9 +7,9 @@ outlives the test. The port is chosen free at run time; the persistent compile c
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
-import functools
 import os
 import pathlib
 import signal
@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -32,6 +33,22 @@ needs_storage_resize = pytest.mark.skipif(
     not compat.STORAGE_SWAPS_DATA_POINTER, reason=f"torch {torch.__version__}: no tpu storage resize, so no FSDP2"
 )
 ROOT = HERE.parents[1]
+# Tests that read a shared launch (`shared`). The conftest starts the launches in a thread at the session's start
+# and runs these tests last: meanwhile the tests that launch their own processes run (the fault drills mostly
+# wait for a timeout), so the suite takes the longer of the two, not their sum.
+in_shared_launch = pytest.mark.shared_launch  # `in_shared_launch(4)`: a test whose world size is not a parameter
+
+
+def shared_world_size(item: pytest.Item) -> int | None:
+    """The world size whose shared launch `item` reads (its `nprocs` parameter, else its mark's), None if none:
+    1 process is never a shared launch."""
+    mark = item.get_closest_marker("shared_launch")
+    if mark is None:
+        return None
+    params = getattr(item, "callspec", None)
+    nprocs = params.params.get("nprocs") if params is not None else None
+    nprocs = nprocs or (mark.args[0] if mark.args else 2)
+    return nprocs if nprocs in SHARED else None
 
 
 @dataclasses.dataclass
@@ -93,13 +110,19 @@ def _ranks(arguments: list[str], nprocs: int, timeout: float, env: dict[str, str
             log = open(os.path.join(scratch, f"rank{rank}.log"), "w+")  # noqa: SIM115  (closed below)
             environment = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
             command = [sys.executable, *arguments]
-            processes.append(
-                subprocess.Popen(
-                    command, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
-                )
+            process = subprocess.Popen(
+                command, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
             )
+            processes.append(process)
             logs.append(log)
-        return _collect(processes, logs, timeout)
+            with _SHARED_LOCK:
+                _LIVE.add(process)
+                if _STOPPED.is_set():  # the session ended while this launch began
+                    _kill(process)
+        try:
+            return _collect(processes, logs, timeout)
+        finally:
+            _LIVE.difference_update(processes)
 
 
 # Workers that need nothing but the default environment share one launch per world size, in the order given:
@@ -145,10 +168,44 @@ def shared(worker: str, nprocs: int = 2) -> list[Rank]:
     """`worker`'s part of its world size's shared launch (`SHARED`): each rank's output between the worker's
     markers, with 0 if it returned, 1 if it raised, else the status the process ended with there (None: killed)."""
     assert worker in SHARED[nprocs], f"{worker} is not among SHARED[{nprocs}]"
-    return [Rank(rank.rank, *_section(rank, worker)) for rank in _shared_launch(nprocs)]
+    return [Rank(rank.rank, *_section(rank, worker)) for rank in _shared_launch_future(nprocs).result()]
 
 
-@functools.cache
+# One launch at a time (each already keeps the 2 cores busy), each world size's once per pytest process.
+_LAUNCHER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="shared_launch")
+_SHARED_LAUNCHES: dict[int, concurrent.futures.Future] = {}
+_SHARED_LOCK = threading.Lock()
+_LIVE: set[subprocess.Popen] = set()  # every rank of a launch still running, for `stop_shared_launches`
+
+
+_STOPPED = threading.Event()
+
+
+def start_shared_launches(sizes: set[int]) -> None:
+    """Begin these world sizes' shared launches in the background, smaller first (`shared` waits for its own)."""
+    for nprocs in sorted(sizes):
+        _shared_launch_future(nprocs)
+
+
+def _shared_launch_future(nprocs: int) -> concurrent.futures.Future:
+    with _SHARED_LOCK:
+        if nprocs not in _SHARED_LAUNCHES:
+            _SHARED_LAUNCHES[nprocs] = _LAUNCHER.submit(_shared_launch, nprocs)
+        return _SHARED_LAUNCHES[nprocs]
+
+
+def stop_shared_launches() -> None:
+    """End the session's launches: those not begun are cancelled, a running one's ranks killed by their PIDs."""
+    with _SHARED_LOCK:
+        _STOPPED.set()
+        for future in _SHARED_LAUNCHES.values():
+            future.cancel()
+        live = list(_LIVE)
+    for process in live:
+        _kill(process)
+    _LAUNCHER.shutdown(wait=True)
+
+
 def _shared_launch(nprocs: int) -> tuple[Rank, ...]:
     workers = SHARED[nprocs]
     with contextlib.ExitStack() as probes:  # held together: distinct ports

@@ -13,6 +13,7 @@ import faulthandler
 import importlib
 import os
 import sys
+import time
 import traceback
 
 import torch.distributed as dist
@@ -41,5 +42,6 @@ if __name__ == "__main__":
         worker, seconds, port = argument.split(":")
         os.environ["MASTER_PORT"] = port
         print(BEGIN + worker, flush=True)
+        started = time.monotonic()
         status = run(worker, float(seconds))
-        print(f"{END}{worker} {status}", flush=True)
+        print(f"{END}{worker} {status} after {time.monotonic() - started:.1f} s", flush=True)

@@ -4,6 +4,7 @@ working), CPU tensors on gloo beside tpu ones, coalesced collectives, views, spl
 import launch
 
 
+@launch.in_shared_launch
 def test_meshes_mixed_backends_coalescing_views_split_groups_and_the_program_cache():
     results = launch.shared("workers_c10d.run")
     launch.check(results)

@@ -9,6 +9,7 @@ from workers_fsdp import HOWS
 pytestmark = launch.needs_storage_resize
 
 
+@launch.in_shared_launch
 @pytest.mark.parametrize(
     ("worker", "nprocs"),
     [("workers_fsdp.two_ranks", 2), ("workers_fsdp.four_ranks", 4)],

@@ -6,6 +6,7 @@ process."""
 import launch
 
 
+@launch.in_shared_launch
 @launch.needs_storage_resize
 def test_tensor_parallel_simple_fsdp_and_fsdp2_compiled_train_equal_to_eager_and_one_process():
     results = launch.shared("workers_compiled_parallel.compiled_parallel")
@@ -15,6 +16,7 @@ def test_tensor_parallel_simple_fsdp_and_fsdp2_compiled_train_equal_to_eager_and
             assert f"{name}: compiled and eager equal to one process" in result.output, result.output[-3000:]
 
 
+@launch.in_shared_launch(4)
 def test_compiled_graphs_over_both_dims_of_a_2x2_mesh_run_as_one_program_equal_to_a_local_computation():
     """4 ranks, a (dp, tp) DeviceMesh: funcol collectives over tp, dp and the world in one compiled graph; tensor
     parallel within SimpleFSDP trained compiled (one graph per direction) equal to one process; a graph differing

@@ -6,11 +6,13 @@ import launch
 import pytest
 
 
+@launch.in_shared_launch
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_values_exact_against_a_local_computation(nprocs):
     launch.check(launch.shared("workers_data_path.exact", nprocs))
 
 
+@launch.in_shared_launch
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_mismatched_collectives_raise_on_every_rank_and_write_nothing(nprocs):
     launch.check(launch.shared("workers_data_path.mismatches", nprocs))

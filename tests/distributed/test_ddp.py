@@ -12,9 +12,11 @@ def _check_every_config(results, names):
             assert f"ddp {name}: parameters match" in result.output, result.output[-3000:]
 
 
+@launch.in_shared_launch
 def test_ddp_on_two_ranks_every_configuration():
     _check_every_config(launch.shared("workers_ddp.train"), list(CONFIGS))
 
 
+@launch.in_shared_launch(4)
 def test_ddp_on_four_ranks():
     _check_every_config(launch.shared("workers_ddp.train_four", nprocs=4), FOUR_RANKS)

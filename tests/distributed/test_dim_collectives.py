@@ -4,6 +4,7 @@ gradients, compiled, and argument errors, exact against a local computation (`wo
 import launch
 
 
+@launch.in_shared_launch
 def test_dim_collectives_eager_gradients_compiled_and_errors_against_a_local_computation():
     results = launch.shared("workers_dim_collectives.dim_collectives")
     launch.check(results)

@@ -8,16 +8,19 @@ def test_each_rank_owns_its_device_and_its_cache_entries():
     launch.check([launch.torchrun("rank_devices")])
 
 
+@launch.in_shared_launch
 def test_collectives_exact_against_a_local_computation():
     launch.check(launch.shared("collectives"))
 
 
+@launch.in_shared_launch
 def test_ddp_trains_equal_to_one_process_on_the_full_batch():
     results = launch.shared("ddp")
     launch.check(results)
     assert all("ddp parameters match" in r.output for r in results)
 
 
+@launch.in_shared_launch
 def test_groups_made_one_after_another_in_one_process_leave_nothing_behind():
     results = launch.shared("regroup")
     launch.check(results)

@@ -9,6 +9,7 @@ from workers_fsdp import CONFIGS
 pytestmark = launch.needs_storage_resize
 
 
+@launch.in_shared_launch
 def test_fsdp2_on_two_ranks_every_configuration_and_llama():
     results = launch.shared("workers_fsdp.two_ranks")
     launch.check(results)
@@ -19,6 +20,7 @@ def test_fsdp2_on_two_ranks_every_configuration_and_llama():
         assert "fsdp llama: losses and parameters match" in result.output, result.output[-3000:]
 
 
+@launch.in_shared_launch(4)
 def test_fsdp2_times_tensor_parallel_on_a_two_by_two_mesh():
     results = launch.shared("workers_fsdp.four_ranks", nprocs=4)
     launch.check(results)

@@ -5,12 +5,14 @@ compiled graphs' handshake (`workers_functional.py` holds what each rank runs)."
 import launch
 
 
+@launch.in_shared_launch
 def test_functional_collectives_compiled_and_eager_exact_against_a_local_computation():
     results = launch.shared("workers_functional.functional")
     launch.check(results)
     assert all("functional checks passed" in r.output for r in results)
 
 
+@launch.in_shared_launch
 def test_ranks_compiling_different_graphs_or_clusters_fail_on_every_rank_naming_both_fingerprints():
     results = launch.shared("workers_functional.handshake")
     launch.check(results)
@@ -18,6 +20,7 @@ def test_ranks_compiling_different_graphs_or_clusters_fail_on_every_rank_naming_
     assert len(named) == 2 and named[0] == named[1], named
 
 
+@launch.in_shared_launch(4)
 def test_compiled_collectives_over_subgroups_of_four_ranks_run_on_each_groups_mesh():
     launch.check(launch.shared("workers_functional.subgroups", nprocs=4))
 

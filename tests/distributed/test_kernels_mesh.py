@@ -4,6 +4,7 @@ import launch
 import pytest
 
 
+@launch.in_shared_launch
 @pytest.mark.parametrize("nprocs", [1, 2])
 def test_jax_op_over_a_one_rank_device_mesh_and_over_every_rank(nprocs):
     worker = "workers_kernels.mesh_ops"

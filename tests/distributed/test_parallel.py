@@ -34,12 +34,14 @@ def _ran_everywhere(output: str, world: int, checks: tuple[str, ...]) -> None:
     assert not missing, f"checks that did not run: {missing}\n{output[-3000:]}"
 
 
+@launch.in_shared_launch
 def test_mesh_before_any_tensor_dtensor_and_tensor_parallel_on_two_ranks():
     results = launch.shared("workers_parallel.two_ranks")
     launch.check(results)
     _ran_everywhere("".join(r.output for r in results), 2, _TWO_RANKS)
 
 
+@launch.in_shared_launch(4)
 def test_topology_aware_2d_mesh_dtensor_and_tp_within_dp_on_four_ranks():
     results = launch.shared("workers_parallel.four_ranks", nprocs=4)
     launch.check(results)

@@ -15,6 +15,7 @@ _CHECKS = (
 )
 
 
+@launch.in_shared_launch
 def test_pipeline_stages_on_two_ranks_equal_one_process_and_divergence_is_an_error_on_both():
     results = launch.shared("workers_pipelining.pipelining")
     launch.check(results)
