@@ -18,9 +18,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The tests that read a shared launch go last, and the launches begin now, in the background, while the
     others run. Not in a pytest-xdist worker: every worker collects every test, so each would launch them all."""
     sizes = {item: launch.shared_world_size(item) for item in items}
-    items[:] = [item for item in items if sizes[item] is None] + [item for item in items if sizes[item] is not None]
+    items.sort(key=lambda item: sizes[item] is not None)  # stable: each part keeps its order
     if "PYTEST_XDIST_WORKER" not in os.environ:
-        launch.start_shared_launches({size for size in sizes.values() if size is not None})
+        launch.start_shared_launches(set(sizes.values()) - {None})
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -122,7 +122,8 @@ def _ranks(arguments: list[str], nprocs: int, timeout: float, env: dict[str, str
         try:
             return _collect(processes, logs, timeout)
         finally:
-            _LIVE.difference_update(processes)
+            with _SHARED_LOCK:
+                _LIVE.difference_update(processes)
 
 
 # Workers that need nothing but the default environment share one launch per world size, in the order given:
@@ -176,9 +177,7 @@ _LAUNCHER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_pre
 _SHARED_LAUNCHES: dict[int, concurrent.futures.Future] = {}
 _SHARED_LOCK = threading.Lock()
 _LIVE: set[subprocess.Popen] = set()  # every rank of a launch still running, for `stop_shared_launches`
-
-
-_STOPPED = threading.Event()
+_STOPPED = threading.Event()  # set by `stop_shared_launches`: a launch beginning after it is killed at once
 
 
 def start_shared_launches(sizes: set[int]) -> None:
