@@ -289,13 +289,15 @@ def _collect(processes: list[subprocess.Popen], logs: list, timeout: float) -> l
     """Wait for every process until the shared deadline, kill what is left, read every log."""
     deadline = time.monotonic() + timeout
     codes: list[int | None] = []
-    for process in processes:
-        try:
-            codes.append(process.wait(timeout=max(0.0, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            codes.append(None)
-    for process in processes:
-        _kill(process)  # a process that exited may have left children behind
+    try:
+        for process in processes:
+            try:
+                codes.append(process.wait(timeout=max(0.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+    finally:  # also when the wait itself is interrupted: nothing may outlive the launch or write into its scratch
+        for process in processes:
+            _kill(process)  # a process that exited may have left children behind
     results = []
     for rank, (log, code) in enumerate(zip(logs, codes, strict=True)):
         log.seek(0)
