@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 
 import pytest
 import run_shared
@@ -90,12 +91,18 @@ def launch(worker: str, nprocs: int = 2, timeout: float = 150, env: dict[str, st
     return _ranks(["-c", _call(worker)], nprocs, timeout, env)
 
 
-def _ranks(arguments: list[str], nprocs: int, timeout: float, env: dict[str, str] | None = None) -> list[Rank]:
-    """`python ARGUMENTS` on `nprocs` ranks of one job on loopback."""
+def _ranks(
+    arguments: list[str],
+    nprocs: int,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> list[Rank]:
+    """`python ARGUMENTS` on `nprocs` ranks of one job on loopback, in `environ` updated by `env`."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="tpu_dist_test_") as scratch:
         base = {
-            **os.environ,
+            **environ,
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "WORLD_SIZE": str(nprocs),
@@ -173,6 +180,7 @@ def shared(worker: str, nprocs: int = 2) -> list[Rank]:
 
 
 # One launch at a time (each already keeps the 2 cores busy), each world size's once per pytest process.
+_SESSION_ENVIRON = dict(os.environ)
 _LAUNCHER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="shared_launch")
 _SHARED_LAUNCHES: dict[int, concurrent.futures.Future] = {}
 _SHARED_LOCK = threading.Lock()
@@ -211,7 +219,9 @@ def _shared_launch(nprocs: int) -> tuple[Rank, ...]:
         ports = [_bound(probes) for _ in workers]
     arguments = ["-u", str(HERE / "run_shared.py")]
     arguments += [f"{name}:{seconds}:{port}" for (name, seconds), port in zip(workers.items(), ports, strict=True)]
-    return tuple(_ranks(arguments, nprocs, timeout=sum(workers.values()) + 60))
+    # The environment the session began with: this thread starts a launch while some test runs, and what that
+    # test's monkeypatch set for itself (launch variables, a drill's victim) must not reach the shared ranks.
+    return tuple(_ranks(arguments, nprocs, timeout=sum(workers.values()) + 60, environ=_SESSION_ENVIRON))
 
 
 def _section(rank: Rank, worker: str) -> tuple[int | None, str]:
