@@ -165,6 +165,7 @@ SHARED: dict[int, dict[str, float]] = {
         "workers_data_path.exact": 150,
         "workers_ddp.train_four": 240,
         "workers_functional.subgroups": 120,
+        "workers_kernels.submeshes": 120,
         "workers_compiled_parallel.mesh_2d": 240,
         **({"workers_fsdp.four_ranks": 420} if compat.STORAGE_SWAPS_DATA_POINTER else {}),
         "workers_data_path.mismatches": 150,

@@ -34,6 +34,18 @@ def _sharded_rms(blocks: list[torch.Tensor], w: torch.Tensor, rank: int) -> torc
     return blocks[rank] * torch.rsqrt(total / blocks[rank].shape[-1]) * w + rank
 
 
+def _mismatched(op: object, w: torch.Tensor, index: int, rows: tuple[int, int]) -> None:
+    """`op(x, w)` where the mesh's second rank (`index` 1) passes `rows[1]` rows and the others `rows[0]` raises
+    the check's error on every rank, naming both shapes."""
+    try:
+        op(torch.ones(rows[index == 1], 8, device="tpu"), w.to("tpu"))
+    except RuntimeError as error:
+        text = str(error)
+        assert "jax_op mismatch" in text and all(f"float32[{n}, 8]" in text for n in rows), text
+    else:
+        raise AssertionError(f"ranks calling a mesh op with {rows[0]} and {rows[1]} rows were not stopped")
+
+
 def _over_every_rank(rank: int, world: int) -> None:
     """The op over a 1-D mesh of every rank (eager in two modes, gradients) and over a (world, 1) mesh."""
     mesh = init_device_mesh("tpu", (world,), mesh_dim_names=("tp",))
@@ -59,15 +71,12 @@ def _over_every_rank(rank: int, world: int) -> None:
         assert "has no CPU kernel" in str(error), error
     else:
         raise AssertionError("a mesh op over several ranks ran on CPU tensors")
-    # rank 1's block differs, at a shape no rank has compiled: the ranks' handshake raises on every rank (a shape
-    # one rank has already run would meet the collective's timeout instead, as a compiled graph's run does)
-    odd = torch.ones(5 if rank == 1 else 6, 8, device="tpu")
-    try:
-        op(odd, w.to("tpu"))
-    except RuntimeError as error:
-        assert "ranks differ on SPMD program" in str(error), error
-    else:
-        raise AssertionError("ranks calling the mesh op on different shapes were not stopped")
+    # rank 1's block differs, at a shape no rank has compiled, then at one rank 0 has run: each call's check
+    # raises on every rank, naming both sides (the second once met the collective's timeout: rank 0 entered its
+    # compiled program, rank 1 waited to agree on a new one); then the op runs on as before
+    for rows in ((6, 5), (3, 4)):
+        _mismatched(op, w, rank, rows)
+    _close(op(blocks[rank].to("tpu"), w.to("tpu")), _sharded_rms(blocks, w, rank), "after the mismatches")
     grid = init_device_mesh("tpu", (world, 1), mesh_dim_names=("dp", "tp"))
     whole = torch.tpu.pallas.jax_op("mesh_test::whole", rms, mesh=grid)
     x = blocks[rank]
@@ -94,3 +103,29 @@ def mesh_ops() -> None:
     _close(leaf.grad, reference.grad, "gradient")
     dist.destroy_process_group()
     print("mesh jax_op checks passed", flush=True)
+
+
+def submeshes() -> None:
+    """On 4 ranks: the op over a (2, 2) DeviceMesh's "tp" dimension (checked over that dimension's group) and over
+    a JAX mesh of ranks 0 and 3, which no group holds (the check makes one of those two ranks alone), each against
+    the computation on its ranks' data, and a mismatch at a shape already run raising on both ranks of each."""
+    dist.init_process_group("tpu_dist", timeout=_TIMEOUT)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert world == 4, world
+    w = _input(100, (8,), torch.float32)
+    grid = init_device_mesh("tpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    tp = grid["tp"]
+    members = [int(r) for r in tp.mesh.tolist()]
+    meshes = [("tp", tp, members)]
+    if rank in (0, 3):
+        devices = {device.process_index: device for device in jax.devices()}
+        meshes.append(("corners", jax.sharding.Mesh([devices[0], devices[3]], ("tp",)), [0, 3]))
+    for label, mesh, ranks in meshes:
+        op = torch.tpu.pallas.jax_op(f"mesh_test::rms_{label}", rms, mesh=mesh)
+        blocks = [_input(r, (3, 8), torch.float32) for r in ranks]
+        index = ranks.index(rank)
+        for _ in range(2):  # the second call runs the compiled program
+            _close(op(blocks[index].to("tpu"), w.to("tpu")), _sharded_rms(blocks, w, index), f"over {label}")
+        _mismatched(op, w, index, (3, 4))
+    dist.destroy_process_group()
+    print("mesh jax_op submesh checks passed", flush=True)

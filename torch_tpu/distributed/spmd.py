@@ -32,12 +32,14 @@ from jax.sharding import PartitionSpec as P
 
 import torch_tpu.compile
 from torch_tpu import metrics
-from torch_tpu.distributed import collectives, functional, meshes
+from torch_tpu.distributed import collectives, functional, handshake, meshes
 from torch_tpu.runtime import compat, persistent, platform
 
 _KEY = "tpu_dist/spmd/{ranks}/{sequence}/{rank}"
 # Per group (its ranks): how many programs over it this process has agreed on; every rank counts alike.
 _sequence: dict[tuple[int, ...], int] = {}
+# Per mesh (its ranks): the process group whose gloo backend checks each eager call of an op over it.
+_check_groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
 
 
 _HLO_COLLECTIVES = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter", "stablehlo.all_to_all")
@@ -120,6 +122,14 @@ class Program:
         agree(self.ranks, "a fused cluster", hashlib.sha256(text.encode()).hexdigest()[:16], found)
         executable, _ = persistent.compile_lowered(lowered, self.devices)
         return lambda *values: self._call(executable, _arrays(values), scalars)
+
+    def check_call(self, description: str) -> None:
+        """Before each eager run of an op over the mesh: every rank makes this call (`description`: the op, its
+        shapes, dtypes and static arguments), as each c10d call is checked (`handshake`), else each raises naming
+        every side. The first-run agreement alone let a rank at shapes its peers had run enter a program they
+        never joined: its collectives then met the timeout instead of an error."""
+        if handshake.enabled:
+            handshake.agree(handshake.group(_check_group(self.ranks)), description)
 
     def _call(self, executable: Callable, values: Sequence[Any], scalars: list[bool]) -> Any:
         """Run `_lower`'s executable on this rank's `values`; its outputs as this rank's arrays."""
@@ -306,6 +316,25 @@ def agree(ranks: tuple[int, ...], what: str, fingerprint: str, collective_list: 
                 f"{collective_list}; rank {peer} has fingerprint {theirs['fingerprint']} and "
                 f"{len(theirs['collectives'])} collectives {theirs['collectives']}"
             )
+
+
+def _check_group(ranks: tuple[int, ...]) -> dist.ProcessGroup:
+    """A process group of exactly `ranks` with a CPU backend: one the job has (the default group, a DeviceMesh
+    dimension's), else one made for the check (`new_group` with local synchronization: only these ranks take part,
+    as only they call the op)."""
+    world = dist.distributed_c10d._world
+    found = _check_groups.get(ranks)
+    if found is not None and found in world.pg_map:
+        return found
+    members = set(ranks)
+    for group, group_ranks in world.pg_group_ranks.items():
+        if set(group_ranks) == members and "cpu:" in dist.get_backend_config(group):
+            found = group
+            break
+    else:
+        found = dist.new_group(sorted(ranks), use_local_synchronization=True)
+    _check_groups[ranks] = found
+    return found
 
 
 @functools.cache

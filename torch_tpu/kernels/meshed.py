@@ -9,8 +9,9 @@ A mesh of one device (a DeviceMesh of this rank alone; a JAX mesh of one device)
 runs on, so the op is a registry lowering like any other: eager, the CPU kernel, compiled graphs and autograd. A
 mesh over several ranks (a DeviceMesh of a tpu_dist job) makes the op collective, like a c10d call: every rank of
 the mesh calls it with its block, and it runs as one SPMD program over the mesh's devices (the distributed layer's
-`spmd.Program`, reached through `torch_tpu.compile.spmd_program`: the ranks agree on the program before its first
-run, a rank calling something else raises on every rank), compiled once per shapes and static arguments. Eager
+`spmd.Program`, reached through `torch_tpu.compile.spmd_program`: each eager call is checked like a c10d call, and
+the ranks agree on the program before its first run, so a rank calling something else raises on every rank),
+compiled once per shapes and static arguments. Eager
 (every mode: Fused runs its pending cluster first) and autograd serve it, and a compiled graph holding it runs as
 one SPMD program over the mesh (`torch_tpu.compile.mesh_ops`, which `distributed.spmd.plan` reads); it has no CPU
 kernel.
@@ -135,10 +136,13 @@ def spmd_kernel(lowering: Callable, name: str, grid: Grid) -> Callable:
                 )
         arrays = [deferred.concrete(storage.value(leaves[i].detach())) for i in positions]
         statics = tuple(leaf for i, leaf in enumerate(leaves) if i not in positions)
+        program = _program(grid)
+        shapes = [f"{leaf.dtype}{list(leaf.shape)}" if i in positions else repr(leaf) for i, leaf in enumerate(leaves)]
+        program.check_call(f"jax_op {name}({', '.join(shapes)})".replace("torch.", ""))
         key = (spec, statics, tuple((a.shape, a.dtype) for a in arrays))
         run = programs.get(key)
         if run is None:
-            run = programs[key] = _program(grid).compile(_body(lowering, leaves, spec, positions), arrays)
+            run = programs[key] = program.compile(_body(lowering, leaves, spec, positions), arrays)
         return tree_map(storage.wrap, run(*arrays))
 
     return kernel
