@@ -14,12 +14,16 @@
   so a tpu_dist group's splits are made with `new_group`; and a `new_group` that leaves a rank out of a
   device-bound group (`device_id=`) asks gloo for a split method it lacks.
 - Every DeviceMesh made is recorded (`distributed.meshes`), for compiled graphs over several of its dimensions.
+- Where `torch.random.fork_rng` defaults to `device_type="cuda"` (torch 2.12), pipelining's schedule forks its
+  stages' tpu devices without naming their type, and the fork asked CUDA for their state ("Found no NVIDIA
+  driver"); a fork of devices that are all tpu `torch.device`s forks the tpu's (2.13 passes the type itself).
 """
 
 from __future__ import annotations
 
 import datetime
 import functools
+import inspect
 import threading
 import warnings
 from collections.abc import Callable
@@ -201,6 +205,28 @@ def _split_group_by_new_group(split_group: Callable) -> Callable:
     return split
 
 
+def _fork_rng_of_the_devices_given(fork_rng: Callable) -> Callable:
+    """`fork_rng` whose CUDA default gives way to the type of the devices given, where all are tpu devices."""
+    backend = torch._C._get_privateuse1_backend_name()
+
+    @functools.wraps(fork_rng)
+    def fork(
+        devices: Any = None,
+        enabled: bool = True,
+        _caller: str = "fork_rng",
+        _devices_kw: str = "devices",
+        device_type: str = "cuda",
+    ) -> Any:
+        if device_type == "cuda" and devices:
+            devices = list(devices)
+            if all(isinstance(device, torch.device) and device.type == backend for device in devices):
+                device_type = backend
+        return fork_rng(devices, enabled, _caller, _devices_kw, device_type)
+
+    fork._tpu_dist = True
+    return fork
+
+
 def install() -> None:
     """Apply the changes (idempotent); nothing runs until DDP, DeviceMesh or split_group is used."""
     _patch_ddp_sink()
@@ -209,6 +235,9 @@ def install() -> None:
     # without it (NCCL's ncclCommSplit); gloo has no communicator to split, and no such method.
     if not hasattr(ProcessGroupGloo, "perform_nocolor_split"):
         ProcessGroupGloo.perform_nocolor_split = lambda self, device: None
+    fork_rng = torch.random.fork_rng
+    if inspect.signature(fork_rng).parameters["device_type"].default == "cuda" and not hasattr(fork_rng, "_tpu_dist"):
+        torch.random.fork_rng = _fork_rng_of_the_devices_given(fork_rng)
     c10d = dist.distributed_c10d
     if not getattr(c10d.split_group, "_tpu_dist", False):
         split = _split_group_by_new_group(c10d.split_group)
