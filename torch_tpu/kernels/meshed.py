@@ -11,10 +11,9 @@ mesh over several ranks (a DeviceMesh of a tpu_dist job) makes the op collective
 the mesh calls it with its block, and it runs as one SPMD program over the mesh's devices (the distributed layer's
 `spmd.Program`, reached through `torch_tpu.compile.spmd_program`: each eager call is checked like a c10d call, and
 the ranks agree on the program before its first run, so a rank calling something else raises on every rank),
-compiled once per shapes and static arguments. Eager
-(every mode: Fused runs its pending cluster first) and autograd serve it, and a compiled graph holding it runs as
-one SPMD program over the mesh (`torch_tpu.compile.mesh_ops`, which `distributed.spmd.plan` reads); it has no CPU
-kernel.
+compiled once per shapes and static arguments. Eager (every mode: Fused runs its pending cluster first) and
+autograd serve it, and a compiled graph holding it runs as one SPMD program over the mesh
+(`torch_tpu.compile.mesh_ops`, which `distributed.spmd.plan` reads); it has no CPU kernel.
 """
 
 from __future__ import annotations
@@ -137,8 +136,11 @@ def spmd_kernel(lowering: Callable, name: str, grid: Grid) -> Callable:
         arrays = [deferred.concrete(storage.value(leaves[i].detach())) for i in positions]
         statics = tuple(leaf for i, leaf in enumerate(leaves) if i not in positions)
         program = _program(grid)
-        shapes = [f"{leaf.dtype}{list(leaf.shape)}" if i in positions else repr(leaf) for i, leaf in enumerate(leaves)]
-        program.check_call(f"jax_op {name}({', '.join(shapes)})".replace("torch.", ""))
+        described = [
+            f"{str(leaf.dtype).removeprefix('torch.')}{list(leaf.shape)}" if i in positions else repr(leaf)
+            for i, leaf in enumerate(leaves)
+        ]
+        program.check_call(f"jax_op {name}({', '.join(described)})")
         key = (spec, statics, tuple((a.shape, a.dtype) for a in arrays))
         run = programs.get(key)
         if run is None:
