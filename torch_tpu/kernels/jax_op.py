@@ -197,18 +197,6 @@ def _fill(template: Any, values: Iterator) -> Any:
     return template
 
 
-def _describe(args: tuple, kwargs: dict, names: Sequence[str]) -> str:
-    def one(value: Any) -> str:
-        if isinstance(value, torch.Tensor):
-            return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
-        if isinstance(value, (list, tuple)):
-            return "[" + ", ".join(one(v) for v in value) + "]"
-        return repr(value)
-
-    given = [f"{name}: {one(value)}" for name, value in zip(names, args, strict=False)]
-    return ", ".join(given + [f"{name}: {one(value)}" for name, value in kwargs.items()])
-
-
 def _abstract(lowering: Callable, name: str, names: Sequence[str], args: tuple, kwargs: dict) -> Any:
     """`jax.eval_shape` of `lowering` on the arguments' shapes and dtypes (a KernelError naming them if it fails)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -227,7 +215,7 @@ def _abstract(lowering: Callable, name: str, names: Sequence[str], args: tuple, 
             return jax.eval_shape(traced, *structs)
         except Exception as error:
             raise KernelError(
-                f"torch_tpu: jax_op {name!r} cannot trace for ({_describe(args, kwargs, names)}): "
+                f"torch_tpu: jax_op {name!r} cannot trace for ({signature.describe(args, kwargs, names)}): "
                 f"{type(error).__name__}: {error}"
             ) from error
 
@@ -394,7 +382,7 @@ def _define(name: str, lowering: Callable, schema: str, names: Sequence[str], gr
     lower(op._opoverload)(lowering)  # what a compiled graph's SPMD program over the mesh inlines
     torch_tpu.compile.mesh_ops[op._opoverload] = (grid.ranks, grid.shape, grid.names)
     library = torch.library.Library(op._opoverload.namespace, "IMPL")
-    library.impl(op._opoverload, meshed.spmd_kernel(lowering, name, grid), "PrivateUse1")
+    library.impl(op._opoverload, meshed.spmd_kernel(lowering, name, names, grid), "PrivateUse1")
     _libraries.append(library)
     return op
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -31,6 +31,7 @@ from jax.sharding import PartitionSpec as P
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 import torch_tpu.compile
+from torch_tpu.kernels import signature
 from torch_tpu.runtime import deferred, dtypes, storage
 
 
@@ -119,7 +120,7 @@ def _body(lowering: Callable, leaves: list[Any], spec: Any, positions: list[int]
     return body
 
 
-def spmd_kernel(lowering: Callable, name: str, grid: Grid) -> Callable:
+def spmd_kernel(lowering: Callable, name: str, names: Sequence[str], grid: Grid) -> Callable:
     """The tpu kernel of an op over a mesh of several ranks: `lowering` as one SPMD program over the mesh's
     devices, each rank's tensors its blocks (compiled, after the ranks agree on it, once per shapes, dtypes and
     static arguments)."""
@@ -136,11 +137,7 @@ def spmd_kernel(lowering: Callable, name: str, grid: Grid) -> Callable:
         arrays = [deferred.concrete(storage.value(leaves[i].detach())) for i in positions]
         statics = tuple(leaf for i, leaf in enumerate(leaves) if i not in positions)
         program = _program(grid)
-        described = [
-            f"{str(leaf.dtype).removeprefix('torch.')}{list(leaf.shape)}" if i in positions else repr(leaf)
-            for i, leaf in enumerate(leaves)
-        ]
-        program.check_call(f"jax_op {name}({', '.join(described)})")
+        program.check_call(f"jax_op {name}({signature.describe(args, kwargs, names)})")
         key = (spec, statics, tuple((a.shape, a.dtype) for a in arrays))
         run = programs.get(key)
         if run is None:

@@ -4,6 +4,7 @@
 `bool` and `str` (optional or not, and lists of int or float) are static arguments, compiled into the kernel's
 program, with their defaults. A return of `jax.Array`, a tuple of them or a list of them gives one output, several
 or a `Tensor[]`. Anything else is refused here, naming the parameter, rather than failing later inside a trace.
+`describe` names a call's arguments by those parameters, for errors and for the ranks' per-call check.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import functools
 import inspect
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import torch
 
 _STATIC = {int: "int", float: "float", bool: "bool", str: "str"}
 _STATIC_LISTS = {int: "int[]", float: "float[]"}
@@ -162,3 +164,17 @@ def of(name: str, fn: Callable) -> Signature:
         raise TypeError(f"torch_tpu: jax_op {name!r}: {fn!r} has no return annotation (e.g. `-> jax.Array`)")
     returns, return_text = _returns(name, hints["return"])
     return Signature(tuple(params), returns, f"({', '.join(texts)}) -> {return_text}")
+
+
+def describe(args: tuple, kwargs: dict, names: Sequence[str]) -> str:
+    """A call's arguments as its errors and the ranks' per-call check name them: tensors by dtype and shape."""
+
+    def one(value: Any) -> str:
+        if isinstance(value, torch.Tensor):
+            return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
+        if isinstance(value, (list, tuple)):
+            return "[" + ", ".join(one(v) for v in value) + "]"
+        return repr(value)
+
+    given = [f"{name}: {one(value)}" for name, value in zip(names, args, strict=False)]
+    return ", ".join(given + [f"{name}: {one(value)}" for name, value in kwargs.items()])
