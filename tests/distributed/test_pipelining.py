@@ -3,6 +3,9 @@
 and ranks whose sends/recvs, collectives or compiled graphs diverge raise at once on both ranks, naming both."""
 
 import launch
+import torch
+
+from torch_tpu.distributed import torch_patches
 
 _CHECKS = (
     "pipeline ScheduleGPipe: equal to one process",
@@ -27,10 +30,6 @@ def test_pipeline_stages_on_two_ranks_equal_one_process_and_divergence_is_an_err
 def test_a_fork_of_tpu_devices_under_the_cuda_default_forks_the_tpu_rng():
     """torch 2.12's schedule calls `fork_rng(devices=[tpu device])`, whose device_type defaulted to "cuda" there: the
     patch (installed on such a release) forks the tpu's RNG instead, and leaves every other call as it was."""
-    import torch
-
-    from torch_tpu.distributed import torch_patches
-
     fork = torch_patches._fork_rng_of_the_devices_given(torch.random.fork_rng)
     before = torch.tpu.get_rng_state()
     with fork(devices=[torch.device("tpu", 0)], device_type="cuda"):
