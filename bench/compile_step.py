@@ -412,6 +412,22 @@ def warm_check(cfg: Config, args: argparse.Namespace) -> None:
             f"warm start: the 2nd process's first step takes {warm / cold:.0%} of the 1st's (target <= 10%); "
             f"{warm_cpu / cold_cpu:.0%} in CPU time; load average at the end {os.getloadavg()[0]:.1f}"
         )
+        if args.require_warm:
+            _require_warm(runs)
+
+
+def _require_warm(runs: list[dict]) -> None:
+    """Exit non-zero unless the 2nd process compiled nothing (every executable from the shared cache) and its
+    losses equal the 1st's (the same programs on the same data)."""
+    cold, warm = runs
+    problems = []
+    if warm["persistent"]["misses"] or not warm["persistent"]["hits"]:
+        problems.append(f"the 2nd process missed the cache: {warm['persistent']}")
+    if warm["result"]["losses"] != cold["result"]["losses"]:
+        problems.append(f"losses differ: {cold['result']['losses']} then {warm['result']['losses']}")
+    if problems:
+        sys.exit("warm-start check failed: " + "; ".join(problems))
+    print("warm-start check: the 2nd process loaded every executable and computed the same losses")
 
 
 def main() -> None:
@@ -423,6 +439,7 @@ def main() -> None:
         "--torch-threads", type=int, default=0, help="torch CPU intra-op threads for (c) and (d); 0: torch's default"
     )
     parser.add_argument("--warm-check", action="store_true", help="cold vs warm compile of the tpu part, 2 processes")
+    parser.add_argument("--require-warm", action="store_true", help="with --warm-check: fail unless the 2nd is warm")
     parser.add_argument("--tpu-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--peak-tflops", type=float, default=0.0, help="the device's peak for --dtype: prints MFU")

@@ -1,143 +1,147 @@
 #!/usr/bin/env bash
-# One borrowed accelerator run, prepared: torch and JAX are installed there and nothing can be downloaded.
+# The device run: torch_tpu on a real chip, in parts that each fit one 10-minute command of a borrowed machine.
 #
-# Installs torch_tpu from this working tree without dependencies (into a folder of its own, not the machine's
-# environment), then, on TORCH_TPU_PLATFORM (default gpu; or the first argument), runs:
-#   the platform report, the device checks (a pytest subset, if pytest is there), the seed smoke test
-#   (shared/seeds/smoke.py or ../shared/seeds/smoke.py, unmodified) eager and compiled, bench/compile_step.py in
-#   float32 and bfloat16, bench/eager_modes.py, and bench/kernels.py's attention (the platform's kernel vs XLA).
-# Every step has its own timeout, cut to what is left of DEVICE_RUN_BUDGET_S (default 540 s, so the whole run fits
-# one 10-minute borrowed command); a failed or timed-out step is recorded and the run goes on; the summary at the
-# end has one line per step. All output lands under $OUT (default: a fresh temporary folder), one log per step.
+#   bench/device_run.sh PART [PART ...]      PART: correctness | models | perf | all
 #
-#   bench/device_run.sh [platform]            e.g. OUT=/tmp/out bench/device_run.sh gpu
-#   DEVICE_RUN_SMALL=1 TORCH_TPU_PLATFORM=cpu bench/device_run.sh    the dry run (CPU platform, small sizes;
-#   DEVICE_RUN_TIMEOUT_SCALE=N and DEVICE_RUN_BUDGET_S=S give a slow, shared machine more time)
-# DEVICE_RUN_SMOKE=PATH names smoke.py where it is elsewhere. PEAK_TFLOPS_FP32 / PEAK_TFLOPS_BF16 (the device's
-# peaks) make compile_step print the MFU.
+# On the TPU machine (../shared/tpu/pack.sh here, then remote.sh setup there), from the project root:
+#   source /tmp/tpu/env.sh ours && bench/device_run.sh correctness      (then `models`, then `perf`: three calls)
+# correctness  the platform report, the seed's smoke test eager and compiled, the device part of the test suite
+#              (pytest -m tpu_device, models apart), the numerics figures (bench/tpu_numerics.py), the persistent
+#              cache across two processes, and the kit: `torch-tpu smoke` and `torch-tpu evaluate` on tiny_lm
+# models       the seven models' tests, eager and compiled, OpInfo, optimizers and training (pytest -m
+#              tpu_device), and bench/tpu_compiled_numerics.py (where compiled and eager numbers part)
+# perf         bench/compile_step.py fp32 and bf16, bench/eager_modes.py, bench/kernels.py's attention
+# Every step runs under its own timeout, cut to what is left of DEVICE_RUN_BUDGET_S (default 540 s a part); a
+# failed or timed-out step is recorded and the run goes on. Under $OUT (default: a fresh temporary folder): one log
+# per part with every step's output (PART.log), the test reports (PART-junit.xml), the figures' JSON, and
+# summary.txt with one line per step. Exit status 0 when every step passed.
+#   DEVICE_RUN_SMALL=1 TORCH_TPU_PLATFORM=cpu bench/device_run.sh all     the dry run (tests/test_device_run.py)
+# DEVICE_RUN_TIMEOUT_SCALE=N gives a slow machine more time; DEVICE_RUN_SMOKE=PATH names the seed's smoke.py;
+# PEAK_TFLOPS_FP32 / PEAK_TFLOPS_BF16 make compile_step print the MFU (a v5e: 197 bf16).
 set -u
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PLATFORM=${1:-${TORCH_TPU_PLATFORM:-gpu}}
 OUT=${OUT:-$(mktemp -d -t torch_tpu_device_run_XXXXXX)}
 PYTHON=${PYTHON:-python3}
 BUDGET=${DEVICE_RUN_BUDGET_S:-540}
 SMALL=${DEVICE_RUN_SMALL:-0}
-SCALE=${DEVICE_RUN_TIMEOUT_SCALE:-1} # multiplies every step's timeout (a loaded machine's dry run)
+SCALE=${DEVICE_RUN_TIMEOUT_SCALE:-1}
+WORK=$(mktemp -d -t torch_tpu_device_work_XXXXXX) # scratch that does not come back (caches, reports)
 mkdir -p "$OUT"
-START=$SECONDS
-SUMMARY=()
 FAILED=0
-
-export TORCH_TPU_PLATFORM=$PLATFORM
 # Several processes run one after another: JAX must not take 75% of the device's memory in each.
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
-export TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT="$OUT/cache/torch_tpu"
-export TORCHINDUCTOR_CACHE_DIR="$OUT/cache/inductor"
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+export TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT="$WORK/cache/torch_tpu" TORCHINDUCTOR_CACHE_DIR="$WORK/cache/inductor"
+cd "$REPO" || exit 2
 
-# step NAME CAP_SECONDS COMMAND...: runs COMMAND from the repository root under `timeout`, output in $OUT/NAME.log.
+# step NAME CAP_SECONDS COMMAND...: runs COMMAND under `timeout`, its output appended to $OUT/$PART.log.
 step() {
     local name=$1 cap=$(($2 * SCALE))
     shift 2
-    local left=$((BUDGET - (SECONDS - START) - 5))
+    local left=$((BUDGET - (SECONDS - PART_START) - 5))
     if ((left < 15)); then
-        SUMMARY+=("SKIP  $name (the run's budget of ${BUDGET} s is spent)")
+        echo "SKIP  $PART/$name (the part's budget of ${BUDGET} s is spent)" >>"$OUT/summary.txt"
         return
     fi
-    local limit=$((cap < left ? cap : left))
-    local began=$SECONDS
-    echo "== $name (timeout ${limit} s)"
-    (cd "$REPO" && timeout --kill-after=10 "$limit" "$@") >"$OUT/$name.log" 2>&1
+    local limit=$((cap < left ? cap : left)) began=$SECONDS
+    echo "== $PART/$name (timeout ${limit} s)" | tee -a "$LOG"
+    timeout --signal=INT --kill-after=15 "$limit" "$@" >"$WORK/step.log" 2>&1
     local status=$? took=$((SECONDS - began))
-    tail -n 25 "$OUT/$name.log"
-    if ((status == 0)); then
-        SUMMARY+=("PASS  $name (${took} s)")
-    elif ((status == 124 || status == 137)); then
-        SUMMARY+=("FAIL  $name (timed out after ${limit} s)")
-        FAILED=$((FAILED + 1))
+    cat "$WORK/step.log" >>"$LOG"
+    tail -n 15 "$WORK/step.log"
+    local line="PASS  $PART/$name (${took} s)"
+    if ((status == 124 || status == 137)); then
+        line="FAIL  $PART/$name (timed out after ${limit} s)"
+    elif ((status != 0)); then
+        line="FAIL  $PART/$name (exit status $status, ${took} s)"
+    fi
+    [[ $line == FAIL* ]] && FAILED=$((FAILED + 1))
+    echo "$line" | tee -a "$LOG" >>"$OUT/summary.txt"
+}
+
+# pytest_part NAME CAP SMALL_K PATHS...: the device part of the suite under PATHS, in this one process (one process
+# holds the chip); the dry run takes only the tests SMALL_K (a -k expression) selects.
+pytest_part() {
+    local name=$1 cap=$2 small_k=$3
+    shift 3
+    local select=(-m tpu_device)
+    [ "$SMALL" = 1 ] && select=(-m "tpu_device and not slow" -k "$small_k")
+    step "$name" "$cap" "$PYTHON" -m pytest -v -p no:cacheprovider -rfE --tb=short --durations=15 "${select[@]}" \
+        --junitxml="$OUT/$PART-junit.xml" "$@"
+}
+
+part_correctness() {
+    step platform 120 "$PYTHON" bench/device_platform.py
+    local smoke=""
+    for candidate in ${DEVICE_RUN_SMOKE:-} /tmp/tpu/smoke.py shared/seeds/smoke.py ../shared/seeds/smoke.py; do
+        [ -f "$candidate" ] && smoke=$candidate && break
+    done
+    if [ -n "$smoke" ]; then
+        step smoke_eager 90 env EXECUTION_MODE=eager "$PYTHON" "$smoke"
+        step smoke_compiled 120 env EXECUTION_MODE=compiled "$PYTHON" "$smoke"
     else
-        SUMMARY+=("FAIL  $name (exit status $status, ${took} s)")
-        FAILED=$((FAILED + 1))
+        echo "SKIP  $PART/smoke (no smoke.py: DEVICE_RUN_SMOKE, /tmp/tpu or shared/seeds)" >>"$OUT/summary.txt"
     fi
+    pytest_part device_suite 330 "device_name or on_chip" tests --ignore=tests/models --ignore=tests/test_opinfo.py \
+        --ignore=tests/test_optimizers.py --ignore=tests/test_training.py
+    step numerics 120 "$PYTHON" bench/tpu_numerics.py --json "$OUT/numerics.json"
+    local size=(--layers 1 --d-model 64 --heads 2 --seq 32 --batch 2 --vocab 128 --steps 2 --warmup 1)
+    step cache_two_processes 150 "$PYTHON" bench/compile_step.py --warm-check --require-warm "${size[@]}"
+    step kit_smoke 90 "$PYTHON" -m torch_tpu.kit.cli smoke
+    local evaluate_size=()
+    [ "$SMALL" = 1 ] && evaluate_size=(--steps 8 --iterations 5)
+    step kit_evaluate 240 "$PYTHON" -m torch_tpu.kit.cli evaluate examples.workloads:tiny_lm --reference cpu \
+        --prices torch_tpu/kit/example_prices.json --out "$WORK/report" "${evaluate_size[@]}"
+    [ -f "$WORK/report/report.json" ] && cp "$WORK/report/report.json" "$OUT/evaluate-report.json"
 }
 
-# --- install: pip into a folder of its own (no index, no dependencies, no build isolation); without setuptools
-# or pip, the working tree itself plus the package metadata torch's autoload and `version("torch_tpu")` read.
-SITE="$OUT/site"
-install_torch_tpu() {
-    if "$PYTHON" -m pip install --no-index --no-deps --no-build-isolation --target "$SITE" "$REPO"; then
-        return 0
-    fi
-    echo "pip could not install the working tree (no setuptools here?): using it in place with a metadata shim"
-    local version
-    version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$REPO/pyproject.toml")
-    local info="$SITE/torch_tpu-$version.dist-info"
-    rm -rf "$SITE" && mkdir -p "$info"
-    printf 'Metadata-Version: 2.1\nName: torch_tpu\nVersion: %s\n' "$version" >"$info/METADATA"
-    printf '[torch.backends]\ntorch_tpu = torch_tpu._loader:load\n\n[torch_dynamo_backends]\n' >"$info/entry_points.txt"
-    printf 'tpu = torch_tpu.compile.backend:backend\n' >>"$info/entry_points.txt"
-    echo "$REPO" >"$SITE/torch_tpu_working_tree.pth"
+part_models() {
+    pytest_part models_suite 420 "lstm and not compiled" tests/models tests/test_opinfo.py tests/test_optimizers.py tests/test_training.py
+    local models=gpt2,llama
+    [ "$SMALL" = 1 ] && models=gpt2
+    step compiled_numerics 150 "$PYTHON" bench/tpu_compiled_numerics.py --models "$models" \
+        --json "$OUT/compiled_numerics.json"
 }
-export -f install_torch_tpu
-export PYTHON SITE REPO
-step install 120 bash -c install_torch_tpu
-export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
-step platform 90 "$PYTHON" -c '
-import json, platform, jax, torch, torch_tpu
-from importlib.metadata import version
-print(json.dumps({"python": platform.python_version(), "torch": torch.__version__, "jax": jax.__version__,
-    "jaxlib": version("jaxlib"), "torch_tpu": version("torch_tpu"), "from": torch_tpu.__file__,
-    "jax_devices": [str(d) for d in jax.devices()], "tpu_device": torch.tpu.get_device_name(),
-    "tpu_count": torch.tpu.device_count()}, indent=1))
-x = torch.randn(256, 256)
-d = (x.to("tpu") @ x.to("tpu")).cpu()
-torch.testing.assert_close(d, x @ x, rtol=1e-4, atol=1e-4)
-print("matmul on tpu matches CPU; float64 on device:", torch.ones(2, dtype=torch.float64, device="tpu").dtype)
-'
+part_perf() {
+    local compile_size=(--steps 10 --warmup 2) eager_size=(--rounds 5 --steps 10 --warmup 3) kernel_size=(--repeats 3)
+    if [ "$SMALL" = 1 ]; then
+        compile_size=(--layers 1 --d-model 64 --heads 2 --seq 32 --batch 2 --vocab 128 --steps 3 --warmup 1)
+        eager_size=(--rounds 1 --steps 2 --warmup 1)
+        kernel_size=(--batch 1 --heads 2 --length 128 --dim 32 --repeats 1)
+    fi
+    local peak32=() peak16=()
+    [ -n "${PEAK_TFLOPS_FP32:-}" ] && peak32=(--peak-tflops "$PEAK_TFLOPS_FP32")
+    [ -n "${PEAK_TFLOPS_BF16:-}" ] && peak16=(--peak-tflops "$PEAK_TFLOPS_BF16")
+    # Inductor is a CPU reference here and compiles C++ for minutes: skipped.
+    step compile_step_fp32 150 "$PYTHON" bench/compile_step.py --skip-inductor --dtype float32 "${compile_size[@]}" \
+        "${peak32[@]}"
+    step compile_step_bf16 150 "$PYTHON" bench/compile_step.py --skip-inductor --dtype bfloat16 "${compile_size[@]}" \
+        "${peak16[@]}"
+    step eager_modes 150 "$PYTHON" bench/eager_modes.py "${eager_size[@]}"
+    step kernels 90 "$PYTHON" bench/kernels.py --sections attention "${kernel_size[@]}"
+}
 
-if "$PYTHON" -c "import pytest" 2>/dev/null; then
-    step device_checks 150 "$PYTHON" -m pytest -q -p no:cacheprovider -m "not slow" \
-        tests/test_device.py tests/test_device_checks.py tests/test_platform_numerics.py tests/test_precision.py \
-        --junitxml="$OUT/device_checks.xml"
-else
-    SUMMARY+=("SKIP  device_checks (no pytest on this machine)")
-fi
-
-SMOKE=""
-for candidate in ${DEVICE_RUN_SMOKE:-} "$REPO/shared/seeds/smoke.py" "$REPO/../shared/seeds/smoke.py"; do
-    [ -f "$candidate" ] && SMOKE=$candidate && break
+PARTS=("$@")
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(correctness)
+[ "${PARTS[*]}" = all ] && PARTS=(correctness models perf)
+for PART in "${PARTS[@]}"; do
+    case $PART in
+    correctness | models | perf) ;;
+    *) echo "device_run.sh: unknown part '$PART' (correctness, models, perf or all)" >&2 && exit 2 ;;
+    esac
 done
-if [ -n "$SMOKE" ]; then
-    step smoke_eager 90 env EXECUTION_MODE=eager "$PYTHON" "$SMOKE"
-    step smoke_compiled 120 env EXECUTION_MODE=compiled "$PYTHON" "$SMOKE"
-else
-    SUMMARY+=("SKIP  smoke (no shared/seeds/smoke.py in the repository or beside it)")
-fi
-
-if [ "$SMALL" = 1 ]; then
-    COMPILE_SIZE=(--layers 1 --d-model 64 --heads 2 --seq 32 --batch 2 --vocab 128 --steps 3 --warmup 1)
-    EAGER_SIZE=(--rounds 1 --steps 2 --warmup 1)
-    KERNEL_SIZE=(--batch 1 --heads 2 --length 128 --dim 32 --repeats 1)
-else
-    COMPILE_SIZE=(--steps 10 --warmup 2)
-    EAGER_SIZE=(--rounds 5 --steps 10 --warmup 3)
-    KERNEL_SIZE=(--repeats 3)
-fi
-PEAK32=()
-PEAK16=()
-[ -n "${PEAK_TFLOPS_FP32:-}" ] && PEAK32=(--peak-tflops "$PEAK_TFLOPS_FP32")
-[ -n "${PEAK_TFLOPS_BF16:-}" ] && PEAK16=(--peak-tflops "$PEAK_TFLOPS_BF16")
-# Inductor is a CPU reference here and compiles C++ for minutes: skipped.
-step compile_step_fp32 120 "$PYTHON" bench/compile_step.py --skip-inductor --dtype float32 "${COMPILE_SIZE[@]}" \
-    "${PEAK32[@]}"
-step compile_step_bf16 120 "$PYTHON" bench/compile_step.py --skip-inductor --dtype bfloat16 "${COMPILE_SIZE[@]}" \
-    "${PEAK16[@]}"
-step eager_modes 150 "$PYTHON" bench/eager_modes.py "${EAGER_SIZE[@]}"
-step kernels 90 "$PYTHON" bench/kernels.py --sections attention "${KERNEL_SIZE[@]}"
-
-{
-    echo "device_run on TORCH_TPU_PLATFORM=$PLATFORM, $((SECONDS - START)) s; logs in $OUT"
-    printf '%s\n' "${SUMMARY[@]}"
-} | tee "$OUT/summary.txt"
+for PART in "${PARTS[@]}"; do
+    PART_START=$SECONDS
+    LOG="$OUT/$PART.log"
+    : >"$LOG"
+    echo "device_run $PART: $(date -u +%FT%TZ), commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')" \
+        "$(git -C "$REPO" status --porcelain 2>/dev/null | grep -q . && echo '(with uncommitted changes)')" \
+        | tee -a "$OUT/summary.txt" "$LOG"
+    "part_$PART"
+    echo "device_run $PART: $((SECONDS - PART_START)) s" | tee -a "$OUT/summary.txt"
+done
+rm -rf "$WORK"
+echo "--- $OUT/summary.txt"
+cat "$OUT/summary.txt"
 exit $((FAILED > 0))

@@ -23,3 +23,18 @@ def pytest_configure(config):
         os.environ.setdefault(variable, tempfile.mkdtemp(prefix=prefix))
         if worker:
             os.environ[variable] = os.path.join(os.environ[variable], worker)
+    if "tpu_device" in (config.option.markexpr or ""):
+        _children_off_the_chip()
+
+
+def _children_off_the_chip():
+    """On a TPU one process at a time can hold the chip, and this one does (the device part of the suite, `-m
+    tpu_device`): the processes tests start (to check environment variables, autoload) run on the XLA CPU
+    platform instead. Elsewhere nothing changes, and JAX is not initialised before a test asks for it."""
+    import os
+
+    from torch_tpu.runtime import platform
+
+    if platform.platform() == "tpu":
+        os.environ["TORCH_TPU_PLATFORM"] = "cpu"
+        os.environ["JAX_PLATFORMS"] = "cpu"

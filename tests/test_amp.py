@@ -10,6 +10,8 @@ import torch.nn.functional as F
 import torch_tpu.amp
 from torch_tpu.testing.compare import TOLERANCES
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 torch_tpu.amp.install()  # idempotent: a no-op once importing torch_tpu has installed it
 BF16, FP32 = torch.bfloat16, torch.float32
 BF16_TOL = dict(zip(("rtol", "atol"), TOLERANCES[BF16], strict=True))

@@ -7,6 +7,8 @@ from torch.func import functional_call, grad, hessian, jacfwd, jacrev, jvp, vjp,
 
 from torch_tpu.testing.compare import assert_as_accurate_as_cpu, assert_close
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 _generator = torch.Generator().manual_seed(0)
 X, W = torch.randn(4, 3, generator=_generator), torch.randn(3, 2, generator=_generator)
 

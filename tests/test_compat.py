@@ -162,28 +162,6 @@ def test_an_op_this_torch_lacks_registers_nothing():
         getattr(compat.aten, "__no_such_dunder__")  # noqa: B009  (an attribute lookup is what is tested)
 
 
-@pytest.mark.slow
-def test_device_run_dry_run_on_the_cpu_platform(tmp_path):
-    """bench/device_run.sh end to end on the XLA CPU platform at small sizes (minutes: marked slow)."""
-    env = dict(
-        os.environ,
-        OUT=str(tmp_path),
-        PYTHON=sys.executable,
-        TORCH_TPU_PLATFORM="cpu",
-        DEVICE_RUN_SMALL="1",
-        DEVICE_RUN_BUDGET_S="3000",
-        DEVICE_RUN_TIMEOUT_SCALE="5",
-    )
-    out = subprocess.run(["bash", str(ROOT / "bench" / "device_run.sh")], capture_output=True, text=True, env=env)
-    summary = (tmp_path / "summary.txt").read_text()
-    assert out.returncode == 0, summary
-    steps = ["install", "platform", "device_checks", "compile_step_fp32", "compile_step_bf16", "eager_modes"]
-    smoke = ROOT / "shared" / "seeds" / "smoke.py", ROOT.parent / "shared" / "seeds" / "smoke.py"
-    steps += ["smoke_eager", "smoke_compiled"] if any(path.exists() for path in smoke) else []
-    for step in steps:
-        assert f"PASS  {step} " in summary, summary
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64", "bool"])
 @pytest.mark.parametrize("shape", [(), (1,), (2, 3)])
 def test_put_copy_is_device_put_of_a_private_copy(dtype, shape):

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 
 import torch_tpu
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 RTOL, ATOL = 1e-4, 1e-5  # fp32 over several optimizer steps
 
 

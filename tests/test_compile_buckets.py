@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch_tpu.eager.cache import executables
 from torch_tpu.testing.compare import assert_close
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 OPTIONS = {"num_dynamic_buckets": 4, "bucket_size": 8}
 
 

@@ -8,6 +8,8 @@ import torch
 
 import torch_tpu
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 
 def test_import_torch_alone_registers_tpu():
     code = "import torch; x = torch.ones(3, device='tpu'); print(type(x).__name__, x.device, (x * 2).cpu().tolist())"

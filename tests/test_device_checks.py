@@ -15,6 +15,8 @@ import torch_tpu
 from torch_tpu.eager.cache import executables
 from torch_tpu.runtime import checks
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 MESSAGE = "index 10 is out of bounds for dimension 0 with size 5"
 
 

@@ -9,6 +9,8 @@ import torch
 import torch_tpu
 from torch_tpu.eager.cache import executables
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 MODES = {"strict": torch.tpu.EagerMode.DEFER_NEVER, "fused": torch.tpu.EagerMode.DEFER_AND_FUSE}
 
 

@@ -9,6 +9,8 @@ import torch
 import torch_tpu
 from torch_tpu.runtime import platform
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 ON_CPU = pytest.mark.skipif(platform.platform() != "cpu", reason="the XLA CPU platform's DLPack device is kDLCPU")
 
 

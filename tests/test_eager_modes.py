@@ -8,6 +8,8 @@ import torch.nn.functional as F
 
 from torch_tpu.testing.compare import EAGER_MODES as MODES
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 RTOL, ATOL = 1e-4, 1e-5
 
 

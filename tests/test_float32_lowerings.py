@@ -17,6 +17,8 @@ from torch_tpu.eager import dispatch
 from torch_tpu.eager.cache import executables
 from torch_tpu.testing.compare import to_tpu
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 FORWARD = """
     add addcdiv addcmul cumprod cumsum div.floor_rounding erf erfinv exp fmod i0 lerp lgamma log1p logit mean mul
     norm prod round std sum xlogy special.i0e special.i1 special.erfcx

@@ -10,6 +10,8 @@ import torch
 
 from torch_tpu.runtime import compat, memory, storage
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 # The keys of `torch.cuda.memory_stats()` / `torch.accelerator.memory_stats()`, as PyTorch's C++ builds them
 # (torch/csrc/cuda/Module.cpp `THCPModule_memoryStats`, torch/csrc/DeviceAccelerator.cpp `_accelerator_getDeviceStats`:
 # six event counters, nine StatArrays over the all/small_pool/large_pool pools, two Stats), flattened by

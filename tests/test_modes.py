@@ -8,6 +8,8 @@ import torch
 
 from torch_tpu.eager import modes
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 
 def test_default_mode_is_strict():
     assert torch.tpu.eager_mode is torch.tpu.EagerMode.DEFER_NEVER

@@ -12,6 +12,8 @@ from torch.testing._internal.common_methods_invocations import op_db
 
 from torch_tpu.testing.compare import check_op
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 MAX_SAMPLES = 3  # the first samples of each op: the plain cases; the sweep covers the rest
 
 FORWARD = """

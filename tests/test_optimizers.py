@@ -14,6 +14,8 @@ from torch.optim import lr_scheduler
 from torch.optim.optimizer import _get_capturable_supported_devices
 from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 STEPS = 3
 # fp32 over a few optimizer steps: per-op differences (~1e-6 relative) compound through the updates.
 RTOL, ATOL = 1e-5, 1e-6

@@ -6,6 +6,8 @@ import torch
 
 from torch_tpu.runtime import platform
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 FLUSHING = pytest.mark.skipif(platform.platform() not in ("cpu", "tpu"), reason="XLA CPU and TPUs flush subnormals")
 ON_CPU = pytest.mark.skipif(platform.platform() != "cpu", reason="a fact of the XLA CPU platform")
 

@@ -5,6 +5,8 @@ import torch
 
 from torch_tpu import precision
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 
 @pytest.fixture(autouse=True)
 def _restore():

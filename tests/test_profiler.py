@@ -15,6 +15,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from torch_tpu.eager import fused
 from torch_tpu.profiler import session
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.TPU]
 
 

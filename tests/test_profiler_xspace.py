@@ -13,6 +13,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from torch_tpu.profiler import merge, xspace
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 STATS = ("run_id", "hlo_module", "hlo_op", "program_id", "correlation_id", "profile_start_time")
 BASE_LAG_NS = 5_000  # the XSpace's profile_start_time, before Kineto's trace start
 

@@ -9,6 +9,8 @@ import sys
 import pytest
 import torch
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 SMOKE = pathlib.Path(__file__).resolve().parents[2] / "shared" / "seeds" / "smoke.py"
 
 

@@ -8,6 +8,8 @@ import torch
 import torch_tpu.tpu as tpu_module
 from torch_tpu.runtime import deferred, storage
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 
 @pytest.fixture
 def device_syncs(monkeypatch):

@@ -6,6 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 # fp32 over a few optimizer steps: per-op differences (~1e-6 relative) compound through the updates.
 RTOL, ATOL = 1e-4, 1e-5
 

@@ -10,6 +10,8 @@ import torch
 
 from torch_tpu.runtime import compat
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 DTYPES = [
     torch.float32,
     torch.bfloat16,

@@ -5,6 +5,8 @@ import torch
 
 from torch_tpu.testing.compare import assert_close
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 
 def _both(build):
     """Run `build(device)` on CPU and on tpu; each returns a list of tensors to compare."""

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from torch_tpu.kernels.jax_op import KernelError
 from torch_tpu.testing.compare import EAGER_MODES as MODES
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _names = itertools.count()
 

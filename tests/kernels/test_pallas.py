@@ -17,6 +17,8 @@ from jax.experimental.pallas import tpu as pltpu
 from torch_tpu.kernels import examples, jax_op
 from torch_tpu.testing.export import exported
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 MODES = [torch.tpu.EagerMode.DEFER_NEVER, torch.tpu.EagerMode.DEFER_AND_FUSE]
 _names = itertools.count()
 # Triton's custom call carries no compatibility guarantee, so jax.export refuses it unless told.

@@ -8,6 +8,8 @@ import torch.nn.functional as F
 
 from torch_tpu.testing.compare import assert_close
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 
 def _compiled(fn):
     return torch.compile(fn, backend="tpu", fullgraph=True)

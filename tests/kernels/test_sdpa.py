@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from torch_tpu.kernels.prebuilt import sdpa
 from torch_tpu.testing.compare import assert_close
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 TOL = dict(rtol=2e-5, atol=2e-5)  # float32 kernel vs float64 reference: splash's blockwise softmax rounds per block
 
 

@@ -15,6 +15,8 @@ from tests.models.conftest import assert_steps_match, train
 transformers = pytest.importorskip("transformers")
 from tests.models import test_transformers as hf  # noqa: E402  (needs transformers)
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 STEPS = 3
 
 

@@ -9,6 +9,8 @@ import torch
 import torch_tpu.amp
 from torch_tpu.testing.compare import TOLERANCES
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 transformers = pytest.importorskip("transformers")
 torch_tpu.amp.install()  # idempotent: a no-op once importing torch_tpu has installed it
 

@@ -9,6 +9,8 @@ import torch.nn.functional as F
 
 from torch_tpu.testing.compare import check_op, to_tpu
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 FLOAT = torch.float32
 SHAPE = (3, 4)
 

@@ -10,6 +10,8 @@ import torch
 
 from torch_tpu.ops.registry import LOWERINGS
 
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
 N = 20000
 FLOATS = [torch.float32, torch.bfloat16, torch.float64]
 

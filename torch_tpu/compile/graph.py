@@ -18,7 +18,7 @@ from torch._ops import OpOverload
 from torch.fx.node import map_aggregate
 
 from torch_tpu.ops.registry import graph_lowering
-from torch_tpu.runtime import checks, dtypes, platform
+from torch_tpu.runtime import checks, dtypes, float64, platform
 
 aten = torch.ops.aten
 
@@ -69,6 +69,7 @@ def check_supported(gm: torch.fx.GraphModule) -> None:
         if node.op == "call_function" and isinstance(node.target, OpOverload):
             if node.target is aten.copy_.default or node.target in _SIZES:
                 continue
+            float64.check(str(node.target), _node_dtypes(node))
             lowering = graph_lowering(node.target)
             if lowering is None:
                 raise UnsupportedOp(
@@ -80,6 +81,13 @@ def check_supported(gm: torch.fx.GraphModule) -> None:
                     f"torch_tpu: '{node.target}' has a data-dependent output shape and cannot be compiled, "
                     f"from: {_user_line(node)}"
                 )
+
+
+def _node_dtypes(node: torch.fx.Node) -> list:
+    """The JAX dtypes of a node's tensor inputs and outputs (what the float64 policy looks at)."""
+    values = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+    tensors = [t for value in values for t in (value if isinstance(value, (list, tuple)) else [value])]
+    return [dtypes.to_jax(t.dtype) for t in tensors if isinstance(t, torch.Tensor) and t.dtype in dtypes.SIXTY_FOUR_BIT]
 
 
 class _DataDependent(Exception):

@@ -23,7 +23,7 @@ from torch_tpu.eager import fused, modes, validation
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import Lowering, mutated_args
 from torch_tpu.runtime import checks as device_checks
-from torch_tpu.runtime import compat, dtypes, memory, persistent, platform, storage
+from torch_tpu.runtime import compat, dtypes, float64, memory, persistent, platform, storage
 from torch_tpu.runtime.mapping import GATHER, WHOLE_BUFFER, classify
 
 _MATH_BIT_KEYS = (torch._C.DispatchKey.Conjugate, torch._C.DispatchKey.Negative)
@@ -297,18 +297,16 @@ class Runner:
     ) -> Any:
         """Trace and compile the lowering for this signature, cache it, and return its first result."""
         traced, out_dtypes = self._trace(meta_op, args, kwargs, template)
+        wide = _array_dtypes(leaves, out_dtypes)
+        float64.check(str(meta_op), wide)
         start = time.perf_counter()
-        source = "eager"
-        executable = traced
-        if self.lowering.jit:
-            jitted = jax.jit(traced, donate_argnums=self._donated_leaves(meta_op, args, kwargs, leaves))
-            with warnings.catch_warnings():  # a donated buffer no output can reuse: JAX warns, the caller consumes it
-                warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-                executable, from_disk = persistent.compile_lowered(jitted.lower(*leaves))
-            source = "disk" if from_disk else "compiled"
-        else:
-            leaves = [fused.concrete(x) for x in leaves]
-        result = jax.block_until_ready(executable(*leaves))
+        try:
+            executable, result, source = self._build(meta_op, traced, args, kwargs, leaves)
+        except jax.errors.JaxRuntimeError as error:  # XLA cannot compile the op for this platform's 64-bit types
+            refused = float64.refusal(str(meta_op), error, wide)
+            if refused is not None:
+                raise refused from error
+            raise
         executable = persistent.fast_call(executable)
         if type(result) is device_checks.Checked:  # device-side checks: each call leaves them pending
             executable, result = device_checks.stashing(executable), device_checks.take(result)
@@ -318,6 +316,17 @@ class Runner:
             entry.layout = storage.layout(result.shape, result.dtype)
         executables.insert(key, entry)
         return result
+
+    def _build(self, meta_op: OpOverload, traced: Callable, args: tuple, kwargs: dict, leaves: list) -> tuple:
+        """(executable, first result, source): the jitted lowering compiled (or loaded from disk) and run once,
+        or, for an unjitted one, the traced function run op by op."""
+        if not self.lowering.jit:
+            return traced, jax.block_until_ready(traced(*[fused.concrete(x) for x in leaves])), "eager"
+        jitted = jax.jit(traced, donate_argnums=self._donated_leaves(meta_op, args, kwargs, leaves))
+        with warnings.catch_warnings():  # a donated buffer no output can reuse: JAX warns, the caller consumes it
+            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+            executable, from_disk = persistent.compile_lowered(jitted.lower(*leaves))
+        return executable, jax.block_until_ready(executable(*leaves)), "disk" if from_disk else "compiled"
 
     def _donated_leaves(self, meta_op: OpOverload, args: tuple, kwargs: dict, leaves: list) -> tuple[int, ...]:
         """The positions in `leaves` of the donated arguments' arrays (`Lowering.donate`): each argument encoded
@@ -354,7 +363,9 @@ class Runner:
         self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list, template: tuple
     ) -> fused.Trace:
         """The lowering traced for Fused mode under `key`, with the layout of a single tensor output."""
-        trace = fused.trace(key, self._trace(meta_op, args, kwargs, template)[0], leaves)
+        traced, out_dtypes = self._trace(meta_op, args, kwargs, template)
+        float64.check(str(meta_op), _array_dtypes(leaves, out_dtypes))
+        trace = fused.trace(key, traced, leaves)
         if trace.single or trace.checks is not None and len(trace.avals) == 1 and trace.tree.num_nodes == 1:
             trace.layout = storage.layout(trace.avals[0].shape, trace.avals[0].dtype)
         return trace
@@ -481,6 +492,12 @@ def _meta_outputs(op: OpOverload, args: tuple, kwargs: dict) -> Any:
         if any(reason in str(error).lower() for reason in _NO_META_KERNEL):
             return None
         raise
+
+
+def _array_dtypes(leaves: list, out_dtypes: Any) -> list:
+    """The dtypes of a call's device inputs and outputs (what the float64 policy looks at)."""
+    outs = out_dtypes if isinstance(out_dtypes, tuple) else (out_dtypes,)
+    return [getattr(leaf, "dtype", None) for leaf in leaves] + list(outs)
 
 
 def _dtypes_of(meta: Any) -> Any:

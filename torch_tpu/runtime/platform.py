@@ -109,8 +109,3 @@ def total_memory(index: int = 0) -> int:
     if "bytes_limit" in stats:
         return int(stats["bytes_limit"])
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def supports_64bit() -> bool:
-    """TPUs have no native float64; the CPU and GPU platforms do."""
-    return platform() != "tpu"

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from torch_tpu import metrics
-from torch_tpu.runtime import checks, compat, deferred, dtypes, platform
+from torch_tpu.runtime import checks, compat, deferred, dtypes, float64, platform
 from torch_tpu.runtime import memory as _memory
 from torch_tpu.runtime.mapping import RESHAPE, WHOLE_BUFFER, classify
 
@@ -520,8 +520,6 @@ def _scatter(array: jax.Array, value: jax.Array, dtype: np.dtype, shape, stride,
 
 def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:
     """Copy a CPU tensor to the device as a jax.Array of the same shape and dtype."""
-    if host.dtype in dtypes.SIXTY_FOUR_BIT and not platform.supports_64bit():
-        raise TypeError(f"torch_tpu: {host.dtype} is not supported on the {platform.platform()} platform")
     carrier = dtypes.host_carrier(host.dtype)
     host = host.detach().resolve_conj().resolve_neg().contiguous()
     array = (host.view(carrier) if carrier else host).numpy()
@@ -534,6 +532,10 @@ def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:
     except jax.errors.JaxRuntimeError as error:
         if _memory.is_oom(error):
             raise _memory.out_of_memory(error, array.nbytes, index) from error
+        if float64.refusal("to", error, [array.dtype]) is not None:  # a 64-bit type the platform cannot hold
+            raise TypeError(
+                f"torch_tpu: {host.dtype} is not supported on the {platform.platform()} ({error})"
+            ) from error
         raise
     metrics.transfers["host_to_device"] += 1
     metrics.transfer_bytes["host_to_device"] += array.nbytes

@@ -1,0 +1,66 @@
+"""bench/device_run.sh, dry-run on the XLA CPU platform at small sizes, so that the device run cannot rot between
+borrowed machines: every step of each part passes and leaves its files under $OUT."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = {
+    "correctness": [
+        "platform",
+        "smoke_eager",
+        "smoke_compiled",
+        "device_suite",
+        "numerics",
+        "cache_two_processes",
+        "kit_smoke",
+        "kit_evaluate",
+    ],
+    "models": ["models_suite", "compiled_numerics"],
+    "perf": ["compile_step_fp32", "compile_step_bf16", "eager_modes", "kernels"],
+}
+FILES = {
+    "correctness": ["correctness.log", "correctness-junit.xml", "numerics.json", "evaluate-report.json"],
+    "models": ["models.log", "models-junit.xml", "compiled_numerics.json"],
+    "perf": ["perf.log"],
+}
+
+
+def _dry_run(tmp_path: Path, part: str) -> str:
+    env = dict(
+        os.environ,
+        OUT=str(tmp_path),
+        PYTHON=sys.executable,
+        TORCH_TPU_PLATFORM="cpu",
+        DEVICE_RUN_SMALL="1",
+        DEVICE_RUN_BUDGET_S="1200",
+        DEVICE_RUN_TIMEOUT_SCALE="4",
+    )
+    out = subprocess.run(["bash", str(ROOT / "bench" / "device_run.sh"), part], capture_output=True, text=True, env=env)
+    summary = (tmp_path / "summary.txt").read_text()
+    assert out.returncode == 0, summary + out.stdout[-3000:]
+    return summary
+
+
+@pytest.mark.parametrize("part", ["correctness", "models", pytest.param("perf", marks=pytest.mark.slow)])
+def test_each_part_passes_every_step_on_the_cpu_platform(tmp_path, part):
+    summary = _dry_run(tmp_path, part)
+    smoke = [ROOT / "shared" / "seeds" / "smoke.py", ROOT.parent / "shared" / "seeds" / "smoke.py"]
+    for step in STEPS[part]:
+        if step.startswith("smoke_") and not any(path.exists() for path in smoke):
+            continue
+        assert f"PASS  {part}/{step} " in summary, summary
+    for name in FILES[part]:
+        assert (tmp_path / name).stat().st_size > 0, name
+
+
+def test_an_unknown_part_is_refused_naming_the_parts(tmp_path):
+    env = dict(os.environ, OUT=str(tmp_path))
+    out = subprocess.run(
+        ["bash", str(ROOT / "bench" / "device_run.sh"), "speed"], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 2 and "correctness, models, perf" in out.stderr

@@ -1,0 +1,125 @@
+"""What only a real TPU shows: Mosaic-compiled Pallas kernels, HBM accounting and out-of-memory, the profiler's TPU
+planes, fp32 precision levels that differ, float64's emulation. Skipped on other platforms (their counterparts run
+everywhere: interpreted kernels in tests/kernels, host-memory accounting in test_memory.py, the synthetic device
+plane in test_profiler_xspace.py, exact fp32 in test_platform_numerics.py); run on the chip by
+`bench/device_run.sh correctness`."""
+
+import json
+
+import jax
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from torch_tpu.kernels import examples
+from torch_tpu.kernels.prebuilt import sdpa
+from torch_tpu.runtime import platform
+
+pytestmark = [
+    pytest.mark.tpu_device,
+    pytest.mark.skipif(platform.platform() != "tpu", reason="needs a TPU (bench/device_run.sh correctness)"),
+]
+GIB = 1 << 30
+
+
+def test_a_pallas_kernel_is_compiled_by_mosaic_and_matches_cpu():
+    x, y = torch.randn(64, 512), torch.randn(64, 512)
+    lowered = jax.jit(examples._add_call).lower(jax.numpy.asarray(x.numpy()), jax.numpy.asarray(y.numpy()))
+    assert "tpu_custom_call" in lowered.as_text()  # Mosaic's kernel, not the interpreter's plain HLO
+    added = examples.tiled_add_op(x.to("tpu"), y.to("tpu")).cpu()
+    torch.testing.assert_close(added, x + y, rtol=0, atol=0)  # one float32 add per element: exact
+    soft = examples.row_softmax_op(x.to("tpu")).cpu()
+    # exp and the division run on the TPU's vector unit: a few float32 ulps, as in test_platform_numerics
+    torch.testing.assert_close(soft, x.softmax(-1), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
+def test_sdpa_takes_splash_on_the_chip_forward_and_backward(is_causal, kv_heads):
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 256, 64)
+    k, v = torch.randn(2, kv_heads, 256, 64), torch.randn(2, kv_heads, 256, 64)
+    options = dict(is_causal=is_causal, enable_gqa=kv_heads != 4)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = F.scaled_dot_product_attention(*leaves, **options)
+    expected.backward(torch.ones_like(expected))
+    chosen = sdpa.choices["splash"]
+    with torch.tpu.precision(torch.tpu.Precision.HIGHEST):
+        ours = [t.to("tpu").requires_grad_() for t in (q, k, v)]
+        out = F.scaled_dot_product_attention(*ours, **options)
+        out.backward(torch.ones_like(out))
+    assert sdpa.choices["splash"] == chosen + 1
+    # Splash's matmuls run inside the Mosaic kernel at its own dot precision, not the precision block's: the
+    # error is that of float32 products accumulated over 256 keys, measured ~1e-6 relative to the outputs' scale.
+    torch.testing.assert_close(out.detach().cpu(), expected.detach(), rtol=2e-5, atol=2e-5)
+    for got, want in zip(ours, leaves, strict=True):
+        torch.testing.assert_close(got.grad.cpu(), want.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_ragged_dot_on_the_chip_matches_a_float64_grouped_matmul():
+    lhs, rhs = torch.randn(96, 64), torch.randn(3, 64, 32)
+    sizes = torch.tensor([32, 0, 64])
+    with torch.tpu.precision(torch.tpu.Precision.HIGHEST):
+        got = torch.tpu.ops.ragged_dot(lhs.to("tpu"), rhs.to("tpu"), sizes.to("tpu")).cpu()
+    groups = [(0, 32), (32, 0), (32, 64)]  # (start, size) of each group's rows
+    want = torch.cat([lhs[s : s + n].double() @ rhs[g].double() for g, (s, n) in enumerate(groups)])
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)  # HIGHEST: full fp32 products
+
+
+def test_precision_levels_differ_on_the_chip_as_documented():
+    """DEFAULT is one bf16 pass (relative error ~2^-9 per product), HIGHEST full fp32 (~1e-7)."""
+    a, b = torch.randn(256, 1024), torch.randn(1024, 256)
+    exact = a.double() @ b.double()
+    scale = exact.abs().max()
+    errors = {}
+    for level in torch.tpu.Precision:
+        with torch.tpu.precision(level):
+            errors[level] = float(((a.to("tpu") @ b.to("tpu")).cpu().double() - exact).abs().max() / scale)
+    assert errors[torch.tpu.Precision.HIGHEST] < 1e-6
+    assert errors[torch.tpu.Precision.DEFAULT] > 1e-4  # truly bf16: the level reaches the chip
+    assert errors[torch.tpu.Precision.HIGH] < errors[torch.tpu.Precision.DEFAULT]
+
+
+def test_memory_stats_track_hbm_and_out_of_memory_leaves_the_device_usable():
+    total = torch.tpu.get_device_properties().total_memory
+    assert 8 * GIB < total < 64 * GIB  # a TPU's HBM, not the host's memory
+    free, reported_total = torch.tpu.mem_get_info()
+    assert reported_total == total and 0 < free <= total
+    before = torch.tpu.memory_allocated()
+    block = torch.empty(256 << 20, dtype=torch.uint8, device="tpu").fill_(1)
+    assert torch.tpu.memory_allocated() - before >= 256 << 20
+    pjrt = jax.devices()[0].memory_stats()
+    assert pjrt["bytes_in_use"] >= 256 << 20  # the chip's own figure agrees that the block lives in HBM
+    del block
+    assert torch.tpu.memory_allocated() == before
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.ones(int(total // 4) * 2, dtype=torch.float32, device="tpu").sum().item()  # twice the HBM
+    x = torch.randn(128, 128)
+    torch.testing.assert_close((x.to("tpu") * 2).cpu(), x * 2)  # the device goes on
+
+
+def test_a_device_capture_has_the_tpu_planes_in_key_averages_and_the_chrome_trace(tmp_path):
+    x = torch.randn(512, 512).to("tpu")
+    (x @ x).sum().item()  # compiled before the capture
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.TPU]) as prof:
+        for _ in range(3):
+            y = (x @ x).relu()
+        y.sum().item()
+    averages = {e.key: e for e in prof.key_averages()}
+    assert averages["aten::mm"].self_device_time_total > 0
+    out = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(out))
+    events = json.loads(out.read_text())["traceEvents"]
+    device_ops = [e for e in events if e.get("cat") == "xla_op"]
+    assert device_ops, "no XLA op events from the TPU planes"
+    assert any("dot" in e["name"] or "convolution" in e["name"] or "fusion" in e["name"] for e in device_ops)
+
+
+def test_float64_runs_emulated_and_refuses_what_the_chip_cannot_compute():
+    x = torch.rand(1000, dtype=torch.float64) + 0.5
+    on_chip = x.to("tpu")
+    assert on_chip.dtype == torch.float64
+    # XLA's TPU backend emulates float64 (a pair of float32s): far beyond float32's 6e-8, measured ~1e-14
+    torch.testing.assert_close(((on_chip * 3 + 1) / 7).cpu(), (x * 3 + 1) / 7, rtol=1e-12, atol=0)
+    torch.testing.assert_close(on_chip.sum().cpu(), x.sum(), rtol=1e-12, atol=0)
