@@ -89,7 +89,7 @@ part_correctness() {
     step cache_two_processes 150 "$PYTHON" bench/compile_step.py --warm-check --require-warm "${size[@]}"
     step kit_smoke 90 "$PYTHON" -m torch_tpu.kit.cli smoke
     local evaluate_size=()
-    [ "$SMALL" = 1 ] && evaluate_size=(--steps 8 --iterations 5)
+    [ "$SMALL" = 1 ] && evaluate_size=(--iterations 5)
     step kit_evaluate 240 "$PYTHON" -m torch_tpu.kit.cli evaluate examples.workloads:tiny_lm --reference cpu \
         --prices torch_tpu/kit/example_prices.json --out "$WORK/report" "${evaluate_size[@]}"
     [ -f "$WORK/report/report.json" ] && cp "$WORK/report/report.json" "$OUT/evaluate-report.json"
