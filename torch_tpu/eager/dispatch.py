@@ -32,6 +32,9 @@ _MAX_SCALARS = 4096
 # XLA:CPU's compile time for a concatenation fused into its consumer grows superlinearly with the operands
 # (stack + sum of 1500 vectors: 6.0 s against 1.4 s for the stack alone; 0.19 against 0.12 s at 256).
 _MAX_FUSED_INPUTS = 256
+# Reductions and scans whose `out=` form, given no `dtype`, computes at the out's dtype (CPU's meta kernels take it
+# from the output: `torch.sum(half, 0, out=float32)` sums in float32); other ops compute, then cast (or refuse).
+_OUT_DTYPE_COMPUTES = frozenset(("sum", "nansum", "prod", "mean", "cumsum", "cumprod"))
 _TENSOR_LIST_TYPES = ("Tensor[]", "Tensor?[]", "List[Tensor]", "List[Optional[Tensor]]")
 
 
@@ -622,7 +625,7 @@ def inplace_kernel(lowering: Lowering, inplace_op: OpOverload) -> Callable:
 
     def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         try:
-            validation.check_writes(self, args, kwargs)
+            validation.check_writes(inplace_op, self, (self, *args), kwargs)
             if not compat.META_REFUSES_INPLACE_CASTS:  # CPU's canCast rule, which older releases' meta kernels skip
                 validation.check_inplace_dtype(lowering.op, inplace_op, (self, *args), kwargs, _to_meta)
             storage.write(self, runner.run(inplace_op, (self, *args), kwargs))
@@ -635,10 +638,10 @@ def inplace_kernel(lowering: Lowering, inplace_op: OpOverload) -> Callable:
 
 
 def _resize_for(out: torch.Tensor, shape: tuple[int, ...]) -> None:
+    """CPU's resize_output: an `out=` of another shape takes the result's (contiguous, at its own storage offset),
+    with a warning unless it was empty; one of the result's shape keeps its strides and is written through them."""
     if tuple(out.shape) != shape:
         if out.numel() != 0:
-            import warnings
-
             warnings.warn(
                 f"An output with one or more elements was resized since it had shape {list(out.shape)}, which "
                 f"does not match the required output shape {list(shape)}.",
@@ -650,22 +653,35 @@ def _resize_for(out: torch.Tensor, shape: tuple[int, ...]) -> None:
 def out_kernel(lowering: Lowering, out_op: OpOverload) -> Callable:
     runner = Runner(lowering, out_op)
     names = [a.name for a in mutated_args(out_op)]
+    out_dtype_computes = lowering.op._schema.name.removeprefix("aten::") in _OUT_DTYPE_COMPUTES
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         outs = [kwargs.pop(n) for n in names]
+        named = dict(zip(names, outs, strict=True))
         try:
-            result = runner.run(lowering.op, args, kwargs)
+            for out in outs:  # before computing or resizing anything, as TensorIterator checks
+                validation.check_writes(out_op, out, args, kwargs, named)
+            run_kwargs = kwargs
+            if out_dtype_computes and kwargs.get("dtype") is None:
+                run_kwargs = {**kwargs, "dtype": outs[0].dtype}
+            result = runner.run(lowering.op, args, run_kwargs)
             results = result if isinstance(result, (tuple, list)) else (result,)
-            for out, value in zip(outs, results, strict=True):
-                if _JAX_DTYPE[out.dtype] != value.dtype:  # CPU's rules: canCast, or the same dtype, by op
-                    validation.check_out_dtypes(out_op, args, {**kwargs, **dict(zip(names, outs, strict=True))})
+            if any(_JAX_DTYPE[out.dtype] != value.dtype for out, value in zip(outs, results, strict=True)):
+                _check_out_dtypes(out_op, args, {**kwargs, **named}, results)
             for out, value in zip(outs, results, strict=True):
                 _resize_for(out, value.shape)
-                validation.check_writes(out, args, kwargs)
                 storage.write(out, value)
         except Exception as error:
-            validation.raise_as_cpu(out_op, args, {**kwargs, **dict(zip(names, outs, strict=True))}, error)
+            validation.raise_as_cpu(out_op, args, {**kwargs, **named}, error)
             raise
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     return kernel
+
+
+def _check_out_dtypes(out_op: OpOverload, args: tuple, kwargs: dict, results: tuple) -> None:
+    """`validation.check_out_dtypes`, with `results` held by buffers meanwhile: CPU's verdict reads the inputs,
+    which in Fused mode runs the cluster recorded so far, and that computes only what some buffer holds."""
+    held = [storage.DeviceBuffer(0, value.dtype, value) for value in results if fused.is_pending(value)]
+    validation.check_out_dtypes(out_op, args, kwargs)
+    del held

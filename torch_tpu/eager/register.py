@@ -33,6 +33,8 @@ def install() -> None:
     for op, fn in KERNELS.items():
         if _is_factory(op):  # e.g. eye, arange, empty: raise CPU's errors for bad sizes, not JAX's
             fn = validation.with_cpu_errors(op, fn)
+            if mutated_args(op):  # and an `out` that CPU refuses to write (`check_writes`)
+                fn = validation.with_out_checks(op, fn)
         lib.impl(op, fn, "PrivateUse1")
         registered.add(op)
     for op, lowering in LOWERINGS.items():

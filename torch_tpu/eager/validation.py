@@ -4,7 +4,8 @@ writes with what it reads, `out=` dtypes, and, for a call that fails, CPU's own 
 Each costs the hot path almost nothing: the overlap checks compare storages by identity and look at layouts
 only when an input shares the written tensor's storage (or the written tensor is not contiguous); the `out=`
 dtype check runs only when `out`'s dtype differs from the result's, until CPU has allowed the dtype signature
-once; CPU is asked for its error only once a call has failed on the `tpu` path.
+once; CPU is asked for its error only once a call has failed on the `tpu` path, and whether it refuses a written
+tensor with internal overlap (an expanded one) only for such a tensor.
 """
 
 from __future__ import annotations
@@ -58,16 +59,38 @@ def _partially_overlaps(written: torch.Tensor, other: torch.Tensor) -> bool:
     return begin < other_end and other_begin < end
 
 
-def check_writes(written: torch.Tensor, args: tuple, kwargs: dict) -> None:
-    """CPU's overlap checks of an op writing `written` and reading `args` and `kwargs` (TensorIterator's:
-    assert_no_internal_overlap, assert_no_partial_overlap); an in-place op of a tensor with itself is allowed."""
-    if not written.is_contiguous() and 0 in written.stride():  # has_internal_overlap == YES
-        if any(st == 0 and sz > 1 for sz, st in zip(written.shape, written.stride(), strict=True)):
+def check_writes(op: OpOverload, written: torch.Tensor, args: tuple, kwargs: dict, outs: dict | None = None) -> None:
+    """CPU's overlap checks of `op` writing `written` in the call `op(*args, **kwargs, **outs)` (`written` among
+    them; `outs`: the `out=` arguments): internal overlap where CPU refuses it (`_refuses_overlap`), and partial
+    overlap with what it reads (TensorIterator's assert_no_partial_overlap, of each output with each input); an op
+    writing a tensor it also reads whole is allowed."""
+    if not written.is_contiguous() and 0 in written.stride():
+        if _refuses_overlap(op, written, args, {**kwargs, **outs} if outs else kwargs):
             raise RuntimeError(_INTERNAL_OVERLAP)
     storage = written.untyped_storage()
     _check_inputs(written, storage, args)
     if kwargs:
         _check_inputs(written, storage, kwargs.values())
+
+
+def _refuses_overlap(op: OpOverload, written: torch.Tensor, args: tuple, kwargs: dict) -> bool:
+    """Whether CPU refuses `op` writing `written` when more than one of its elements is one memory location (an
+    expanded tensor): most ops do (TensorIterator's assert_no_internal_overlap, `copy_`), fills, reductions and
+    matmuls do not, and a range first resizes an `out` of another size. CPU is asked, `written` standing in with
+    its own layout (the rare path: nothing is cached)."""
+    if not any(st == 0 and sz > 1 for sz, st in zip(written.shape, written.stride(), strict=True)):
+        return False  # has_internal_overlap == TOO_HARD: CPU allows it
+
+    def stand_in(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor is not written:
+            return _copy(tensor)
+        shape, stride, offset = written.shape, written.stride(), written.storage_offset()
+        return torch.zeros(offset + storage.storage_nbytes(shape, stride, 1), dtype=written.dtype).as_strided(
+            shape, stride, offset
+        )
+
+    error = _cpu_error(op, args, kwargs, stand_in)
+    return error is not None and str(error).startswith(_INTERNAL_OVERLAP.partition(".")[0])
 
 
 def _check_inputs(written: torch.Tensor, storage: torch.UntypedStorage, values: Iterable) -> None:
@@ -105,7 +128,8 @@ def _cpu_error(op: OpOverload, args: tuple, kwargs: dict, stand_in: Callable) ->
 
 
 def _copy(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().cpu()
+    """A CPU copy whose storage CPU's kernels can resize, as an `out=` of theirs (`cpu()`'s holds numpy's memory)."""
+    return tensor.detach().cpu().clone()
 
 
 def _deliberate(error: Exception) -> bool:
@@ -141,6 +165,16 @@ def with_cpu_errors(op: OpOverload, kernel: Callable) -> Callable:
         except Exception as error:
             raise_as_cpu(op, args, kwargs, error)
             raise
+
+    return checked
+
+
+def with_out_checks(op: OpOverload, kernel: Callable) -> Callable:
+    """`kernel` of a factory's `out=` overload, making CPU's internal-overlap check of `out` first."""
+
+    def checked(*args: Any, out: torch.Tensor, **kwargs: Any) -> Any:
+        check_writes(op, out, args, kwargs, {"out": out})
+        return kernel(*args, out=out, **kwargs)
 
     return checked
 

@@ -26,17 +26,18 @@ _INT64 = np.dtype(np.int64)
 HOST_FACTORY_LIMIT = 1 << 16
 
 
-def factory_out(fn, op, numel):
+def factory_out(fn, op, numel, ranged=False):
     """The kernel of `op`, a factory's `out=` overload: `op` on CPU, transferred, when `numel(*args)` (the output's
-    size, or None if unknown) is at most HOST_FACTORY_LIMIT, else `fn(*args, dtype=...)` jitted per argument set."""
+    size, or None if unknown) is at most HOST_FACTORY_LIMIT, else `fn(*args, dtype=...)` jitted per argument set;
+    written as `write_out` does, for a range (`ranged`) keeping an `out` of the range's size in its own shape."""
     compiled = jax.jit(fn, static_argnames=tuple(inspect.signature(fn).parameters))
 
     def out_kernel(*args, out, **kwargs):
         size = numel(*args, **kwargs)
         if size is not None and size <= HOST_FACTORY_LIMIT:
             host = op(*args, **kwargs, out=torch.empty(0, dtype=out.dtype))
-            return write_out(out, storage.to_device(host))
-        return write_out(out, compiled(*args, **kwargs, dtype=dtypes.to_jax(out.dtype)))
+            return write_out(out, storage.to_device(host), ranged)
+        return write_out(out, compiled(*args, **kwargs, dtype=dtypes.to_jax(out.dtype)), ranged)
 
     return out_kernel
 
@@ -52,13 +53,19 @@ def _eye_numel(n, m=None):
     return n * (n if m is None else m)
 
 
-def write_out(out, value):
-    """Resize `out` to `value`'s shape if needed and store `value` in it; an `out` without storage (a factory's
-    `empty(0)`) takes `value` as its buffer, since growing it and writing through it would compile per size."""
-    if tuple(out.shape) != value.shape and out.untyped_storage().nbytes() == 0:
+def write_out(out, value, ranged=False):
+    """Store `value` in `out` as CPU's factory kernels do: resize `out` to `value`'s shape (`resize_`: contiguous, at
+    its storage offset), except that a range (`ranged`) leaves an `out` of as many elements in its own shape and
+    layout and fills it in order. An `out` without storage (a factory's `empty(0)`) takes `value` as its buffer,
+    since growing it and writing through it would compile per size."""
+    shape = tuple(out.shape)
+    if ranged and out.numel() == value.size:
+        storage.write(out, value.reshape(shape) if shape != value.shape else value)
+        return out
+    if shape != value.shape and out.untyped_storage().nbytes() == 0:
         fresh = storage.wrap(value, out.dtype)
         return out.set_(fresh.untyped_storage(), 0, fresh.shape, fresh.stride())
-    if tuple(out.shape) != value.shape:
+    if shape != value.shape:
         out.resize_(value.shape)
     storage.write(out, value)
     return out
@@ -123,9 +130,9 @@ def _steps(start, end, steps, base=None):
     return steps
 
 
-kernel(aten.arange.start_out)(factory_out(_arange, aten.arange.start_out, _arange_numel))
-kernel(aten.linspace.out)(factory_out(_linspace, aten.linspace.out, _steps))
-kernel(aten.logspace.out)(factory_out(_logspace, aten.logspace.out, _steps))
+kernel(aten.arange.start_out)(factory_out(_arange, aten.arange.start_out, _arange_numel, ranged=True))
+kernel(aten.linspace.out)(factory_out(_linspace, aten.linspace.out, _steps, ranged=True))
+kernel(aten.logspace.out)(factory_out(_logspace, aten.logspace.out, _steps, ranged=True))
 kernel(aten.eye.out)(factory_out(_eye, aten.eye.out, _eye_numel))
 kernel(aten.eye.m_out)(factory_out(_eye, aten.eye.m_out, _eye_numel))
 

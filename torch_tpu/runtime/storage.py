@@ -510,7 +510,10 @@ def _gather(array: jax.Array, dtype: np.dtype, shape, stride, offset: int) -> ja
 def _scatter(array: jax.Array, value: jax.Array, dtype: np.dtype, shape, stride, offset: int) -> jax.Array:
     flat = _bitcast_flat(array.reshape(-1), dtype)
     value = jnp.broadcast_to(jnp.asarray(value).astype(dtype), shape)
-    blocked = _blocked(shape, stride, offset) if 0 not in stride else None
+    if 0 in stride:  # an expanded tensor: of the elements at one location, the last is stored, as CPU's loops leave it
+        value = value[tuple(slice(-1, None) if step == 0 else slice(None) for step in stride)]
+        shape = value.shape
+    blocked = _blocked(shape, stride, offset)
     if blocked is not None:
         updated = blocked.write(flat, value)
     else:
