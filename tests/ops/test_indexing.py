@@ -103,7 +103,7 @@ WRITES = {
 def test_write(name, dtype):
     fn, extra, values_shape = WRITES[name]
     accumulates = "accumulate" in name or name in ("index_put_", "scatter_add", "index_add")
-    if dtype == torch.bool and accumulates:
+    if dtype == torch.bool and accumulates and not name.startswith("index_put"):
         pytest.skip("accumulating into bool is not defined the same way on every backend")
     grad = dtype == torch.float32
     x = make(3, 4, dtype=dtype, grad=grad)
@@ -511,6 +511,59 @@ def test_boolean_index_put_accumulates():
     check_op(accumulate, make(4, dtype=torch.int64), mask, idx(1, 2, 3))
     check_op(
         lambda x, m, i, v: x.index_put((m, i), v, accumulate=True), make(4, 2), mask, idx(1, 0, 1), make(3, seed=1)
+    )
+
+
+DTYPE_MISMATCHES = {
+    "setitem_list": lambda d: torch.zeros(3, 2, device=d).__setitem__(
+        (slice(None), [1]), _tensor(d, 1, 2, 3, dtype=torch.int32).unsqueeze(-1)
+    ),
+    "setitem_mask": lambda d: torch.zeros(3, device=d).__setitem__(
+        _tensor(d, True, False, True), _tensor(d, 1, 2, dtype=torch.int64)
+    ),
+    "index_put": lambda d: torch.zeros(3, device=d).index_put((_tensor(d, 0, 2),), _tensor(d, True, False)),
+    "index_put_accumulate": lambda d: torch.zeros(3, dtype=torch.int64, device=d).index_put_(
+        (_tensor(d, 0, 0),), _tensor(d, 1.0, 2.0), accumulate=True
+    ),
+    "index_put_mask_accumulate": lambda d: torch.zeros(3, dtype=torch.bfloat16, device=d).index_put_(
+        (_tensor(d, True, False, True),), _tensor(d, 1.0, 2.0), accumulate=True
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("name", sorted(DTYPE_MISMATCHES))
+def test_index_put_of_another_dtype_raises_as_on_cpu(name, mode):
+    """index_put (advanced-index assignment) takes values of the tensor's own dtype only, as on CPU."""
+    with pytest.raises(RuntimeError, match="Index put requires the source and destination dtypes match") as expected:
+        DTYPE_MISMATCHES[name]("cpu")
+    with torch.tpu.set_eager_mode(MODES[mode]):
+        with pytest.raises(RuntimeError) as caught:
+            DTYPE_MISMATCHES[name]("tpu")
+            torch.tpu.synchronize()
+    assert str(caught.value) == str(expected.value)
+
+
+def test_slice_assignment_of_another_dtype_casts():
+    """A basic-index assignment is a copy_, which casts (unlike index_put)."""
+    check_op(written(lambda y, v: y[:, 1:2].copy_(v)), make(3, 2), make(3, 1, dtype=torch.int32))
+    check_op(
+        written(lambda y, v: y.__setitem__((slice(None), slice(1, 2)), v)), make(3, 2), make(3, 1, dtype=torch.int32)
+    )
+
+
+def test_bool_index_put_accumulates_as_or():
+    """Accumulating into bool (repeated indices, masks) is a logical or, as on CPU."""
+    accumulate = written(lambda y, i, v: y.index_put_((i,), v, accumulate=True))
+    values = torch.tensor([True, False, True, False])
+    check_op(accumulate, torch.tensor([False, False, True]), idx(0, 0, 1, 2), values)
+    check_op(accumulate, torch.tensor([False, True, False, True]), torch.tensor([True, False, True, True]), values[:3])
+    check_op(
+        written(lambda y, i, j, v: y.index_put_((i, j), v, accumulate=True)),
+        make(3, 4, dtype=torch.bool),
+        idx(0, 0, 2),
+        idx(1, 1, 3),
+        values[:3],
     )
 
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from torch_tpu.ops.registry import aten, lower
-from torch_tpu.runtime import checks
+from torch_tpu.runtime import checks, dtypes
 
 _MASK_DTYPES = (np.dtype(np.bool_), np.dtype(np.uint8))
 OUT_OF_BOUNDS = "index {{}} is out of bounds for dimension {dim} with size {size}"
@@ -85,9 +85,7 @@ def _gather_checked(self, indices):
 
 def _put_checked(self, indices, values, accumulate):
     _check_dims(self, indices)
-    target = self.at[_index_tuple(indices)]
-    values = values.astype(self.dtype)
-    return target.add(values) if accumulate else target.set(values)
+    return _updater(self.at[_index_tuple(indices)], "add" if accumulate else None, self.dtype)(values)
 
 
 _gather = checks.jit(_gather_checked)
@@ -126,7 +124,7 @@ def _put_through_mask_checked(self, mask, values, leading, accumulate):
     trailing = self.ndim - leading - mask.ndim
     given = values.shape
     result = _mask_result(self, mask, leading)
-    values = values.astype(self.dtype).reshape(given[max(len(given) - len(result), 0) :])
+    values = values.reshape(given[max(len(given) - len(result), 0) :])
     values = values.reshape((1,) * (leading + 1 + trailing - values.ndim) + values.shape)
     before, rows, after = values.shape[:leading], values.shape[leading], values.shape[leading + 1 :]
     if rows != 1:
@@ -161,6 +159,7 @@ def _unsafe_index(self, indices):
 @lower(aten.index_put.default, aten._index_put_impl.default, jit=False)
 def index_put(self, indices, values, accumulate=False, unsafe=False):
     """NOTE: with checks off, writes at out-of-range indices are dropped."""
+    _check_values_dtype(self, values)
     _check_mask_shapes(self, indices)
     given = [i for i, index in enumerate(indices) if index is not None]
     if len(given) == 1 and _is_mask(indices[given[0]]):
@@ -172,10 +171,20 @@ def index_put(self, indices, values, accumulate=False, unsafe=False):
     return _put(self, _masks_to_positions(indices), values, accumulate)
 
 
+def _check_values_dtype(self, values):
+    """CPU's index_put takes values of the tensor's own dtype only (a slice assignment, copy_, casts instead)."""
+    given = jnp.result_type(values)
+    if given != self.dtype:
+        raise RuntimeError(
+            f"Index put requires the source and destination dtypes match, got {dtypes.aten_name(self.dtype)} for "
+            f"the destination and {dtypes.aten_name(given)} for the source."
+        )
+
+
 @lower(aten._unsafe_index_put.default)
 def _unsafe_index_put(self, indices, values, accumulate=False):
-    target = self.at[_index_tuple(indices)]
-    return target.add(values.astype(self.dtype)) if accumulate else target.set(values.astype(self.dtype))
+    values = values.astype(self.dtype)
+    return _updater(self.at[_index_tuple(indices)], "add" if accumulate else None, self.dtype)(values)
 
 
 @lower(aten.index_select.default, checks_empty=True)
