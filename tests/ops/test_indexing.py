@@ -1,5 +1,7 @@
 """Indexing, gather/scatter, masks, sorting/selection, searching and counting against CPU PyTorch."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -499,6 +501,65 @@ def test_uint8_mask_indexes_as_bool():
     check_op(lambda x, m: x[m[1], 1:], make(4, 3), mask)
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
         check_op(lambda x, m: (x * 2)[m] + 1, make(3, 4), mask)
+
+
+UINT8_MASK = torch.tensor([1, 0, 2, 0, 255], dtype=torch.uint8)
+UINT8_INDEXING = {
+    "getitem": lambda x, m: x[m],
+    "getitem_beside_slice": lambda x, m: x[None, m],
+    "setitem_values": written(lambda y, m: y.__setitem__(m, torch.arange(3.0, device=y.device))),
+    "index_put_accumulate": written(lambda y, m: y.index_put_((m,), torch.ones(3, device=y.device), accumulate=True)),
+}
+
+
+def _warned(fn, *args):
+    """`fn(*args)` and the warnings it gives, as (category, message without CPU's "Triggered internally at")."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn(*args)
+    return result, [(w.category, str(w.message).partition(" (Triggered internally")[0]) for w in caught]
+
+
+@pytest.mark.parametrize("name", sorted(UINT8_INDEXING))
+def test_uint8_mask_warns_as_on_cpu(name):
+    """CPU's deprecation warning for a uint8 mask, which it still reads as a bool one."""
+    x = make(5)
+    expected, expected_warnings = _warned(UINT8_INDEXING[name], x, UINT8_MASK)
+    actual, actual_warnings = _warned(UINT8_INDEXING[name], x.to("tpu"), UINT8_MASK.to("tpu"))
+    assert expected_warnings and actual_warnings == expected_warnings
+    torch.testing.assert_close(actual.cpu(), expected)
+
+
+def test_uint8_where_condition_warns_and_selects():
+    """CPU reads a uint8 condition as bool, with a deprecation warning (given once a process: not asked of CPU)."""
+    x, y = make(5), make(5, seed=1)
+    condition = UINT8_MASK.reshape(5, 1)
+    actual, actual_warnings = _warned(torch.where, condition.to("tpu"), x.to("tpu"), y.to("tpu"))
+    assert [category for category, _ in actual_warnings] == [UserWarning]
+    assert actual_warnings[0][1].startswith("where received a uint8 condition tensor. This behavior is deprecated")
+    torch.testing.assert_close(actual.cpu(), torch.where(condition.bool(), x, y))
+
+
+UINT8_REFUSED = {
+    "masked_select": lambda x, m: x.masked_select(m),
+    "masked_scatter": lambda x, m: x.masked_scatter(m, x),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UINT8_REFUSED))
+def test_uint8_masks_refused_as_on_cpu(name):
+    """masked_select and masked_scatter refuse a uint8 mask, as on CPU (masked_scatter with a warning first)."""
+    x = make(5)
+    with warnings.catch_warnings(record=True) as expected_warnings:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError) as expected:
+            UINT8_REFUSED[name](x, UINT8_MASK)
+    with warnings.catch_warnings(record=True) as actual_warnings:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError) as actual:
+            UINT8_REFUSED[name](x.to("tpu"), UINT8_MASK.to("tpu"))
+    assert str(actual.value) == str(expected.value)
+    assert [str(w.message) for w in actual_warnings] == [str(w.message) for w in expected_warnings]
 
 
 def test_boolean_index_put_accumulates():

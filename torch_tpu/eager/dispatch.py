@@ -454,14 +454,17 @@ def _to_meta(value: Any, mask_dtype: torch.dtype | None = None) -> Any:
 
 
 _INDEX = torch.ops.aten.index.Tensor
+_WHERE = torch.ops.aten.where.self
 
 
 def _meta_args(op: OpOverload, args: tuple) -> tuple:
-    """`args` for `op`'s meta kernel. aten.index.Tensor's (a Python one) rejects a uint8 index, which CPU reads as
-    a (deprecated) bool mask, as the lowering does: it is shown a bool mask instead."""
-    if op is not _INDEX or len(args) < 2:
-        return _to_meta(args)
-    return (_to_meta(args[0]), _to_meta(args[1], torch.bool), *_to_meta(args[2:]))
+    """`args` for `op`'s meta kernel. aten.index.Tensor's and aten.where.self's (Python ones) reject a uint8 index
+    or condition, which CPU reads as a (deprecated) bool mask, as the lowerings do: they are shown a bool one."""
+    if op is _INDEX and len(args) >= 2:
+        return (_to_meta(args[0]), _to_meta(args[1], torch.bool), *_to_meta(args[2:]))
+    if op is _WHERE and args:
+        return (_to_meta(args[0], torch.bool), *_to_meta(args[1:]))
+    return _to_meta(args)
 
 
 # what a RuntimeError says (lowercased) when the op has no meta kernel or its output shape depends on data

@@ -13,7 +13,7 @@ from jax.scipy import special
 
 from torch_tpu import precision
 from torch_tpu.ops.registry import aten, lower
-from torch_tpu.runtime import checks, dtypes
+from torch_tpu.runtime import checks, deprecation, dtypes
 
 _BOOL, _INTEGER, _FLOATING, _COMPLEX = range(4)
 
@@ -397,6 +397,11 @@ lower(
 
 @lower(aten.where.self)
 def where(condition, self, other):
+    if condition.dtype == np.uint8:  # read as a bool condition, as on CPU
+        deprecation.warn(
+            "where received a uint8 condition tensor. This behavior is deprecated and will be removed in a future "
+            "version of PyTorch. Use a boolean condition instead."
+        )
     a, b = _common(self, other)
     return jnp.where(condition, a, b)
 
