@@ -22,6 +22,17 @@ def test_unlowered_op_names_the_overload():
         torch.special.bessel_j0(x)
 
 
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
+def test_quantized_tensors_are_refused_naming_the_op():
+    """Quantized dtypes are not supported: quantizing on `tpu` (so flip of a quantized tensor too) names the op, and
+    moving a quantized CPU tensor raises PyTorch's own NotImplementedError for the Quantizedtpu key."""
+    x = torch.rand(4, device="tpu")
+    with pytest.raises(NotImplementedError, match=r"aten\.quantize_per_tensor"):
+        torch.quantize_per_tensor(x, 0.1, 0, torch.qint8).flip(0)
+    with pytest.raises(NotImplementedError, match="Quantizedtpu"):
+        torch.quantize_per_tensor(x.cpu(), 0.1, 0, torch.qint8).to("tpu")
+
+
 def test_cpu_fallback_switch_runs_counts_and_warns_once():
     x = torch.rand(3)
     torch_tpu.set_cpu_fallback(True)

@@ -1,5 +1,7 @@
 """Indexing, gather/scatter, masks, sorting/selection, searching and counting against CPU PyTorch."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -103,7 +105,7 @@ WRITES = {
 def test_write(name, dtype):
     fn, extra, values_shape = WRITES[name]
     accumulates = "accumulate" in name or name in ("index_put_", "scatter_add", "index_add")
-    if dtype == torch.bool and accumulates:
+    if dtype == torch.bool and accumulates and not name.startswith("index_put"):
         pytest.skip("accumulating into bool is not defined the same way on every backend")
     grad = dtype == torch.float32
     x = make(3, 4, dtype=dtype, grad=grad)
@@ -501,6 +503,65 @@ def test_uint8_mask_indexes_as_bool():
         check_op(lambda x, m: (x * 2)[m] + 1, make(3, 4), mask)
 
 
+UINT8_MASK = torch.tensor([1, 0, 2, 0, 255], dtype=torch.uint8)
+UINT8_INDEXING = {
+    "getitem": lambda x, m: x[m],
+    "getitem_beside_slice": lambda x, m: x[None, m],
+    "setitem_values": written(lambda y, m: y.__setitem__(m, torch.arange(3.0, device=y.device))),
+    "index_put_accumulate": written(lambda y, m: y.index_put_((m,), torch.ones(3, device=y.device), accumulate=True)),
+}
+
+
+def _warned(fn, *args):
+    """`fn(*args)` and the warnings it gives, as (category, message without CPU's "Triggered internally at")."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn(*args)
+    return result, [(w.category, str(w.message).partition(" (Triggered internally")[0]) for w in caught]
+
+
+@pytest.mark.parametrize("name", sorted(UINT8_INDEXING))
+def test_uint8_mask_warns_as_on_cpu(name):
+    """CPU's deprecation warning for a uint8 mask, which it still reads as a bool one."""
+    x = make(5)
+    expected, expected_warnings = _warned(UINT8_INDEXING[name], x, UINT8_MASK)
+    actual, actual_warnings = _warned(UINT8_INDEXING[name], x.to("tpu"), UINT8_MASK.to("tpu"))
+    assert expected_warnings and actual_warnings == expected_warnings
+    torch.testing.assert_close(actual.cpu(), expected)
+
+
+def test_uint8_where_condition_warns_and_selects():
+    """CPU reads a uint8 condition as bool, with a deprecation warning (given once a process: not asked of CPU)."""
+    x, y = make(5), make(5, seed=1)
+    condition = UINT8_MASK.reshape(5, 1)
+    actual, actual_warnings = _warned(torch.where, condition.to("tpu"), x.to("tpu"), y.to("tpu"))
+    assert [category for category, _ in actual_warnings] == [UserWarning]
+    assert actual_warnings[0][1].startswith("where received a uint8 condition tensor. This behavior is deprecated")
+    torch.testing.assert_close(actual.cpu(), torch.where(condition.bool(), x, y))
+
+
+UINT8_REFUSED = {
+    "masked_select": lambda x, m: x.masked_select(m),
+    "masked_scatter": lambda x, m: x.masked_scatter(m, x),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UINT8_REFUSED))
+def test_uint8_masks_refused_as_on_cpu(name):
+    """masked_select and masked_scatter refuse a uint8 mask, as on CPU (masked_scatter with a warning first)."""
+    x = make(5)
+    with warnings.catch_warnings(record=True) as expected_warnings:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError) as expected:
+            UINT8_REFUSED[name](x, UINT8_MASK)
+    with warnings.catch_warnings(record=True) as actual_warnings:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError) as actual:
+            UINT8_REFUSED[name](x.to("tpu"), UINT8_MASK.to("tpu"))
+    assert str(actual.value) == str(expected.value)
+    assert [str(w.message) for w in actual_warnings] == [str(w.message) for w in expected_warnings]
+
+
 def test_boolean_index_put_accumulates():
     """A lone mask (the no-sync path), a mask beside an integer index, broadcast values, gradients."""
     mask = torch.tensor([True, False, True, True])
@@ -511,6 +572,59 @@ def test_boolean_index_put_accumulates():
     check_op(accumulate, make(4, dtype=torch.int64), mask, idx(1, 2, 3))
     check_op(
         lambda x, m, i, v: x.index_put((m, i), v, accumulate=True), make(4, 2), mask, idx(1, 0, 1), make(3, seed=1)
+    )
+
+
+DTYPE_MISMATCHES = {
+    "setitem_list": lambda d: torch.zeros(3, 2, device=d).__setitem__(
+        (slice(None), [1]), _tensor(d, 1, 2, 3, dtype=torch.int32).unsqueeze(-1)
+    ),
+    "setitem_mask": lambda d: torch.zeros(3, device=d).__setitem__(
+        _tensor(d, True, False, True), _tensor(d, 1, 2, dtype=torch.int64)
+    ),
+    "index_put": lambda d: torch.zeros(3, device=d).index_put((_tensor(d, 0, 2),), _tensor(d, True, False)),
+    "index_put_accumulate": lambda d: torch.zeros(3, dtype=torch.int64, device=d).index_put_(
+        (_tensor(d, 0, 0),), _tensor(d, 1.0, 2.0), accumulate=True
+    ),
+    "index_put_mask_accumulate": lambda d: torch.zeros(3, dtype=torch.bfloat16, device=d).index_put_(
+        (_tensor(d, True, False, True),), _tensor(d, 1.0, 2.0), accumulate=True
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("name", sorted(DTYPE_MISMATCHES))
+def test_index_put_of_another_dtype_raises_as_on_cpu(name, mode):
+    """index_put (advanced-index assignment) takes values of the tensor's own dtype only, as on CPU."""
+    with pytest.raises(RuntimeError, match="Index put requires the source and destination dtypes match") as expected:
+        DTYPE_MISMATCHES[name]("cpu")
+    with torch.tpu.set_eager_mode(MODES[mode]):
+        with pytest.raises(RuntimeError) as caught:
+            DTYPE_MISMATCHES[name]("tpu")
+            torch.tpu.synchronize()
+    assert str(caught.value) == str(expected.value)
+
+
+def test_slice_assignment_of_another_dtype_casts():
+    """A basic-index assignment is a copy_, which casts (unlike index_put)."""
+    check_op(written(lambda y, v: y[:, 1:2].copy_(v)), make(3, 2), make(3, 1, dtype=torch.int32))
+    check_op(
+        written(lambda y, v: y.__setitem__((slice(None), slice(1, 2)), v)), make(3, 2), make(3, 1, dtype=torch.int32)
+    )
+
+
+def test_bool_index_put_accumulates_as_or():
+    """Accumulating into bool (repeated indices, masks) is a logical or, as on CPU."""
+    accumulate = written(lambda y, i, v: y.index_put_((i,), v, accumulate=True))
+    values = torch.tensor([True, False, True, False])
+    check_op(accumulate, torch.tensor([False, False, True]), idx(0, 0, 1, 2), values)
+    check_op(accumulate, torch.tensor([False, True, False, True]), torch.tensor([True, False, True, True]), values[:3])
+    check_op(
+        written(lambda y, i, j, v: y.index_put_((i, j), v, accumulate=True)),
+        make(3, 4, dtype=torch.bool),
+        idx(0, 0, 2),
+        idx(1, 1, 3),
+        values[:3],
     )
 
 

@@ -151,6 +151,37 @@ def test_loss_bf16(fn, args):
     check_op(fn, *args, grad=True)
 
 
+UINT8_TARGETS = [
+    ("nll_loss", lambda x, y: F.nll_loss(x, y, reduction="sum")),
+    ("nll_loss_ignore_255", lambda x, y: F.nll_loss(x, y, ignore_index=255)),
+    ("cross_entropy", lambda x, y: F.cross_entropy(x, y, ignore_index=255)),
+    ("cross_entropy_smoothing", lambda x, y: F.cross_entropy(x, y, label_smoothing=0.1)),
+    ("nll_loss_weight", lambda x, y: F.nll_loss(x, y, torch.linspace(0.5, 2, 4, device=x.device), reduction="none")),
+    ("nll_loss_unbatched", lambda x, y: F.nll_loss(x[1], y[1])),
+]
+
+
+@pytest.mark.parametrize("name, fn", UINT8_TARGETS, ids=[loss[0] for loss in UINT8_TARGETS])
+def test_nll_loss_takes_uint8_targets(name, fn):
+    """CPU's nll_loss takes uint8 class indices as well as int64 ones (255 a valid ignore_index for them)."""
+    target = classes(3).to(torch.uint8)
+    if "255" in name:
+        target[1] = 255
+    check_op(fn, make(3, 4), target, grad=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.bool])
+@pytest.mark.parametrize("loss", [F.nll_loss, F.cross_entropy], ids=["nll_loss", "cross_entropy"])
+def test_nll_loss_refuses_other_integer_targets_as_cpu(loss, dtype):
+    """Targets of any other dtype raise CPU's RuntimeError naming it."""
+    x, target = make(3, 4, grad=False), classes(3).to(dtype)
+    with pytest.raises(RuntimeError) as expected:
+        loss(x, target)
+    with pytest.raises(RuntimeError) as actual:
+        loss(x.to("tpu"), target.to("tpu"))
+    assert str(actual.value) == str(expected.value)
+
+
 MARGIN_LOSSES = [
     ("multi_margin", lambda x, y: F.multi_margin_loss(x, y), (make(4, 5), classes(4, high=5))),
     (

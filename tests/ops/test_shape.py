@@ -60,6 +60,21 @@ def test_cat_promotes_and_skips_legacy_empty():
     check_op(lambda a, b: torch.cat([a, b]), make(2, 3, dtype=torch.bfloat16), make(1, 3, dtype=torch.float16))
 
 
+@pytest.mark.parametrize(
+    ("dtypes", "out_dtype"),
+    [((torch.float32,), torch.int64), ((torch.float32, torch.int64), torch.int32), ((torch.int64,), torch.bool)],
+)
+def test_cat_out_of_a_narrower_kind_raises_as_on_cpu(dtypes, out_dtype):
+    """CPU's canCast check of cat's inputs against `out=`: a TypeError naming the output dtype."""
+    inputs = [make(2, 3, dtype=dtype, seed=i) for i, dtype in enumerate(dtypes)]
+    with pytest.raises(TypeError) as expected:
+        torch.cat(inputs, out=torch.empty(0, dtype=out_dtype))
+    with pytest.raises(TypeError) as caught:
+        torch.cat([x.to("tpu") for x in inputs], out=torch.empty(0, dtype=out_dtype, device="tpu"))
+    assert str(caught.value) == str(expected.value)
+    check_op(lambda a: torch.cat([a, a], out=torch.empty(4, 3, dtype=torch.float64, device=a.device)), inputs[0])
+
+
 PADS = {
     "reflect": [(1, (2, 1)), (2, (2, 1, 1, 2)), (3, (2, 1, 1, 2, 1, 1))],
     "replicate": [(1, (2, 1)), (2, (2, 1, 3, 0)), (3, (2, 1, 1, 0, 0, 2))],

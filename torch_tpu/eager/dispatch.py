@@ -468,14 +468,23 @@ def _to_meta(value: Any, mask_dtype: torch.dtype | None = None) -> Any:
 
 
 _INDEX = torch.ops.aten.index.Tensor
+_WHERE = torch.ops.aten.where.self
+# nll_loss's target argument: a position, by op
+_NLL_TARGET = {torch.ops.aten.nll_loss_forward.default: 1, torch.ops.aten.nll_loss_backward.default: 2}
 
 
 def _meta_args(op: OpOverload, args: tuple) -> tuple:
-    """`args` for `op`'s meta kernel. aten.index.Tensor's (a Python one) rejects a uint8 index, which CPU reads as
-    a (deprecated) bool mask, as the lowering does: it is shown a bool mask instead."""
-    if op is not _INDEX or len(args) < 2:
-        return _to_meta(args)
-    return (_to_meta(args[0]), _to_meta(args[1], torch.bool), *_to_meta(args[2:]))
+    """`args` for `op`'s meta kernel. aten.index.Tensor's and aten.where.self's (Python ones) reject a uint8 index
+    or condition, which CPU reads as a (deprecated) bool mask, as the lowerings do: they are shown a bool one.
+    nll_loss's (a decomposition's gather) rejects a uint8 target, which CPU takes: it is shown an int64 one."""
+    if op is _INDEX and len(args) >= 2:
+        return (_to_meta(args[0]), _to_meta(args[1], torch.bool), *_to_meta(args[2:]))
+    if op is _WHERE and args:
+        return (_to_meta(args[0], torch.bool), *_to_meta(args[1:]))
+    target = _NLL_TARGET.get(op)
+    if target is not None and len(args) > target:
+        return (*_to_meta(args[:target]), _to_meta(args[target], torch.int64), *_to_meta(args[target + 1 :]))
+    return _to_meta(args)
 
 
 # what a RuntimeError says (lowercased) when the op has no meta kernel or its output shape depends on data

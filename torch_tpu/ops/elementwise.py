@@ -13,7 +13,7 @@ from jax.scipy import special
 
 from torch_tpu import precision
 from torch_tpu.ops.registry import aten, lower
-from torch_tpu.runtime import checks, dtypes
+from torch_tpu.runtime import checks, deprecation, dtypes
 
 _BOOL, _INTEGER, _FLOATING, _COMPLEX = range(4)
 
@@ -108,22 +108,53 @@ def _is_integral(x) -> bool:
 # ---------------------------------------------------------------- arithmetic
 
 
+def _check_alpha(dtype, alpha) -> None:
+    """ATen's alpha_check of `alpha` against the operands' common dtype, with CPU's errors: PyTorch's meta kernels
+    skip it for bool results and bool alphas (`bool_tensor.add(b, alpha=1.5)`, `int_tensor.add(i, alpha=True)`)."""
+    result, given = _category(dtype), _category(jnp.result_type(alpha))
+    if given == _BOOL and result != _BOOL:
+        raise RuntimeError("Boolean alpha only supported for Boolean results.")
+    if result <= _INTEGER and given >= _FLOATING:
+        raise RuntimeError("For integral input tensors, argument alpha must not be a floating point number.")
+    if result != _COMPLEX and given == _COMPLEX:
+        raise RuntimeError("For non-complex input tensors, argument alpha must not be a complex number.")
+
+
+def _check_sub(self, other) -> None:
+    """ATen's sub_check, which the meta kernels skip where the other operand is a float tensor: no bool operand."""
+    bools = sum(jnp.result_type(x) == np.bool_ for x in (self, other))
+    if bools == 2:
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` "
+            "operator instead."
+        )
+    if bools:
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a mask, "
+            "use the `~` or `logical_not()` operator instead."
+        )
+
+
 @lower(aten.add.Tensor, aten.add.Scalar)
 def add(self, other, alpha=1):
-    a, b = _common(self, other)
+    dtype = _result_type(self, other)
+    _check_alpha(dtype, alpha)
+    a, b = _cast(dtype, self, other)
     return a + b * alpha
 
 
 @lower(aten.sub.Tensor, aten.sub.Scalar)
 def sub(self, other, alpha=1):
-    a, b = _common(self, other)
+    _check_sub(self, other)
+    dtype = _result_type(self, other)
+    _check_alpha(dtype, alpha)
+    a, b = _cast(dtype, self, other)
     return a - b * alpha
 
 
 @lower(aten.rsub.Tensor, aten.rsub.Scalar)
 def rsub(self, other, alpha=1):
-    a, b = _common(self, other)
-    return b - a * alpha
+    return sub(other, self, alpha)
 
 
 @lower(aten.mul.Tensor, aten.mul.Scalar)
@@ -366,6 +397,11 @@ lower(
 
 @lower(aten.where.self)
 def where(condition, self, other):
+    if condition.dtype == np.uint8:  # read as a bool condition, as on CPU
+        deprecation.warn(
+            "where received a uint8 condition tensor. This behavior is deprecated and will be removed in a future "
+            "version of PyTorch. Use a boolean condition instead."
+        )
     a, b = _common(self, other)
     return jnp.where(condition, a, b)
 

@@ -16,9 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from torch_tpu.ops.registry import aten, lower
-from torch_tpu.runtime import checks
+from torch_tpu.runtime import checks, deprecation, dtypes
 
 _MASK_DTYPES = (np.dtype(np.bool_), np.dtype(np.uint8))
+_UINT8_INDEX = "indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead."
 OUT_OF_BOUNDS = "index {{}} is out of bounds for dimension {dim} with size {size}"
 
 
@@ -65,6 +66,12 @@ def _is_mask(index):
     return index is not None and index.dtype in _MASK_DTYPES
 
 
+def _warn_uint8(indices):
+    """CPU's deprecation warning for a uint8 index, which it (and so the lowerings) still reads as a bool mask."""
+    if any(index is not None and index.dtype == np.uint8 for index in indices):
+        deprecation.warn(_UINT8_INDEX)
+
+
 def _index_tuple(indices):
     """ATen's index list (None = the whole dimension) as a NumPy-style index."""
     return tuple(slice(None) if index is None else index for index in indices)
@@ -85,9 +92,7 @@ def _gather_checked(self, indices):
 
 def _put_checked(self, indices, values, accumulate):
     _check_dims(self, indices)
-    target = self.at[_index_tuple(indices)]
-    values = values.astype(self.dtype)
-    return target.add(values) if accumulate else target.set(values)
+    return _updater(self.at[_index_tuple(indices)], "add" if accumulate else None, self.dtype)(values)
 
 
 _gather = checks.jit(_gather_checked)
@@ -126,7 +131,7 @@ def _put_through_mask_checked(self, mask, values, leading, accumulate):
     trailing = self.ndim - leading - mask.ndim
     given = values.shape
     result = _mask_result(self, mask, leading)
-    values = values.astype(self.dtype).reshape(given[max(len(given) - len(result), 0) :])
+    values = values.reshape(given[max(len(given) - len(result), 0) :])
     values = values.reshape((1,) * (leading + 1 + trailing - values.ndim) + values.shape)
     before, rows, after = values.shape[:leading], values.shape[leading], values.shape[leading + 1 :]
     if rows != 1:
@@ -149,6 +154,7 @@ _put_through_mask = checks.jit(_put_through_mask_checked, static_argnums=(3, 4))
 @lower(aten.index.Tensor, jit=False)
 def index(self, indices):
     """NOTE: with checks off, out-of-range indices are clamped."""
+    _warn_uint8(indices)
     _check_mask_shapes(self, indices)
     return _gather(self, _masks_to_positions(indices))
 
@@ -161,6 +167,8 @@ def _unsafe_index(self, indices):
 @lower(aten.index_put.default, aten._index_put_impl.default, jit=False)
 def index_put(self, indices, values, accumulate=False, unsafe=False):
     """NOTE: with checks off, writes at out-of-range indices are dropped."""
+    _check_values_dtype(self, values)
+    _warn_uint8(indices)
     _check_mask_shapes(self, indices)
     given = [i for i, index in enumerate(indices) if index is not None]
     if len(given) == 1 and _is_mask(indices[given[0]]):
@@ -172,10 +180,20 @@ def index_put(self, indices, values, accumulate=False, unsafe=False):
     return _put(self, _masks_to_positions(indices), values, accumulate)
 
 
+def _check_values_dtype(self, values):
+    """CPU's index_put takes values of the tensor's own dtype only (a slice assignment, copy_, casts instead)."""
+    given = jnp.result_type(values)
+    if given != self.dtype:
+        raise RuntimeError(
+            f"Index put requires the source and destination dtypes match, got {dtypes.aten_name(self.dtype)} for "
+            f"the destination and {dtypes.aten_name(given)} for the source."
+        )
+
+
 @lower(aten._unsafe_index_put.default)
 def _unsafe_index_put(self, indices, values, accumulate=False):
-    target = self.at[_index_tuple(indices)]
-    return target.add(values.astype(self.dtype)) if accumulate else target.set(values.astype(self.dtype))
+    values = values.astype(self.dtype)
+    return _updater(self.at[_index_tuple(indices)], "add" if accumulate else None, self.dtype)(values)
 
 
 @lower(aten.index_select.default, checks_empty=True)
@@ -352,6 +370,8 @@ def masked_fill(self, mask, value):
 
 @lower(aten.masked_scatter.default)
 def masked_scatter(self, mask, source):
+    if mask.dtype == np.uint8:  # CPU refuses it (the meta kernel does not); CPU's warning comes with its error
+        raise RuntimeError("masked_scatter_ only supports boolean masks, but got mask with dtype Byte")
     shape = jnp.broadcast_shapes(self.shape, mask.shape)
     self, mask = jnp.broadcast_to(self, shape), jnp.broadcast_to(mask, shape)
     if source.size == 0:
@@ -372,6 +392,8 @@ def masked_scatter_backward(grad_output, mask, sizes):
 
 @lower(aten.masked_select.default, jit=False)
 def masked_select(self, mask):
+    if mask.dtype != np.bool_:  # CPU's check, which the meta kernel lacks
+        raise RuntimeError("masked_select: expected BoolTensor for mask")
     shape = jnp.broadcast_shapes(self.shape, mask.shape) or (1,)
     return _gather_in_range(jnp.broadcast_to(self, shape), jnp.nonzero(jnp.broadcast_to(mask, shape)))
 

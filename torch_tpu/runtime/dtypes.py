@@ -55,6 +55,11 @@ def to_torch(dtype: np.dtype) -> torch.dtype:
         raise TypeError(f"torch_tpu: JAX dtype {dtype} has no torch counterpart") from None
 
 
+def aten_name(dtype: np.dtype) -> str:
+    """c10's name of a JAX/numpy dtype ("Float", "Long", "BFloat16"), as CPU PyTorch's error messages spell it."""
+    return torch.empty(0, dtype=to_torch(dtype)).type().removeprefix("torch.").removesuffix("Tensor")
+
+
 def host_carrier(dtype: torch.dtype) -> torch.dtype | None:
     """The integer dtype that carries `dtype` through numpy, or None if numpy holds it directly."""
     return _HOST_CARRIER.get(dtype)

@@ -6,11 +6,18 @@ import numpy as np
 
 from torch_tpu.ops.nn.common import MEAN, SUM, loss_scale, reduce_loss, upcast
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.runtime import dtypes
+
+_TARGET_DTYPES = (np.dtype(np.int64), np.dtype(np.uint8))
 
 
 def _nll_terms(self, target, weight, ignore_index):
     """The class dim (1, or 0 unbatched), the targets made safe to index with, and per-target weights (0 where
-    the target is ignored)."""
+    the target is ignored). Targets are int64 or uint8 (as CPU's kernels take; the 2-d ops' meta kernels refuse
+    uint8 as CPU does)."""
+    if target.dtype not in _TARGET_DTYPES:
+        raise RuntimeError(f"expected target dtype to be Long or Byte, but got {dtypes.aten_name(target.dtype)}")
+    target = target.astype(np.int64)
     class_axis = 1 if self.ndim > 1 else 0
     valid = target != ignore_index
     safe = jnp.where(valid, target, 0)
