@@ -158,7 +158,7 @@ def dog(monkeypatch: pytest.MonkeyPatch) -> watchdog.Watchdog:
 
 
 def test_a_collective_over_a_rank_that_exited_before_it_raises_without_running(dog: watchdog.Watchdog):
-    dog.exited[2] = {"0,2": 4, "0,1,2": 7}
+    dog.peer_exited(2, {"0,2": 4, "0,1,2": 7})
     ran = []
     with pytest.raises(dist.DistBackendError, match=re.escape("rank 2 exited after 4 collectives over these ranks")):
         for _ in range(5):  # #1..#4 were joined by rank 2; #5 never will be

@@ -7,6 +7,12 @@ initialises JAX: rank 0 publishes a coordinator address on a free port through t
 `jax.distributed.initialize` with torch's world size and rank before JAX's backend exists, with fail-fast
 settings (no preemption service, a short heartbeat, XLA:CPU collectives timing out at the group's timeout), and
 joins the job's watchdog (`distributed.watchdog`: a lost, failed or hung rank ends the job with a clear error).
+
+Leaving is orderly whatever the way out, as with NCCL or gloo: JAX's service is recoverable (a process that ends
+without JAX's shutdown, `os._exit(0)` included, aborts no other), and `destroy_process_group()` of the default
+group is where ranks agree to leave: rank 0, whose process hosts the service, waits there (and at its exit) until
+every other rank's process has ended or begun a later group, since the service's end aborts every process still
+connected to it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ _COORDINATOR_KEY = "tpu_dist/jax_coordinator"
 _generation = 0
 # Seconds without a heartbeat before JAX's coordination service declares a process dead (JAX's default: 100).
 HEARTBEAT_TIMEOUT_S = 10
+# The running default group's timeout in seconds; None when this process is in no tpu_dist job.
+_job_timeout_s: float | None = None
 
 
 def register() -> None:
@@ -45,6 +53,8 @@ def register() -> None:
     c10d = dist.distributed_c10d
     if not getattr(c10d.init_process_group, "_tpu_dist", False):
         dist.init_process_group = c10d.init_process_group = _default_to_tpu_dist(c10d.init_process_group)
+    if not getattr(c10d.destroy_process_group, "_tpu_dist", False):
+        dist.destroy_process_group = c10d.destroy_process_group = _leave_at_destroy(c10d.destroy_process_group)
 
 
 def _default_to_tpu_dist(init_process_group: Any) -> Any:
@@ -54,6 +64,9 @@ def _default_to_tpu_dist(init_process_group: Any) -> Any:
 
     @functools.wraps(init_process_group)
     def init(backend: str | None = None, *args: Any, **kwargs: Any) -> None:
+        from torch_tpu.distributed import watchdog
+
+        watchdog.joining(_generation + 1)  # before the rendezvous: rank 0 may wait for it to leave the last job
         device_id = kwargs.get("device_id")
         on_tpu = device_id is None or torch.device(device_id).type == "tpu"
         if backend is None and not args and on_tpu and torch._C._get_accelerator().type == "tpu":
@@ -62,6 +75,35 @@ def _default_to_tpu_dist(init_process_group: Any) -> Any:
 
     init._tpu_dist = True
     return init
+
+
+def _leave_at_destroy(destroy_process_group: Any) -> Any:
+    """`destroy_process_group()` of a tpu_dist job's default group: the job is left (`_leave`) once torch has
+    destroyed its groups."""
+
+    @functools.wraps(destroy_process_group)
+    def destroy(group: dist.ProcessGroup | None = None) -> None:
+        ending = _job_timeout_s is not None and (group is None or group is dist.GroupMember.WORLD)
+        destroy_process_group(group)
+        if ending:
+            _leave()
+
+    destroy._tpu_dist = True
+    return destroy
+
+
+def _leave() -> None:
+    """Tell the peers this rank left the job; on rank 0, keep JAX's service until they are gone too."""
+    from torch_tpu.distributed import watchdog
+
+    global _job_timeout_s
+    timeout_s, _job_timeout_s = _job_timeout_s, None
+    present = watchdog.leaving(_generation, timeout_s)
+    if present:
+        raise dist.DistBackendError(
+            f"tpu_dist: rank 0 waited {timeout_s:.0f} s in destroy_process_group for ranks {present} to end or begin "
+            "a new group; JAX's coordination service lives in rank 0's process, and its end aborts theirs"
+        )
 
 
 def generation() -> int:
@@ -118,14 +160,15 @@ def initialize_jax(store: dist.Store, rank: int, world_size: int, timeout: datet
     _set_collective_timeout(seconds)
     # Under torchrun, JAX's preemption service would swallow SIGTERM (a 30 s teardown instead of 1 s).
     jax.config.update("jax_enable_preemption_service", False)
+    # A process that ends without JAX's shutdown must not abort the others (its peers' watchdogs judge whether its
+    # end was a loss); nor does a recoverable process wait at exit in JAX's shutdown barrier for the others.
+    jax.config.update("jax_enable_recoverability", True)
     jax.distributed.initialize(
         address,
         num_processes=world_size,
         process_id=rank,
         initialization_timeout=seconds,
         heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S,
-        # At exit JAX waits for every process; a rank that failed must not wait longer than a collective would.
-        shutdown_timeout_seconds=seconds,
     )
 
 
@@ -135,7 +178,7 @@ def _create_backend(
     """torch's creator for a group: JAX started (the default group), tpu kernels installed, a gloo backend."""
     from torch_tpu.distributed import kernels, watchdog
 
-    global _generation
+    global _generation, _job_timeout_s
     if not dist.is_initialized():  # the default group is being made: rank and world size are global
         # torch.distributed.nn's functions bind `group.WORLD` as a default argument when first imported. Imported
         # while a group exists (Dynamo imports them, and the first meta kernel of a tpu op imports Dynamo), they
@@ -145,6 +188,7 @@ def _create_backend(
 
         _generation += 1
         initialize_jax(store, rank, world_size, timeout)
-        watchdog.start(store, rank, world_size, timeout.total_seconds(), _host())
+        watchdog.start(store, rank, world_size, timeout.total_seconds(), _host(), _generation)
+        _job_timeout_s = timeout.total_seconds()
     kernels.install()
     return ProcessGroupGloo(dist.PrefixStore(f"tpu_dist/job{_generation}", store), rank, world_size, timeout)

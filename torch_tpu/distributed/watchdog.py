@@ -13,6 +13,11 @@ with a C++ log line. So every process of a `tpu_dist` job keeps one TCP connecti
   second), so a collective that times out names the ranks that never joined it;
 - a clean exit (also `sys.exit(n)`, and mp.spawn's way out of an exception) says goodbye with its final counts: a
   peer waiting in a collective that the leaver never started cannot complete, and ends at once;
+- `destroy_process_group()` of the job's default group says "left" with the job's number and the counts, the same
+  for that job's collectives, so that a process that then ends any way (`os._exit(0)` too) is not taken for lost;
+  a later `init_process_group` says "join", and the process is in the job again;
+- rank 0 hosts JAX's coordination service, whose end aborts every process still connected to it: its destroy
+  and its exit wait until every other rank's process has ended or started a later job (`wait_for_peers`);
 - a forked child (a multiprocessing or DataLoader worker) closes its copies of the star's sockets;
 - a failed collective becomes a `DistBackendError` naming the collective, its ranks and the lost or absent rank:
   the tpu kernels' (`kernels.py`), and the torch.distributed calls that go to gloo directly (`guard_api`: a
@@ -81,12 +86,15 @@ def _group_key(ranks: tuple[int, ...]) -> str:
 class Watchdog:
     """This process's end of the star (rank 0 holds every link and relays news; others hold one link to it)."""
 
-    def __init__(self, rank: int, world_size: int, timeout_s: float) -> None:
+    def __init__(self, rank: int, world_size: int, timeout_s: float, job: int = 1) -> None:
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self.counts: dict[tuple[int, ...], int] = {}  # collectives started over each group
         self.current: tuple[str, tuple[int, ...], int] | None = None  # (name, ranks, number) in flight
         self.down: dict[int, str] = {}  # peer -> why it is gone
-        self.exited: dict[int, dict[str, int]] = {}  # peers that said goodbye -> their final collective counts
+        self.generation = job  # the job (default group) this process is in, as process_group numbers them
+        # peers that said goodbye (job None: the process exits) or left a job -> (that job, their collective counts)
+        self.exited: dict[int, tuple[int | None, dict[str, int]]] = {}
+        self.joined: dict[int, int] = {}  # peer -> the last job it said it joins
         self.ended: set[int] = set()  # peers whose stream has ended
         self.table: dict[int, dict[str, Any]] = {}  # rank 0: each rank's last reported state
         self.table_ready = threading.Event()
@@ -174,8 +182,10 @@ class Watchdog:
                 peer, self.links[rank] = rank, link
             elif kind == "state":
                 self.table[rank] = message
-            elif kind == "bye":
-                self.peer_exited(rank, message["counts"])
+            elif kind in ("bye", "left"):
+                self.peer_exited(rank, message["counts"], message.get("job"))
+            elif kind == "join":
+                self.peer_joined(rank, message["job"])
             elif kind == "down":
                 self.peer_down(rank, message["why"])
             elif kind == "ask":
@@ -208,10 +218,11 @@ class Watchdog:
         timer.daemon = True
         timer.start()
 
-    def peer_exited(self, rank: int, counts: dict[str, int]) -> None:
-        """A clean exit (relayed by rank 0): fatal to a collective in flight over that rank that it never joined."""
-        self.exited[rank] = counts
-        self._relay(rank, {"kind": "bye", "rank": rank, "counts": counts})
+    def peer_exited(self, rank: int, counts: dict[str, int], job: int | None = None) -> None:
+        """A clean exit, or leaving `job` (relayed by rank 0): fatal to a collective in flight over that rank that
+        it never joined."""
+        self.exited[rank] = (job, counts)
+        self._relay(rank, {"kind": "bye" if job is None else "left", "rank": rank, "counts": counts, "job": job})
         current = self.current
         if current is not None and (deserted := self.deserted(current[1], current[2])) and not self.failed:
             what = f"{current[0]} (collective #{current[2]} over ranks {list(current[1])})"
@@ -227,12 +238,21 @@ class Watchdog:
             time.sleep(0.05)
         os._exit(1)
 
+    def peer_joined(self, rank: int, job: int) -> None:
+        """`rank` starts `job` (relayed by rank 0): what it left before is no longer a goodbye."""
+        self.joined[rank] = job
+        left = self.exited.get(rank)
+        if left is not None and left[0] is not None and left[0] < job:
+            del self.exited[rank]
+        self._relay(rank, {"kind": "join", "rank": rank, "job": job})
+
     def deserted(self, ranks: tuple[int, ...], number: int) -> list[str]:
-        """The peers in `ranks` that exited before starting collective #`number` over them."""
+        """The peers in `ranks` that exited, or left this job, before starting collective #`number` over them."""
         key, found = _group_key(ranks), []
-        for rank, counts in list(self.exited.items()):
-            if rank in ranks and counts.get(key, 0) < number:
-                found.append(f"rank {rank} exited after {counts.get(key, 0)} collectives over these ranks")
+        for rank, (job, counts) in list(self.exited.items()):
+            if rank in ranks and job in (None, self.generation) and counts.get(key, 0) < number:
+                how = "exited" if job is None else "left the job"
+                found.append(f"rank {rank} {how} after {counts.get(key, 0)} collectives over these ranks")
         return found
 
     def _end(self, rank: int, why: str) -> None:
@@ -263,13 +283,41 @@ class Watchdog:
         for link in list(self.links.values()):
             link.send(message)
 
+    def join(self, job: int) -> None:
+        """This process starts `job` (a later default group; said before its rendezvous, which may wait for rank 0
+        to leave the last one)."""
+        message = {"kind": "join", "rank": self.rank, "job": job}
+        for link in list(self.links.values()):
+            link.send(message)
+
+    def leave(self, job: int) -> None:
+        """This process leaves `job` (destroy_process_group): its peers take its end from now on as clean."""
+        message = {"kind": "left", "rank": self.rank, "counts": self.state()["counts"], "job": job}
+        for link in list(self.links.values()):
+            link.send(message)
+
+    def wait_for_peers(self, job: int, timeout_s: float) -> list[int]:
+        """Rank 0: wait until every other rank's process has ended or started a job after `job` (JAX's service,
+        which lives here, must outlive every client connected to it); the ranks still there at the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            present = [
+                rank
+                for rank in range(1, self.world_size)
+                if rank not in self.ended and rank not in self.down and self.joined.get(rank, 0) <= job
+            ]
+            if not present or time.monotonic() >= deadline:
+                return present
+            time.sleep(0.05)
+
     def at_exit(self) -> None:
-        """Before JAX's shutdown barrier (atexit runs handlers last-registered first): a failed process skips it;
-        a clean one says goodbye, so that its stream's end is not taken for a loss."""
+        """Before JAX's shutdown (atexit runs handlers last-registered first): a failed process exits at once; a
+        clean one says goodbye, so that its stream's end is not taken for a loss, and rank 0 keeps JAX's
+        coordination service until every other rank is gone."""
         if os.getpid() != self.pid:
             return
         if self.failed:
-            _say(f"tpu_dist: rank {self.rank} failed; exiting without JAX's shutdown barrier")
+            _say(f"tpu_dist: rank {self.rank} failed; exiting without JAX's shutdown")
             if self.rank == 0:  # JAX's coordination service lives here: its end would abort the peers unexplained
                 deadline = time.monotonic() + GRACE_S + 2
                 while len(self.ended) < len(self.links) and time.monotonic() < deadline:
@@ -278,6 +326,11 @@ class Watchdog:
         counts = self.state()["counts"]
         for link in list(self.links.values()):
             link.send({"kind": "bye", "rank": self.rank, "counts": counts})
+        if self.rank == 0 and (present := self.wait_for_peers(self.generation, self.timeout_s)):
+            _say(
+                f"tpu_dist: rank 0 exits after waiting {self.timeout_s:.0f} s for ranks {present} to end: JAX's "
+                "coordination service ends with this process, and aborts them"
+            )
 
 
 def _say(text: str) -> None:
@@ -302,12 +355,15 @@ def _excepthook(previous: Callable[..., Any]) -> Callable[..., Any]:
     return hook
 
 
-def start(store: dist.Store, rank: int, world_size: int, timeout_s: float, host: str) -> None:
-    """Join this process to the job's star (rank 0 listens on a free port and publishes it through `store`)."""
+def start(store: dist.Store, rank: int, world_size: int, timeout_s: float, host: str, job: int) -> None:
+    """Join this process to the star of `job` (made once per process: rank 0 listens on a free port and
+    publishes it through `store`; a later job's processes keep it)."""
     global _watchdog
+    if _watchdog is not None:
+        _watchdog.generation = job
     if _watchdog is not None or world_size == 1:
         return
-    watchdog = Watchdog(rank, world_size, timeout_s)
+    watchdog = Watchdog(rank, world_size, timeout_s, job)
     if rank == 0:
         server = socket.create_server((host if host != "localhost" else "127.0.0.1", 0))
         store.set(ADDRESS_KEY, f"{host}:{server.getsockname()[1]}")
@@ -320,6 +376,21 @@ def start(store: dist.Store, rank: int, world_size: int, timeout_s: float, host:
     sys.excepthook = _excepthook(sys.excepthook)
     os.register_at_fork(after_in_child=_forget_in_child)
     _watchdog = watchdog
+
+
+def joining(job: int) -> None:
+    """init_process_group begins `job`: tell the peers (rank 0 may be waiting for this rank to leave the last)."""
+    if _watchdog is not None:
+        _watchdog.join(job)
+
+
+def leaving(job: int, timeout_s: float) -> list[int]:
+    """destroy_process_group ends `job` here; on rank 0, wait for the peers (`Watchdog.wait_for_peers`): the
+    ranks still there after `timeout_s`."""
+    if _watchdog is None:
+        return []
+    _watchdog.leave(job)
+    return _watchdog.wait_for_peers(job, timeout_s) if _watchdog.rank == 0 else []
 
 
 def _forget_in_child() -> None:
