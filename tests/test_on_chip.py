@@ -15,6 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch_tpu.kernels import examples
 from torch_tpu.kernels.prebuilt import sdpa
 from torch_tpu.runtime import platform
+from torch_tpu.testing.compare import TOLERANCES, tolerance
 
 pytestmark = [
     pytest.mark.tpu_device,
@@ -34,27 +35,46 @@ def test_a_pallas_kernel_is_compiled_by_mosaic_and_matches_cpu():
     torch.testing.assert_close(soft, x.softmax(-1), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
-@pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
-def test_sdpa_takes_splash_on_the_chip_forward_and_backward(is_causal, kv_heads):
+def _attention(dtype, is_causal, kv_heads):
+    """One SDPA call forward and backward on CPU (float64, the reference) and on the chip (in `dtype`)."""
     torch.manual_seed(0)
     q = torch.randn(2, 4, 256, 64)
     k, v = torch.randn(2, kv_heads, 256, 64), torch.randn(2, kv_heads, 256, 64)
     options = dict(is_causal=is_causal, enable_gqa=kv_heads != 4)
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
     expected = F.scaled_dot_product_attention(*leaves, **options)
     expected.backward(torch.ones_like(expected))
-    chosen = sdpa.choices["splash"]
-    with torch.tpu.precision(torch.tpu.Precision.HIGHEST):
-        ours = [t.to("tpu").requires_grad_() for t in (q, k, v)]
-        out = F.scaled_dot_product_attention(*ours, **options)
-        out.backward(torch.ones_like(out))
-    assert sdpa.choices["splash"] == chosen + 1
-    # Splash's matmuls run inside the Mosaic kernel at its own dot precision, not the precision block's: the
-    # error is that of float32 products accumulated over 256 keys, measured ~1e-6 relative to the outputs' scale.
-    torch.testing.assert_close(out.detach().cpu(), expected.detach(), rtol=2e-5, atol=2e-5)
+    ours = [t.to("tpu", dtype).requires_grad_() for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(*ours, **options)
+    out.backward(torch.ones_like(out))
+    return out, ours, expected, leaves
+
+
+def _assert_attention_close(out, ours, expected, leaves, rtol, atol):
+    torch.testing.assert_close(out.detach().cpu().double(), expected.detach(), rtol=rtol, atol=atol)
     for got, want in zip(ours, leaves, strict=True):
-        torch.testing.assert_close(got.grad.cpu(), want.grad, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got.grad.cpu().double(), want.grad, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
+def test_sdpa_takes_splash_for_bfloat16_and_for_float32_at_default_precision(is_causal, kv_heads):
+    chosen = sdpa.choices["splash"]
+    out, ours, expected, leaves = _attention(torch.bfloat16, is_causal, kv_heads)
+    rtol, atol = TOLERANCES[torch.bfloat16]  # bf16 inputs and outputs, float32 accumulation inside the kernel
+    _assert_attention_close(out, ours, expected, leaves, rtol, atol)
+    with torch.tpu.precision(torch.tpu.Precision.DEFAULT):  # float32 products as one bf16 pass: bf16's tolerance
+        out, ours, expected, leaves = _attention(torch.float32, is_causal, kv_heads)
+    _assert_attention_close(out, ours, expected, leaves, rtol, atol)
+    assert sdpa.choices["splash"] == chosen + 2
+
+
+def test_float32_sdpa_at_pytorchs_default_precision_keeps_full_float32_off_splash():
+    chosen = dict(sdpa.choices)
+    out, ours, expected, leaves = _attention(torch.float32, True, 2)
+    assert sdpa.choices["splash"] == chosen.get("splash", 0) and sdpa.choices["xla"] == chosen.get("xla", 0) + 1
+    rtol, atol = tolerance(torch.float32)  # HIGHEST products; softmax's exp at the chip's float32 accuracy
+    _assert_attention_close(out, ours, expected, leaves, rtol, atol)
 
 
 def test_ragged_dot_on_the_chip_matches_a_float64_grouped_matmul():

@@ -360,8 +360,23 @@ def _zeta(x, q):
 
 
 def _digamma(x):
-    """digamma, -inf at +0 and +inf at -0 as on PyTorch's CPU."""
-    return jnp.where(x == 0, jnp.copysign(jnp.inf, -x), jax.lax.digamma(x))
+    """digamma as PyTorch's CPU kernel computes it: reflected below 0 (psi(1 - x) - pi / tan(pi x), the tangent of
+    x's fractional part), raised to 10 by the recurrence, then the asymptotic series; NaN at the negative integers,
+    -inf at +0 and +inf at -0. Written out rather than `lax.digamma`, whose float64 expansion XLA's TPU backend
+    cannot compile ("shift-right-arithmetic with different element types")."""
+    reflected = x < 0
+    fraction = x - jnp.trunc(x)  # as C's modf: exact, with x's sign
+    correction = jnp.where(reflected, -math.pi / jnp.tan(math.pi * jnp.where(fraction == 0, 0.5, fraction)), 0.0)
+    y = jnp.where(reflected, 1 - x, x)
+    for _ in range(10):
+        small = y < 10
+        correction = correction - jnp.where(small, 1 / y, 0.0)
+        y = jnp.where(small, y + 1, y)
+    z = 1 / (y * y)
+    series = z * (1 / 12 - z * (1 / 120 - z * (1 / 252 - z * (1 / 240 - z * (1 / 132 - z * (691 / 32760 - z / 12))))))
+    value = jnp.log(y) - 0.5 / y - series + correction
+    value = jnp.where((x < 0) & (fraction == 0), jnp.nan, value)
+    return jnp.where(x == 0, jnp.copysign(jnp.inf, -x), value)
 
 
 @lower(aten.digamma.default)

@@ -16,13 +16,17 @@ import numpy as np
 from torch_tpu.runtime import platform
 
 WIDE = frozenset({np.dtype(np.float64), np.dtype(np.complex128)})
+COMPLEX128 = np.dtype(np.complex128)
 
-# Ops (ATen packet names) measured on a TPU v5e (bench/tpu_numerics.py --sections float64) to fail to compile in
-# float64 or to come back at float32 accuracy: refused up front, with the advice to compute them in float32 or on CPU.
-UNSUPPORTED_ON_TPU: frozenset[str] = frozenset()
+# Ops (ATen packet names) measured on a TPU v5e (bench/tpu_numerics.py --sections float64, docs/numerics.md) to come
+# back in float64 at float32 accuracy (relative error ~1e-7, not ~1e-15): refused up front, as a silent float32 result
+# would be a wrong number. Ops XLA cannot compile in float64 there (linalg_inv, linalg_solve, floor division, ...)
+# raise when compiled (`refusal`); complex128 is refused whole, since XLA's TPU compiler aborts the process on a
+# float64 -> complex128 conversion ("Unsupported CVT X{64|128} expansion from f64 to c128": fft of a float64 tensor).
+UNSUPPORTED_ON_TPU: frozenset[str] = frozenset({"atan2", "pow", "prod"})
 
 # Phrases of XLA's errors for a 64-bit type its TPU backend cannot compile (an op not in the table above).
-_XLA_REFUSALS = ("f64", "c128", "float64", "complex128", "64-bit")
+_XLA_REFUSALS = ("f64", "c128", "float64", "complex128", "64-bit", "unimplemented", "invalid_argument")
 
 
 def applies(array_dtypes: Iterable[object]) -> bool:
@@ -39,8 +43,16 @@ def _unsupported(op: str, why: str) -> NotImplementedError:
 
 def check(op: str, array_dtypes: Iterable[object]) -> None:
     """Raise for an op the TPU cannot compute in float64 (named by its ATen name, e.g. `aten::linalg_inv`)."""
-    if applies(array_dtypes) and _packet(op) in UNSUPPORTED_ON_TPU:
-        raise _unsupported(op, "measured: XLA's TPU backend does not compute it to float64 accuracy")
+    array_dtypes = list(array_dtypes)
+    if not applies(array_dtypes):
+        return
+    if any(d is not None and np.dtype(d) == COMPLEX128 for d in array_dtypes):
+        raise NotImplementedError(
+            f"torch_tpu: '{op}' on complex128: the TPU has no complex128 (XLA's TPU compiler aborts on it); use "
+            f"complex64, or compute on CPU (`.cpu()`)"
+        )
+    if _packet(op) in UNSUPPORTED_ON_TPU:
+        raise _unsupported(op, "measured: XLA's TPU backend computes it only to float32 accuracy")
 
 
 def refusal(op: str, error: Exception, array_dtypes: Iterable[object]) -> NotImplementedError | None:

@@ -523,6 +523,10 @@ def _scatter(array: jax.Array, value: jax.Array, dtype: np.dtype, shape, stride,
 
 def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:
     """Copy a CPU tensor to the device as a jax.Array of the same shape and dtype."""
+    if host.dtype == torch.complex128 and platform.platform() == "tpu":  # XLA's TPU compiler aborts on it
+        raise TypeError(
+            "torch_tpu: torch.complex128 is not supported on the TPU; use torch.complex64, or keep it on CPU"
+        )
     carrier = dtypes.host_carrier(host.dtype)
     host = host.detach().resolve_conj().resolve_neg().contiguous()
     array = (host.view(carrier) if carrier else host).numpy()

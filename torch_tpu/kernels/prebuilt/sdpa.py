@@ -5,7 +5,9 @@ PyTorch picks SDPA's backend through a C++ DispatchStub that Python cannot reach
 `torch.inference_mode` reaches) for `aten::scaled_dot_product_attention`: `choose` names the path for the call;
 "xla" runs PyTorch's own composite (the math decomposition our lowerings compile, as before), "splash" runs
 `torch.tpu.ops.splash_sdpa` (differentiable itself). Splash applies on TPU for masks it expresses (none, or
-causal), no dropout, float32/bfloat16, GQA with `enable_gqa` and sequence lengths in multiples of 128. On GPU,
+causal), no dropout, bfloat16 (and float32 where the precision in force is `Precision.DEFAULT`: splash's float32
+products run as one bf16 pass on the chip, measured ~5e-3 from a float64 reference, which HIGH and HIGHEST -- PyTorch's
+default "highest" among them -- do not allow), GQA with `enable_gqa` and sequence lengths in multiples of 128. On GPU,
 "cudnn" runs cuDNN's fused attention (`kernels.prebuilt.cudnn`: `jax.nn.dot_product_attention(implementation=
 "cudnn")`) where it serves the call: bfloat16/float16, head dim a multiple of 8 up to 128, no mask but causal (equal
 lengths), no dropout. `force("splash")` routes every call splash can serve to it on any platform (interpreted off
@@ -25,6 +27,7 @@ from collections.abc import Iterator
 
 import torch
 
+from torch_tpu import precision
 from torch_tpu.kernels.prebuilt import cudnn, library, pallas_gpu, tokamax_attention
 from torch_tpu.runtime import platform
 
@@ -55,6 +58,12 @@ def _splash_serves(query, key, value, attn_mask, dropout_p, enable_gqa) -> bool:
     return query.shape[2] % 128 == 0 and key.shape[2] % 128 == 0
 
 
+def _within_precision(dtype: torch.dtype) -> bool:
+    """Whether splash computes `dtype` as precisely as the precision in force asks: its float32 products are one
+    bf16 pass on the chip, which only `Precision.DEFAULT` allows (`force("splash")` overrides this)."""
+    return dtype != torch.float32 or precision.current() is precision.Precision.DEFAULT
+
+
 def choose(
     device_platform: str,
     query: torch.Tensor,
@@ -66,12 +75,13 @@ def choose(
     is_causal: bool = False,
 ) -> str:
     """The path one SDPA call takes on `device_platform` ("tpu", "gpu", "cpu"): a kernel name or "xla" (a pure
-    function of the platform and the call's shapes, dtypes, mask and dropout, and of `force`)."""
+    function of the platform and the call's shapes, dtypes, mask and dropout, of `force`, and, for float32, of the
+    precision in force, which every cache key holds)."""
     forced = _forced[0]
     call = (query, key, value, attn_mask, dropout_p, enable_gqa)
     if forced is not None:
         return forced if forced != "xla" and _SERVES[forced](*call, is_causal) else "xla"
-    if device_platform == "tpu" and _splash_serves(*call):
+    if device_platform == "tpu" and _splash_serves(*call) and _within_precision(query.dtype):
         return "splash"
     if device_platform == "gpu" and cudnn.serves(*call, is_causal):
         return "cudnn"
