@@ -1,5 +1,6 @@
 """The `tpu` device itself: registration, torch.tpu, torch.accelerator, tensor and module methods."""
 
+import os
 import subprocess
 import sys
 
@@ -76,7 +77,7 @@ def test_platform_variable_is_checked(monkeypatch):
 
 def test_platform_cpu_selected_in_fresh_process():
     code = "import torch; torch.ones(1, device='tpu'); print(torch.tpu.get_device_properties().platform)"
-    env = {"TORCH_TPU_PLATFORM": "cpu", "PATH": ""}
+    env = {"TORCH_TPU_PLATFORM": "cpu", "PATH": "", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "cpu"
 

@@ -28,7 +28,12 @@ def test_subnormal_results_flush_to_zero(dtype, a, b):
 def test_subnormal_inputs_read_as_zero_but_transfer_bit_exactly(dtype, value):
     host = torch.tensor([value, -value], dtype=dtype)
     on_tpu = host.to("tpu")
-    assert torch.equal(on_tpu.cpu(), host)  # a transfer computes nothing
+    if dtype == torch.float64 and platform.platform() == "tpu":
+        # the TPU holds float64 as its emulation does (a pair of float32s): a float64 subnormal, far below float32's
+        # range, is zero as soon as it is on the chip (measured on a v5e; docs/numerics.md)
+        assert torch.equal(on_tpu.cpu(), torch.zeros(2, dtype=dtype))
+    else:
+        assert torch.equal(on_tpu.cpu(), host)  # a transfer computes nothing
     assert torch.equal((on_tpu * 1.0).cpu(), torch.zeros(2, dtype=dtype))
     assert (on_tpu > 0).cpu().tolist() == [False, False] and (host > 0).tolist() == [True, False]
 

@@ -357,8 +357,11 @@ def summary(index: int = 0, abbreviated: bool = False) -> str:
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 # XLA's wordings: "Out of memory allocating 123 bytes" (CPU), "Attempting to allocate 1.00G" (TPU), "while trying
-# to allocate 123 bytes" (GPU), "Attempting to reserve 12.50G" (TPU, an executable's memory).
-_REQUESTED = re.compile(r"(?:allocat\w*|reserve)\s+(\d+(?:\.\d+)?)\s*(?:([KMGTP])i?B?|bytes|B)?\b", re.IGNORECASE)
+# to allocate 123 bytes" (GPU), "Attempting to reserve 12.50G" (TPU, an executable's memory), "the total memory
+# required for HLO temporaries (1.00P) exceeds available HBM" (TPU, a program's temporaries; seen on a v5e).
+_REQUESTED = re.compile(
+    r"(?:allocat\w*|reserve|required for [\w ]+?\()\s*(\d+(?:\.\d+)?)\s*(?:([KMGTP])i?B?|bytes|B)?\b", re.IGNORECASE
+)
 
 
 def is_oom(error: BaseException) -> bool:
