@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # The device run: torch_tpu on a real chip, in parts that each fit one 10-minute command of a borrowed machine.
 #
-#   bench/device_run.sh PART [PART ...]      PART: correctness | models | perf | all
+#   bench/device_run.sh PART [PART ...]      PART: correctness | ops | models | perf | all
 #
 # On the TPU machine (../shared/tpu/pack.sh here, then remote.sh setup there), from the project root:
-#   source /tmp/tpu/env.sh ours && bench/device_run.sh correctness      (then `models`, then `perf`: three calls)
+#   source /tmp/tpu/env.sh ours && bench/device_run.sh correctness     (then `ops`, then `models`: three calls give
+#   the correctness verdict; `perf` is the fourth)
 # correctness  the platform report, the seed's smoke test eager and compiled, the device part of the test suite
-#              (pytest -m tpu_device, models apart), the numerics figures (bench/tpu_numerics.py), the persistent
-#              cache across two processes, and the kit: `torch-tpu smoke` and `torch-tpu evaluate` on tiny_lm
-# models       the seven models' tests, eager and compiled, OpInfo, optimizers and training (pytest -m
-#              tpu_device), and bench/tpu_compiled_numerics.py (where compiled and eager numbers part)
+#              (pytest -m tpu_device: device, views, dtypes, precision, RNG, eager modes, compile, buckets, DLPack,
+#              kernels, profiler, memory, tests/test_on_chip.py), the persistent cache across two processes
+# ops          the op tests' device part (elementwise, random, float32 lowerings), the numerics figures
+#              (bench/tpu_numerics.py: docs/numerics.md), and the kit: `torch-tpu smoke`, `torch-tpu evaluate`
+# models       the seven models' tests, eager and compiled, OpInfo, optimizers and training, and
+#              bench/tpu_compiled_numerics.py (where compiled and eager numbers part, node by node)
 # perf         bench/compile_step.py fp32 and bf16, bench/eager_modes.py, bench/kernels.py's attention
-# Every step runs under its own timeout, cut to what is left of DEVICE_RUN_BUDGET_S (default 540 s a part); a
-# failed or timed-out step is recorded and the run goes on. Under $OUT (default: a fresh temporary folder): one log
-# per part with every step's output (PART.log), the test reports (PART-junit.xml), the figures' JSON, and
-# summary.txt with one line per step. Exit status 0 when every step passed.
+# Every step runs under its own timeout (SIGINT first: pytest then writes its report), cut to what is left of
+# DEVICE_RUN_BUDGET_S (default 540 s a part); a failed or timed-out step is recorded and the run goes on. Under $OUT
+# (default: a fresh temporary folder): one log per part with every step's output (PART.log), the test reports
+# (PART-junit.xml), the figures' JSON, and summary.txt with one line per step; at most 8 files for a part, as the
+# device tool brings back. Exit status 0 when every step passed.
 #   DEVICE_RUN_SMALL=1 TORCH_TPU_PLATFORM=cpu bench/device_run.sh all     the dry run (tests/test_device_run.py)
 # DEVICE_RUN_TIMEOUT_SCALE=N gives a slow machine more time; DEVICE_RUN_SMOKE=PATH names the seed's smoke.py;
 # PEAK_TFLOPS_FP32 / PEAK_TFLOPS_BF16 make compile_step print the MFU (a v5e: 197 bf16).
@@ -82,24 +86,30 @@ part_correctness() {
     else
         echo "SKIP  $PART/smoke (no smoke.py: DEVICE_RUN_SMOKE, /tmp/tpu or shared/seeds)" >>"$OUT/summary.txt"
     fi
-    pytest_part device_suite 330 "device_name or on_chip" tests --ignore=tests/models --ignore=tests/test_opinfo.py \
-        --ignore=tests/test_optimizers.py --ignore=tests/test_training.py
-    step numerics 120 "$PYTHON" bench/tpu_numerics.py --json "$OUT/numerics.json"
+    pytest_part device_suite 360 "device_name or on_chip" tests --ignore=tests/models --ignore=tests/ops \
+        --ignore=tests/test_float32_lowerings.py --ignore=tests/test_opinfo.py --ignore=tests/test_optimizers.py \
+        --ignore=tests/test_training.py
     local size=(--layers 1 --d-model 64 --heads 2 --seq 32 --batch 2 --vocab 128 --steps 2 --warmup 1)
     step cache_two_processes 150 "$PYTHON" bench/compile_step.py --warm-check --require-warm "${size[@]}"
-    step kit_smoke 90 "$PYTHON" -m torch_tpu.kit.cli smoke
+}
+
+part_ops() {
+    pytest_part ops_suite 300 "test_binary and add" tests/ops tests/test_float32_lowerings.py
+    step numerics 150 "$PYTHON" bench/tpu_numerics.py --json "$OUT/numerics.json"
+    step kit_smoke 60 "$PYTHON" -m torch_tpu.kit.cli smoke
     local evaluate_size=()
-    [ "$SMALL" = 1 ] && evaluate_size=(--iterations 5)
-    step kit_evaluate 240 "$PYTHON" -m torch_tpu.kit.cli evaluate examples.workloads:tiny_lm --reference cpu \
+    [ "$SMALL" = 1 ] && evaluate_size=(--modes eager --iterations 5)
+    step kit_evaluate 180 "$PYTHON" -m torch_tpu.kit.cli evaluate examples.workloads:tiny_lm --reference cpu \
         --prices torch_tpu/kit/example_prices.json --out "$WORK/report" "${evaluate_size[@]}"
     [ -f "$WORK/report/report.json" ] && cp "$WORK/report/report.json" "$OUT/evaluate-report.json"
 }
 
 part_models() {
-    pytest_part models_suite 420 "lstm and not compiled" tests/models tests/test_opinfo.py tests/test_optimizers.py tests/test_training.py
-    local models=gpt2,llama
-    [ "$SMALL" = 1 ] && models=gpt2
-    step compiled_numerics 150 "$PYTHON" bench/tpu_compiled_numerics.py --models "$models" \
+    pytest_part models_suite 330 "lstm and not compiled" tests/models tests/test_opinfo.py tests/test_optimizers.py \
+        tests/test_training.py
+    local models=(--models gpt2,llama)
+    [ "$SMALL" = 1 ] && models=(--models gpt2 --max-graphs 1)
+    step compiled_numerics 240 "$PYTHON" bench/tpu_compiled_numerics.py "${models[@]}" \
         --json "$OUT/compiled_numerics.json"
 }
 
@@ -124,18 +134,19 @@ part_perf() {
 
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(correctness)
-[ "${PARTS[*]}" = all ] && PARTS=(correctness models perf)
+[ "${PARTS[*]}" = all ] && PARTS=(correctness ops models perf)
 for PART in "${PARTS[@]}"; do
     case $PART in
-    correctness | models | perf) ;;
-    *) echo "device_run.sh: unknown part '$PART' (correctness, models, perf or all)" >&2 && exit 2 ;;
+    correctness | ops | models | perf) ;;
+    *) echo "device_run.sh: unknown part '$PART' (correctness, ops, models, perf or all)" >&2 && exit 2 ;;
     esac
 done
 for PART in "${PARTS[@]}"; do
     PART_START=$SECONDS
     LOG="$OUT/$PART.log"
     : >"$LOG"
-    echo "device_run $PART: $(date -u +%FT%TZ), commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')" \
+    commit=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')
+    echo "device_run $PART: $(date -u +%FT%TZ), commit $commit" \
         "$(git -C "$REPO" status --porcelain 2>/dev/null | grep -q . && echo '(with uncommitted changes)')" \
         | tee -a "$OUT/summary.txt" "$LOG"
     "part_$PART"

@@ -10,7 +10,7 @@ For each model (the model tests' small Hugging Face configs), one forward and ba
     on this device), largest relative error first.
 On the XLA CPU platform all three agree by construction; on a TPU this finds the op behind a compiled/eager gap.
 
-    python bench/tpu_compiled_numerics.py [--models gpt2,llama] [--top 8] [--json out.json]
+    python bench/tpu_compiled_numerics.py [--models gpt2,llama] [--top 8] [--max-graphs N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def _grad_gap(ours: torch.nn.Module, cpu: torch.nn.Module) -> tuple[str, float]:
     return max(gaps, key=lambda g: g[1]) if gaps else ("", 0.0)
 
 
-def analyse(name: str, top: int) -> dict:
+def analyse(name: str, top: int, max_graphs: int = 0) -> dict:
     torch.manual_seed(0)
     model, batch = MODELS[name]("eager")
     model.train()
@@ -202,7 +202,7 @@ def analyse(name: str, top: int) -> dict:
     }
     cpu = jax.devices("cpu")[0]
     checks.set_index_checks(False)  # the replays below are bare lowerings (no check scope); checks change no value
-    for kind, gm, inputs in graphs:
+    for kind, gm, inputs in graphs[: max_graphs or None]:
         whole = _whole(gm, inputs)
         alone = _interpret(gm, inputs, per_node_jit=True, device=None)
         reference = _interpret(gm, inputs, per_node_jit=True, device=cpu)
@@ -225,11 +225,12 @@ def main() -> None:
     parser.add_argument("--models", default="gpt2,llama")
     parser.add_argument("--top", type=int, default=8)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--max-graphs", type=int, default=0, help="replay only the first N graphs (0: all)")
     args = parser.parse_args()
     print(f"platform {platform.platform()}, fp32 matmul precision {torch.get_float32_matmul_precision()}")
     reports = []
     for name in args.models.split(","):
-        report = analyse(name, args.top)
+        report = analyse(name, args.top, args.max_graphs)
         reports.append(report)
         print(
             f"{name}: loss cpu {report['loss_cpu']:.7f} tpu eager {report['loss_tpu_eager']:.7f} "

@@ -10,21 +10,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = {
-    "correctness": [
-        "platform",
-        "smoke_eager",
-        "smoke_compiled",
-        "device_suite",
-        "numerics",
-        "cache_two_processes",
-        "kit_smoke",
-        "kit_evaluate",
-    ],
+    "correctness": ["platform", "smoke_eager", "smoke_compiled", "device_suite", "cache_two_processes"],
+    "ops": ["ops_suite", "numerics", "kit_smoke", "kit_evaluate"],
     "models": ["models_suite", "compiled_numerics"],
     "perf": ["compile_step_fp32", "compile_step_bf16", "eager_modes", "kernels"],
 }
 FILES = {
-    "correctness": ["correctness.log", "correctness-junit.xml", "numerics.json", "evaluate-report.json"],
+    "correctness": ["correctness.log", "correctness-junit.xml"],
+    "ops": ["ops.log", "ops-junit.xml", "numerics.json", "evaluate-report.json"],
     "models": ["models.log", "models-junit.xml", "compiled_numerics.json"],
     "perf": ["perf.log"],
 }
@@ -46,7 +39,7 @@ def _dry_run(tmp_path: Path, part: str) -> str:
     return summary
 
 
-@pytest.mark.parametrize("part", ["correctness", "models", pytest.param("perf", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("part", ["correctness", "ops", "models", pytest.param("perf", marks=pytest.mark.slow)])
 def test_each_part_passes_every_step_on_the_cpu_platform(tmp_path, part):
     summary = _dry_run(tmp_path, part)
     smoke = [ROOT / "shared" / "seeds" / "smoke.py", ROOT.parent / "shared" / "seeds" / "smoke.py"]
@@ -63,4 +56,4 @@ def test_an_unknown_part_is_refused_naming_the_parts(tmp_path):
     out = subprocess.run(
         ["bash", str(ROOT / "bench" / "device_run.sh"), "speed"], capture_output=True, text=True, env=env
     )
-    assert out.returncode == 2 and "correctness, models, perf" in out.stderr
+    assert out.returncode == 2 and "correctness, ops, models, perf" in out.stderr

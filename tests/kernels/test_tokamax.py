@@ -22,6 +22,12 @@ def test_routing_takes_tokamax_for_what_splash_and_cudnn_do_not_only_where_insta
     q = kv = _meta(2, 8, 1024, 64)
     bf16 = _meta(2, 8, 1024, 64, dtype=torch.bfloat16)
     mask = _meta(1024, 1024, dtype=torch.bool)
+    assert sdpa.choose("tpu", q, kv, kv, attn_mask=mask) == "xla"  # float32 at "highest": no TPU kernel (one bf16 pass)
+    with torch.tpu.precision(torch.tpu.Precision.DEFAULT):
+        _tokamax_routes(q, kv, bf16, mask, tokamax, installed)
+
+
+def _tokamax_routes(q, kv, bf16, mask, tokamax, installed):
     assert sdpa.choose("tpu", q, kv, kv) == "splash"  # splash first on TPU, cuDNN first on GPU
     assert sdpa.choose("gpu", bf16, bf16, bf16) == "cudnn"
     assert sdpa.choose("tpu", q, kv, kv, attn_mask=mask) == tokamax

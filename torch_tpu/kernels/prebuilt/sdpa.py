@@ -59,8 +59,9 @@ def _splash_serves(query, key, value, attn_mask, dropout_p, enable_gqa) -> bool:
 
 
 def _within_precision(dtype: torch.dtype) -> bool:
-    """Whether splash computes `dtype` as precisely as the precision in force asks: its float32 products are one
-    bf16 pass on the chip, which only `Precision.DEFAULT` allows (`force("splash")` overrides this)."""
+    """Whether the TPU's attention kernels (splash, tokamax's Mosaic kernels) compute `dtype` as precisely as the
+    precision in force asks: their float32 products are one bf16 pass on the chip, which only `Precision.DEFAULT`
+    allows (`force(...)` overrides this)."""
     return dtype != torch.float32 or precision.current() is precision.Precision.DEFAULT
 
 
@@ -81,7 +82,9 @@ def choose(
     call = (query, key, value, attn_mask, dropout_p, enable_gqa)
     if forced is not None:
         return forced if forced != "xla" and _SERVES[forced](*call, is_causal) else "xla"
-    if device_platform == "tpu" and _splash_serves(*call) and _within_precision(query.dtype):
+    if device_platform == "tpu" and not _within_precision(query.dtype):
+        return "xla"
+    if device_platform == "tpu" and _splash_serves(*call):
         return "splash"
     if device_platform == "gpu" and cudnn.serves(*call, is_causal):
         return "cudnn"
