@@ -96,3 +96,30 @@ def test_precision_reaches_the_backward_thread():
         Probe.apply(x).sum().backward()
     assert seen == [torch.tpu.Precision.HIGH]
     assert x.grad.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_products_that_name_no_precision_take_the_one_in_force():
+    """A product written without a precision -- a user's `jax_op`, `@` in a lowering, a linear-algebra routine's
+    blocked products -- is traced at the level in force, in compiled graphs as in eager (on a TPU an unset precision
+    would be one bf16 pass whatever the user asked)."""
+    import re
+
+    import jax
+
+    from torch_tpu.kernels.jax_op import jax_op
+
+    def plain_matmul(a: jax.Array, b: jax.Array) -> jax.Array:
+        return a @ b
+
+    op = jax_op("precision_test::plain_matmul", plain_matmul)
+    x = torch.randn(8, 8)
+    for level in (precision.Precision.HIGH, precision.Precision.DEFAULT):
+        texts = []
+        torch._dynamo.reset()
+        record = {"debug_callback": lambda fx, hlo, texts=texts: texts.append(hlo)}
+        compiled = torch.compile(op, backend="tpu", options=record)
+        with precision.precision(level):
+            torch.testing.assert_close(compiled(x.to("tpu"), x.to("tpu")).cpu(), x @ x)
+        found = set(re.findall(r"precision = \[(\w+), \w+\]", "".join(texts)))
+        assert found == {level.name}, found
+    torch._dynamo.reset()

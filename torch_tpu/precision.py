@@ -124,6 +124,13 @@ def for_dot() -> jax.lax.Precision:
     return _TO_LAX[context.level]
 
 
+def tracing() -> contextlib.AbstractContextManager:
+    """JAX's default dot precision set to the precision in force, around a lowering's trace: every float32 product
+    inside it -- `@` in a lowering, the blocked products of a linear-algebra routine, a user's `jax_op` -- takes the
+    level that `for_dot()` gives explicit dots (on a TPU an unset precision is one bf16 pass)."""
+    return jax.default_matmul_precision(context.level.value)
+
+
 @contextlib.contextmanager
 def precision(level: Precision) -> Iterator[None]:
     """Run the block's float32 matmuls and convolutions at `level`."""

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+import torch_tpu.precision
 from torch_tpu.testing.compare import assert_close, check_op, to_tpu
 
 FLOAT, BF16 = torch.float32, torch.bfloat16
@@ -113,3 +114,21 @@ def test_transformer_encoder_fast_path():
 def test_transformer_encoder_nested_fast_path():
     layer = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True)
     compare_modules(nn.TransformerEncoder(layer, 2), torch.randn(2, 5, 16), src_key_padding_mask=padding())
+
+
+@pytest.mark.parametrize("level", list(torch.tpu.Precision))
+def test_the_fast_paths_multiply_at_the_precision_in_force(level):
+    """Every product of the fast paths carries the precision in force (on a TPU a product without one would be
+    a single bf16 pass whatever the user asked: a silent loss the CPU platform cannot show in values)."""
+    import jax
+    import jax.numpy as jnp
+
+    from torch_tpu.ops.nn import attention
+
+    x, w, b = jnp.ones((2, 8, 16)), jnp.ones((48, 16)), jnp.ones(48)
+    pw, pb = jnp.ones((16, 16)), jnp.ones(16)
+    with torch.tpu.precision(level):
+        jaxpr = jax.make_jaxpr(lambda t: attention._attention(t, t, t, 16, 4, w, b, pw, pb, None, None))(x)
+        expected = (torch_tpu.precision.for_dot(),) * 2
+    products = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+    assert len(products) == 6 and all(e.params["precision"] == expected for e in products)

@@ -17,6 +17,7 @@ import torch
 from torch._ops import OpOverload
 from torch.fx.node import map_aggregate
 
+from torch_tpu import precision
 from torch_tpu.ops.registry import graph_lowering
 from torch_tpu.runtime import checks, dtypes, float64, platform
 
@@ -174,6 +175,10 @@ def to_jax(gm: torch.fx.GraphModule) -> tuple[Callable[..., Any], list[tuple[int
     mutations = [(placeholders.index(p), n_outputs + i) for i, p in enumerate(mutated)]
 
     def fn(key: jax.Array, *inputs: Any) -> tuple:
+        with precision.tracing():
+            return replay(key, *inputs)
+
+    def replay(key: jax.Array, *inputs: Any) -> tuple:
         env: dict[torch.fx.Node, Any] = dict(zip(arguments, inputs, strict=True))
         env.update((placeholders[i], None) for i in opaque)
         written: dict[torch.fx.Node, Any] = {}

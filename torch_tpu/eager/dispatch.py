@@ -288,7 +288,8 @@ class Runner:
             call_kwargs = {n: _fill(v, remaining) for n, v in named}
             if rng:
                 call_kwargs["key"] = values[-1]
-            result = fn(*call_args, **call_kwargs)
+            with precision.tracing():
+                result = fn(*call_args, **call_kwargs)
             return _cast(result, out_dtypes)
 
         # a jitted lowering's device-side checks become outputs of its executable (runtime/checks.py)

@@ -9,6 +9,7 @@ key; a row with every key removed is NaN, as on CPU. `mask_type` says how a 2-d 
 import jax
 import jax.numpy as jnp
 
+from torch_tpu import precision
 from torch_tpu.ops.nn.common import upcast
 from torch_tpu.ops.registry import aten, lower
 
@@ -41,6 +42,11 @@ def _masked_softmax_backward(grad_output, output, mask, dim=None):
     return jnp.where(jnp.broadcast_to(mask != 0, out.shape), 0, grad_input).astype(grad_output.dtype)
 
 
+def _mm(a, b):
+    """a @ b at the precision in force (a TPU's DEFAULT would make these float32 products one bf16 pass)."""
+    return jnp.matmul(a, b, precision=precision.for_dot())
+
+
 def _heads(x, num_head):
     """(B, T, D) -> (B, num_head, T, D / num_head)."""
     batch, length, dim = x.shape
@@ -52,15 +58,15 @@ def _attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, pro
     weights = jnp.split(upcast(qkv_weight), 3)
     biases = jnp.split(upcast(qkv_bias), 3)
     q, k, v = (
-        _heads(upcast(x) @ w.T + b, num_head) for x, w, b in zip((query, key, value), weights, biases, strict=True)
+        _heads(_mm(upcast(x), w.T) + b, num_head) for x, w, b in zip((query, key, value), weights, biases, strict=True)
     )
-    scores = (q / jnp.sqrt(jnp.float32(embed_dim // num_head))) @ k.transpose(0, 1, 3, 2)
+    scores = _mm(q / jnp.sqrt(jnp.float32(embed_dim // num_head)), k.transpose(0, 1, 3, 2))
     if mask is None:
         probabilities = jax.nn.softmax(scores, axis=-1)
     else:
         probabilities = _masked_softmax_of(scores, _broadcast_mask(mask, scores, mask_type), -1)
-    context = (probabilities @ v).transpose(0, 2, 1, 3).reshape(query.shape[:2] + (embed_dim,))
-    return context @ upcast(proj_weight).T + upcast(proj_bias), probabilities
+    context = _mm(probabilities, v).transpose(0, 2, 1, 3).reshape(query.shape[:2] + (embed_dim,))
+    return _mm(context, upcast(proj_weight).T) + upcast(proj_bias), probabilities
 
 
 @lower(aten._native_multi_head_attention.default)
@@ -137,9 +143,9 @@ def _transformer_encoder_layer_fwd(
     if not norm_first:
         x = _layer_norm(x, norm_weight_1, norm_bias_1, eps)
     hidden = _layer_norm(x, norm_weight_2, norm_bias_2, eps) if norm_first else x
-    hidden = hidden @ upcast(ffn_weight_1).T + upcast(ffn_bias_1)
+    hidden = _mm(hidden, upcast(ffn_weight_1).T) + upcast(ffn_bias_1)
     hidden = jax.nn.gelu(hidden, approximate=False) if use_gelu else jax.nn.relu(hidden)
-    x = x + hidden @ upcast(ffn_weight_2).T + upcast(ffn_bias_2)
+    x = x + _mm(hidden, upcast(ffn_weight_2).T) + upcast(ffn_bias_2)
     if not norm_first:
         x = _layer_norm(x, norm_weight_2, norm_bias_2, eps)
     return x.astype(src.dtype)
