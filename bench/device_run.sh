@@ -35,7 +35,10 @@ mkdir -p "$OUT"
 FAILED=0
 # Several processes run one after another: JAX must not take 75% of the device's memory in each.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-export TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT="$WORK/cache/torch_tpu" TORCHINDUCTOR_CACHE_DIR="$WORK/cache/inductor"
+# DEVICE_RUN_CACHE=DIR keeps the compiled programs between calls (e.g. /tmp/tpu/cache on the TPU machine, whose /tmp
+# outlives a command): a second call of a part recompiles only what changed. Default: a fresh cache per run.
+CACHE=${DEVICE_RUN_CACHE:-$WORK/cache}
+export TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT="$CACHE/torch_tpu" TORCHINDUCTOR_CACHE_DIR="$CACHE/inductor"
 cd "$REPO" || exit 2
 
 # step NAME CAP_SECONDS COMMAND...: runs COMMAND under `timeout`, its output appended to $OUT/$PART.log.
@@ -86,15 +89,14 @@ part_correctness() {
     else
         echo "SKIP  $PART/smoke (no smoke.py: DEVICE_RUN_SMOKE, /tmp/tpu or shared/seeds)" >>"$OUT/summary.txt"
     fi
-    pytest_part device_suite 360 "device_name or on_chip" tests --ignore=tests/models --ignore=tests/ops \
-        --ignore=tests/test_float32_lowerings.py --ignore=tests/test_opinfo.py --ignore=tests/test_optimizers.py \
-        --ignore=tests/test_training.py
     local size=(--layers 1 --d-model 64 --heads 2 --seq 32 --batch 2 --vocab 128 --steps 2 --warmup 1)
     step cache_two_processes 150 "$PYTHON" bench/compile_step.py --warm-check --require-warm "${size[@]}"
+    pytest_part device_suite 420 "device_name or on_chip" tests --ignore=tests/models --ignore=tests/ops \
+        --ignore=tests/test_float32_lowerings.py --ignore=tests/test_opinfo.py --ignore=tests/test_optimizers.py \
+        --ignore=tests/test_training.py
 }
 
 part_ops() {
-    pytest_part ops_suite 300 "test_binary and add" tests/ops tests/test_float32_lowerings.py
     step numerics 150 "$PYTHON" bench/tpu_numerics.py --json "$OUT/numerics.json"
     step kit_smoke 60 "$PYTHON" -m torch_tpu.kit.cli smoke
     local evaluate_size=()
@@ -102,6 +104,7 @@ part_ops() {
     step kit_evaluate 180 "$PYTHON" -m torch_tpu.kit.cli evaluate examples.workloads:tiny_lm --reference cpu \
         --prices torch_tpu/kit/example_prices.json --out "$WORK/report" "${evaluate_size[@]}"
     [ -f "$WORK/report/report.json" ] && cp "$WORK/report/report.json" "$OUT/evaluate-report.json"
+    pytest_part ops_suite 540 "test_binary and add" tests/ops tests/test_float32_lowerings.py
 }
 
 part_models() {

@@ -41,6 +41,7 @@ GRADIENT = """
 # The lowerings whose contract is float64 arithmetic internally.
 ALLOWED_FLOAT64 = {
     "aten.digamma.default": "ops/special.py evaluates in float64 by design, for ~1 ulp at float32 as on CPU",
+    "aten.lgamma.default": "XLA's float32 lgamma is 1e-3 off near its roots (1381 ulp; 1.6e-3 on a TPU): float64",
 }
 
 _BY_NAME = {(f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name): op for op in op_db}
@@ -103,6 +104,7 @@ def test_forward_and_backward_have_no_float64(name, traced_ops):
 
 def test_allowed_ops_do_use_float64(traced_ops):
     """The allowlist holds only ops that need it (and the check sees float64 where it is)."""
-    sample = next(iter(_BY_NAME["digamma"].sample_inputs("cpu", torch.float32)))
-    torch.digamma(to_tpu(sample.input))
+    for name, op in (("digamma", torch.digamma), ("lgamma", torch.lgamma)):
+        sample = next(iter(_BY_NAME[name].sample_inputs("cpu", torch.float32)))
+        op(to_tpu(sample.input))
     assert set(ALLOWED_FLOAT64) <= {op_name for op_name, prims in traced_ops if prims}
