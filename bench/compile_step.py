@@ -128,7 +128,7 @@ def adamw(params) -> torch.optim.AdamW:
 def jax_params(model: GPT) -> dict:
     """The torch model's parameters as a JAX pytree; Linear weights as (in, out) so that layers are `x @ w + b`."""
     dtype = jnp.dtype(str(model.wte.weight.dtype).removeprefix("torch."))
-    arr = lambda t: jnp.asarray(t.detach().cpu().float().numpy()).astype(dtype)  # noqa: E731
+    arr = lambda t: jnp.asarray(t.detach().cpu().float().numpy()).astype(dtype)
     blocks = []
     for blk in model.blocks:
         blocks.append(

@@ -42,7 +42,7 @@ def _model(width: int, blocks: int) -> nn.Sequential:
     return nn.Sequential(*(Block(width) for _ in range(blocks)))
 
 
-def _build(way: str, width: int, blocks: int, mesh) -> nn.Module:  # noqa: ANN001
+def _build(way: str, width: int, blocks: int, mesh) -> nn.Module:
     model = _model(width, blocks).to("tpu")
     if way == "ddp":
         return nn.parallel.DistributedDataParallel(model)
@@ -61,7 +61,7 @@ def _build(way: str, width: int, blocks: int, mesh) -> nn.Module:  # noqa: ANN00
 
 
 class _Trainer:
-    def __init__(self, way: str, width: int, blocks: int, mesh) -> None:  # noqa: ANN001
+    def __init__(self, way: str, width: int, blocks: int, mesh) -> None:
         self.model = _build(way, width, blocks, mesh)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         seed = 0 if way == "tp" else dist.get_rank()  # tensor parallel ranks share a batch

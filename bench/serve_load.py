@@ -25,7 +25,7 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from jobs import free_port  # noqa: E402
+from jobs import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

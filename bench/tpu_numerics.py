@@ -125,7 +125,7 @@ def subnormal() -> None:
             kept = float(moved.cpu()[0])
             computed = float((moved * 2).cpu()[0])
             _record("subnormal", f"{dtype} x*2 (x={tiny:g})", f"tpu {computed:g} (copy keeps {kept:g}), cpu {cpu:g}")
-        except Exception as error:  # noqa: BLE001  (a dtype the device refuses is a finding)
+        except Exception as error:  # a dtype the device refuses is a finding
             _record("subnormal", f"{dtype}", f"raised {type(error).__name__}: {str(error)[:120]}")
 
 
@@ -199,7 +199,7 @@ def float64() -> None:
         try:
             moved = torch.utils._pytree.tree_map(lambda t: t.to("tpu") if isinstance(t, torch.Tensor) else t, args)
             verdict = _classify(_compare64(op(*moved, **kwargs), expected))
-        except Exception as error:  # noqa: BLE001  (what the device refuses is the finding)
+        except Exception as error:  # what the device refuses is the finding
             verdict = f"raised {type(error).__name__}: {str(error).splitlines()[0][:100]}"
         classes.setdefault(verdict.split(":")[0], []).append(name)
         RESULTS.setdefault("float64_ops", {})[name] = verdict
@@ -211,12 +211,12 @@ def float64() -> None:
             _record(
                 "float64", f"range {label}", f"tpu {float(fn(base.to('tpu')).cpu()[0]):g}, cpu {float(fn(base)[0]):g}"
             )
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             _record("float64", f"range {label}", f"raised {type(error).__name__}: {str(error)[:100]}")
     third = torch.tensor([1.0], dtype=torch.float64)
     try:
         _record("float64", "1/3 error", f"{_compare64((third.to('tpu') / 3).cpu(), third / 3):.2e}")
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         _record("float64", "1/3", f"raised {type(error).__name__}: {str(error)[:100]}")
 
 
@@ -239,7 +239,7 @@ def main() -> None:
     for name in args.sections.split(","):
         try:
             SECTIONS[name]()
-        except Exception:  # noqa: BLE001  (one section's failure must not hide the others' figures)
+        except Exception:  # one section's failure must not hide the others' figures
             failed += 1
             print(f"section {name} failed:\n{traceback.format_exc()}")
     if args.json:

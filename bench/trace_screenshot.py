@@ -145,7 +145,7 @@ def screenshot(viewer: pathlib.Path, png: pathlib.Path, timeout: float = 120) ->
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002  (the base class's name)
+    def log_message(self, format: str, *args: object) -> None:  # the base class's name
         pass
 
 

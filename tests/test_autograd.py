@@ -38,7 +38,7 @@ def _per_sample_grads(device: str) -> torch.Tensor:
 def _functional_call_grads(device: str) -> list:
     torch.manual_seed(1)
     model = torch.nn.Linear(3, 2).to(device)
-    loss = lambda params, x: functional_call(model, params, (x,)).pow(2).mean()  # noqa: E731
+    loss = lambda params, x: functional_call(model, params, (x,)).pow(2).mean()
     return list(grad(loss)(dict(model.named_parameters()), X.to(device)).values())
 
 

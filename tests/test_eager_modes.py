@@ -126,7 +126,7 @@ def test_fused_size_bound_cuts_a_loop_in_phase(monkeypatch):
         return torch.stack(outs)
 
     x = torch.randn(8)
-    compiled = lambda: sum(e["source"] == "fused" for e in torch.tpu._get_cache_stats()["per_entry_stats"])  # noqa: E731
+    compiled = lambda: sum(e["source"] == "fused" for e in torch.tpu._get_cache_stats()["per_entry_stats"])
     before = compiled()
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
         got = loop(x.to("tpu")).cpu()
@@ -147,7 +147,7 @@ def test_fused_runs_a_stack_of_many_tensors_on_its_own():
     xs = [torch.randn(4) for _ in range(300)]
     runs = lambda: sum(
         e["read_count"] + 1
-        for e in torch.tpu._get_cache_stats()["per_entry_stats"]  # noqa: E731
+        for e in torch.tpu._get_cache_stats()["per_entry_stats"]
         if e["name"] == "aten.stack.default"
     )
     before = runs()

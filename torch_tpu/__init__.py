@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 
-def export_stablehlo(model, example_inputs):  # noqa: ANN001, ANN201  (documented in compile.export)
+def export_stablehlo(model, example_inputs):  # documented in compile.export
     """The StableHLO text of `model(*example_inputs)`; see `torch_tpu.compile.export.export_stablehlo`."""
     from torch_tpu.compile.export import export_stablehlo as export
 

@@ -6,7 +6,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # launch.py, workers.py
 
-import launch  # noqa: E402
+import launch
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -114,7 +114,7 @@ def _ranks(
         }
         processes, logs = [], []
         for rank in range(nprocs):
-            log = open(os.path.join(scratch, f"rank{rank}.log"), "w+")  # noqa: SIM115  (closed below)
+            log = open(os.path.join(scratch, f"rank{rank}.log"), "w+")  # closed below
             environment = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
             command = [sys.executable, *arguments]
             process = subprocess.Popen(
@@ -286,7 +286,7 @@ def torchrun_nodes(worker: str, nnodes: int = 2, timeout: float = 150) -> list[R
                 *("--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}"),
                 *(str(HERE / "run_worker.py"), worker),
             ]
-            log = open(os.path.join(scratch, f"node{node}.log"), "w+")  # noqa: SIM115  (closed below)
+            log = open(os.path.join(scratch, f"node{node}.log"), "w+")  # closed below
             processes.append(
                 subprocess.Popen(
                     command, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT

@@ -258,8 +258,8 @@ def _funcol_2d(mesh: DeviceMesh, rank: int) -> None:
         step, backend="tpu", fullgraph=True, options={"debug_callback": lambda _, t: texts.append(t)}
     )
     xs = [_input(r, (4, 3)) for r in range(4)]
-    tp_of = lambda r: (r - r % 2, r - r % 2 + 1)  # noqa: E731  (mesh [[0, 1], [2, 3]]: rows dp, columns tp)
-    dp_of = lambda r: (r % 2, r % 2 + 2)  # noqa: E731
+    tp_of = lambda r: (r - r % 2, r - r % 2 + 1)  # mesh [[0, 1], [2, 3]]: rows dp, columns tp
+    dp_of = lambda r: (r % 2, r % 2 + 2)
     summed = [xs[a] + xs[b] for a, b in map(tp_of, range(4))]
     gathered = [
         torch.cat([summed[a], summed[b]]) * torch.cat([xs[r], xs[r]]) for r, (a, b) in enumerate(map(dp_of, range(4)))

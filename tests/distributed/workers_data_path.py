@@ -158,12 +158,12 @@ def _premul_sum(rank: int, world: int) -> None:
         raise AssertionError("premul_sum on int32 did not raise")
 
 
-def _torch_calls(call) -> int:  # noqa: ANN001
+def _torch_calls(call) -> int:
     """How many times `call()` reaches `ProcessGroup.allreduce` (torch.distributed's call into the c10d kernels)."""
     calls = []
     method = dist.ProcessGroup.allreduce
 
-    def counted(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def counted(self, *args, **kwargs):
         calls.append(1)
         return method(self, *args, **kwargs)
 
@@ -201,12 +201,12 @@ def _fast_and_torch_paths(rank: int, world: int) -> None:
     _equal(tensor, expected, "one-element all_reduce under CommDebugMode")
 
 
-def _wait(work) -> None:  # noqa: ANN001
+def _wait(work) -> None:
     if work is not None:
         work.wait()
 
 
-def _profiled(call) -> None:  # noqa: ANN001
+def _profiled(call) -> None:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
         call()
 
@@ -242,7 +242,7 @@ def exact() -> None:
     dist.destroy_process_group()
 
 
-def _expect_mismatch(what: str, message: str, outputs: list[torch.Tensor], call) -> None:  # noqa: ANN001
+def _expect_mismatch(what: str, message: str, outputs: list[torch.Tensor], call) -> None:
     """`call()` raises on this rank with `message` in its error, and writes none of `outputs`."""
     before = [output.cpu().clone() for output in outputs]
     try:

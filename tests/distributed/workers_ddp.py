@@ -87,7 +87,7 @@ def _data(world: int, accumulate: int) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def _optimizer(kind: str, parameters) -> torch.optim.Optimizer:  # noqa: ANN001
+def _optimizer(kind: str, parameters) -> torch.optim.Optimizer:
     if kind == "adamw":
         return torch.optim.AdamW(parameters, lr=0.05, weight_decay=0.1)
     return torch.optim.SGD(parameters, lr=0.1, momentum=0.9)

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from workers import _TIMEOUT, _equal, _input
 
 
-def _raises(error: type[Exception], words: str, call) -> None:  # noqa: ANN001
+def _raises(error: type[Exception], words: str, call) -> None:
     try:
         call()
     except error as raised:

@@ -97,7 +97,7 @@ def _data(world: int, accumulate: int, dtype: torch.dtype) -> tuple[torch.Tensor
     return inputs.to(dtype), torch.randn(*shape, generator=generator, dtype=torch.float64).to(dtype)
 
 
-def _optimizer(kind: str, parameters) -> torch.optim.Optimizer:  # noqa: ANN001
+def _optimizer(kind: str, parameters) -> torch.optim.Optimizer:
     if kind == "adamw":
         return torch.optim.AdamW(parameters, lr=0.05, weight_decay=0.1)
     return torch.optim.SGD(parameters, lr=0.1, momentum=0.9)
@@ -139,7 +139,7 @@ def _reference(config: Config, world: int) -> tuple[Net, torch.Tensor]:
     return model, losses
 
 
-def _shard(model: nn.Module, children: list[nn.Module], **options) -> nn.Module:  # noqa: ANN003
+def _shard(model: nn.Module, children: list[nn.Module], **options) -> nn.Module:
     for child in children:
         fully_shard(child, **options)
     return fully_shard(model, **options)
@@ -153,7 +153,7 @@ class SyncCounter:
         self._original = tpu_module.synchronize
 
     def __enter__(self) -> SyncCounter:
-        def counting(*args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        def counting(*args, **kwargs) -> None:
             self.count += 1
             self._original(*args, **kwargs)
 
@@ -350,7 +350,7 @@ def _step(
     return loss.detach().cpu()
 
 
-def _sharded_net(seed: int, mesh=None) -> Net:  # noqa: ANN001
+def _sharded_net(seed: int, mesh=None) -> Net:
     """A Net under FSDP2 over the world, or, with a (dp, tp) `mesh`, each block tensor-parallel over "tp" (`up`
     column-wise, `down` row-wise) and FSDP2 over "dp"."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -384,7 +384,7 @@ def four_ranks() -> None:
     dist.destroy_process_group()
 
 
-def check_checkpoints(rank: int, world: int, scratch: str, mesh=None) -> None:  # noqa: ANN001
+def check_checkpoints(rank: int, world: int, scratch: str, mesh=None) -> None:
     """Save an FSDP2 model and its AdamW state after two steps (`dcp.save`, `dcp.async_save`, full state dicts
     offloaded to rank 0's CPU); loading each into a differently initialised model resumes bit-exactly: the third
     step's loss and parameters are those of the uninterrupted run (the same operations on the same values). With a

@@ -78,10 +78,10 @@ def _pipeline(schedule_class: type, compiled: bool) -> None:
     print(f"pipeline {name}: equal to one process", flush=True)
 
 
-def _raises(what: str, fn, *needles: str) -> None:  # noqa: ANN001
+def _raises(what: str, fn, *needles: str) -> None:
     try:
         fn()
-    except Exception as error:  # noqa: BLE001  (the class differs per check; the message is what is checked)
+    except Exception as error:  # the class differs per check; the message is what is checked
         message = str(error)
     else:
         raise AssertionError(f"{what}: no error")

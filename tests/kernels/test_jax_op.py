@@ -98,7 +98,7 @@ def test_cpu_kernel_is_the_reference(gelu_op):
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 def test_optional_list_and_static_arguments(combine_op, mode):
     x, bias, e1, e2 = (torch.randn(3, 4) for _ in range(4))
-    tpu = lambda t: t.to("tpu")  # noqa: E731
+    tpu = lambda t: t.to("tpu")
     cases = [
         ((x, bias, [e1, e2]), {}),
         ((x, None, [e1]), {"scale": 0.5, "mode": "prod"}),

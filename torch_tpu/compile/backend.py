@@ -67,7 +67,7 @@ class CompiledGraph:
         """
         platform.devices()
         start = time.perf_counter()
-        fresh = lambda *values: self.fn(*values)  # noqa: E731  (a new function: JAX caches traces per function)
+        fresh = lambda *values: self.fn(*values)  # a new function: JAX caches traces per function
         fresh.__name__ = fresh.__qualname__ = f"compiled_{self.name}"  # its module: jit_compiled_graph_forward
         sizes = tuple(i + 1 for i, value in enumerate(inputs) if isinstance(value, int))
 

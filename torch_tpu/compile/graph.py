@@ -134,7 +134,7 @@ def _traceable(lowering: Any, node: torch.fx.Node) -> bool:
         return False
 
     def call(*traced: Any) -> Any:
-        fill = lambda a: traced[a.index] if isinstance(a, _Slot) else a  # noqa: E731
+        fill = lambda a: traced[a.index] if isinstance(a, _Slot) else a
         return lowering.fn(*map_aggregate(args, fill), **map_aggregate(kwargs, fill))
 
     try:

@@ -89,7 +89,7 @@ def _reduced(block: jax.Array, reduce_op: str, size: int, axis: Axis, collective
 
 
 @lower_in_graphs(ops.all_reduce.default)
-def all_reduce(input: jax.Array, reduce_op: str, group: Any) -> jax.Array:  # noqa: A002
+def all_reduce(input: jax.Array, reduce_op: str, group: Any) -> jax.Array:
     return _reduced(input, reduce_op, *_axis(group, "all_reduce"), "all_reduce")
 
 
@@ -106,7 +106,7 @@ def _check_group_size(group_size: int, group: Any, collective: str) -> tuple[int
 
 
 @lower_in_graphs(ops.all_gather_into_tensor.default)
-def all_gather_into_tensor(input: jax.Array, group_size: int, group: Any) -> jax.Array:  # noqa: A002
+def all_gather_into_tensor(input: jax.Array, group_size: int, group: Any) -> jax.Array:
     """Every rank's input concatenated along dim 0 in group-rank order."""
     size, axis = _check_group_size(group_size, group, "all_gather_into_tensor")
     if size == 1:
@@ -122,7 +122,7 @@ def all_gather_into_tensor_coalesced(inputs: list[jax.Array], group_size: int, g
 
 
 @lower_in_graphs(ops.reduce_scatter_tensor.default)
-def reduce_scatter_tensor(input: jax.Array, reduce_op: str, group_size: int, group: Any) -> jax.Array:  # noqa: A002
+def reduce_scatter_tensor(input: jax.Array, reduce_op: str, group_size: int, group: Any) -> jax.Array:
     """Rank r's result: block r (of dim 0 split in group_size) of every rank's input, reduced."""
     size, axis = _check_group_size(group_size, group, "reduce_scatter_tensor")
     if input.ndim == 0 or input.shape[0] % size:
@@ -165,7 +165,7 @@ def uneven_splits(shape: tuple[int, ...], output_split_sizes: Any, input_split_s
 
 @lower_in_graphs(ops.all_to_all_single.default)
 def all_to_all_single(
-    input: jax.Array,  # noqa: A002
+    input: jax.Array,
     output_split_sizes: list[int],
     input_split_sizes: list[int],
     group: Any,
@@ -181,7 +181,7 @@ def all_to_all_single(
 
 
 @lower_in_graphs(ops.broadcast.default)
-def broadcast(input: jax.Array, src: int, group: Any) -> jax.Array:  # noqa: A002
+def broadcast(input: jax.Array, src: int, group: Any) -> jax.Array:
     """Group rank `src`'s input on every rank, bit for bit: a psum of its bits, every other rank adding zeros."""
     size, axis = _axis(group, "broadcast")
     if not 0 <= src < size:

@@ -176,7 +176,7 @@ def _all_reduce(collective: str, state: handshake.Group, tensor: torch.Tensor, r
         host.all_reduce(tensor, owned, state.gloo, op, factor, write)
 
 
-def allreduce_(tensors, process_group, reduce_op, sparse_indices, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
+def allreduce_(tensors, process_group, reduce_op, sparse_indices, async_op=True, timeout=-1):
     _check_tpu("all_reduce", tensors)
     state = _state(process_group)
     for tensor in tensors:
@@ -184,12 +184,12 @@ def allreduce_(tensors, process_group, reduce_op, sparse_indices, async_op=True,
     return tensors, _done(tensors)
 
 
-def allreduce_coalesced_(tensors, process_group, reduce_op, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
+def allreduce_coalesced_(tensors, process_group, reduce_op, async_op=True, timeout=-1):
     allreduce_(tensors, process_group, reduce_op, None)
     return _done(tensors)
 
 
-def broadcast_(tensors, process_group, root_rank, root_tensor, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
+def broadcast_(tensors, process_group, root_rank, root_tensor, async_op=True, timeout=-1):
     _check_tpu("broadcast", tensors)
     state = _state(process_group)
     for tensor in tensors:
@@ -215,7 +215,7 @@ def _gathered(ranks: tuple[int, ...], tensor: torch.Tensor) -> jax.Array:
     return collectives.run("all_gather", ranks, _read(tensor))
 
 
-def allgather_(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
+def allgather_(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
     _check_tpu("all_gather", [*input_tensors, *(t for outputs in output_tensors for t in outputs)])
     state = _state(process_group)
     ranks = state.ranks
@@ -229,12 +229,12 @@ def allgather_(output_tensors, input_tensors, process_group, async_op=True, time
     return output_tensors, _done(output_tensors)
 
 
-def allgather_coalesced_(output_lists, input_list, process_group, async_op=True):  # noqa: ANN001, ANN201
+def allgather_coalesced_(output_lists, input_list, process_group, async_op=True):
     allgather_(output_lists, input_list, process_group)
     return _done(output_lists)
 
 
-def _allgather_base_(output_tensor, input_tensor, process_group, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
+def _allgather_base_(output_tensor, input_tensor, process_group, async_op=True, timeout=-1):
     _check_tpu("all_gather_into_tensor", [output_tensor, input_tensor])
     state = _state(process_group)
     ranks = state.ranks
@@ -250,13 +250,13 @@ def _allgather_base_(output_tensor, input_tensor, process_group, async_op=True, 
     return output_tensor, _done(output_tensor)
 
 
-def allgather_into_tensor_coalesced_(outputs, inputs, process_group, async_op=True):  # noqa: ANN001, ANN201
+def allgather_into_tensor_coalesced_(outputs, inputs, process_group, async_op=True):
     for output, tensor in zip(outputs, inputs, strict=True):
         _allgather_base_(output, tensor, process_group)
     return _done(outputs)
 
 
-def _reduce_scatter_flat(state, output, whole, reduce_op, collective, inputs):  # noqa: ANN001, ANN202
+def _reduce_scatter_flat(state, output, whole, reduce_op, collective, inputs):
     """Reduce `whole` (a tensor of len(ranks) x output's elements) and write this rank's part into `output`."""
     ranks = state.ranks
     what = f"{len(inputs)} x {_describe(inputs[0])}" if collective == "reduce_scatter" else _describe(whole)
@@ -270,20 +270,20 @@ def _reduce_scatter_flat(state, output, whole, reduce_op, collective, inputs):  
     storage.write(output, result.reshape(tuple(output.shape)))
 
 
-def _reduce_scatter_base_(output_tensor, input_tensor, process_group, reduce_op, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
+def _reduce_scatter_base_(output_tensor, input_tensor, process_group, reduce_op, async_op=True, timeout=-1):
     _check_tpu("reduce_scatter_tensor", [output_tensor, input_tensor])
     state = _state(process_group)
     _reduce_scatter_flat(state, output_tensor, input_tensor, reduce_op, "reduce_scatter_tensor", [input_tensor])
     return output_tensor, _done(output_tensor)
 
 
-def reduce_scatter_tensor_coalesced_(outputs, inputs, process_group, reduce_op, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
+def reduce_scatter_tensor_coalesced_(outputs, inputs, process_group, reduce_op, async_op=True, timeout=-1):
     for output, tensor in zip(outputs, inputs, strict=True):
         _reduce_scatter_base_(output, tensor, process_group, reduce_op)
     return _done(outputs)
 
 
-def reduce_scatter_(output_tensors, input_tensors, process_group, reduce_op, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
+def reduce_scatter_(output_tensors, input_tensors, process_group, reduce_op, async_op=True, timeout=-1):
     state = _state(process_group)
     for output, inputs in zip(output_tensors, input_tensors, strict=True):
         _check_tpu("reduce_scatter", [output, *inputs])
@@ -304,7 +304,7 @@ def _pad_rows(array: jax.Array, splits: list[int], rows: int) -> jax.Array:
     return jnp.concatenate(blocks)
 
 
-def alltoall_base_(output, input, process_group, output_split_sizes, input_split_sizes, async_op=True, timeout=-1):  # noqa: A002, ANN001, ANN201
+def alltoall_base_(output, input, process_group, output_split_sizes, input_split_sizes, async_op=True, timeout=-1):
     _check_tpu("all_to_all_single", [output, input])
     state = _state(process_group)
     if input_split_sizes or output_split_sizes:  # the ranks' shapes may differ: only dtypes and rows must agree
@@ -316,7 +316,7 @@ def alltoall_base_(output, input, process_group, output_split_sizes, input_split
     return _done(output)
 
 
-def _all_to_all_single(ranks, output, input, output_split_sizes, input_split_sizes):  # noqa: A002, ANN001, ANN202
+def _all_to_all_single(ranks, output, input, output_split_sizes, input_split_sizes):
     size = len(ranks)
     local = _read(input)
     if not input_split_sizes and not output_split_sizes:
@@ -339,7 +339,7 @@ def _all_to_all_single(ranks, output, input, output_split_sizes, input_split_siz
     storage.write(output, result.reshape(tuple(output.shape)))
 
 
-def alltoall_(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
+def alltoall_(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
     _check_tpu("all_to_all", [*output_tensors, *input_tensors])
     state = _state(process_group)
     dtype = str(input_tensors[0].dtype).removeprefix("torch.")
@@ -353,7 +353,7 @@ def alltoall_(output_tensors, input_tensors, process_group, async_op=True, timeo
     return output_tensors, _done(output_tensors)
 
 
-def reduce_(tensors, process_group, reduce_op, root_rank, root_tensor, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
+def reduce_(tensors, process_group, reduce_op, root_rank, root_tensor, async_op=True, timeout=-1):
     _check_tpu("reduce", tensors)
     state = _state(process_group)
     for tensor in tensors:
@@ -361,7 +361,7 @@ def reduce_(tensors, process_group, reduce_op, root_rank, root_tensor, async_op=
     return _done(tensors)
 
 
-def gather_(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
+def gather_(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):
     state = _state(process_group)
     (tensor,) = input_tensors
     _check_tpu("gather", [tensor, *(t for outputs in output_tensors for t in outputs)])
@@ -374,7 +374,7 @@ def gather_(output_tensors, input_tensors, process_group, root_rank, async_op=Tr
     return _done(output_tensors)
 
 
-def scatter_(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):  # noqa: ANN001, ANN201
+def scatter_(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):
     state = _state(process_group)
     ranks = state.ranks
     (output,) = output_tensors
@@ -405,7 +405,7 @@ def _point_to_point(tensor: torch.Tensor, process_group: Any, src: int, dst: int
     return watchdog.guarded(name, pair, program, _read(tensor).reshape(-1))
 
 
-def send(tensors, process_group, dst, tag):  # noqa: ANN001, ANN201
+def send(tensors, process_group, dst, tag):
     _check_tpu("send", tensors)
     rank = _state(process_group).rank
     for tensor in tensors:
@@ -413,7 +413,7 @@ def send(tensors, process_group, dst, tag):  # noqa: ANN001, ANN201
     return _done(tensors)
 
 
-def recv_(tensors, process_group, src, tag):  # noqa: ANN001, ANN201
+def recv_(tensors, process_group, src, tag):
     _check_tpu("recv", tensors)
     rank = _state(process_group).rank
     for tensor in tensors:

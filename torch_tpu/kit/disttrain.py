@@ -222,7 +222,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if args.resume:
         start_step = _load(pathlib.Path(args.resume), model, optimizer, scheduler, stream, rank)
     torch.tpu.reset_peak_memory_stats()
-    progress = open(out / f"rank{rank}.jsonl", "a")  # noqa: SIM115 - closed below; lines are flushed as written
+    progress = open(out / f"rank{rank}.jsonl", "a")  # closed below; lines are flushed as written
     checkpoints = []
     for step in range(start_step + 1, args.steps + 1):
         started, in_collectives = time.perf_counter(), clock.seconds if clock else 0.0

@@ -68,7 +68,7 @@ class Log:
     ) -> None:
         self.run_id, self.context = run_id, context
         self.stream = stream
-        self.file = open(path, "a") if path is not None else None  # noqa: SIM115 - closed by close()
+        self.file = open(path, "a") if path is not None else None  # closed by close()
 
     def event(self, event: str, level: str = "info", **fields: Any) -> None:
         record = {

@@ -26,7 +26,7 @@ def _foreach(op, element, fn):
         ]
         kwargs = dict(kwargs, **dict(zip(keywords, args[n_positional:], strict=False)))
         args = args[:n_positional]
-        pick = lambda a, i: a[i] if isinstance(a, list | tuple) else a  # noqa: E731
+        pick = lambda a, i: a[i] if isinstance(a, list | tuple) else a
         return [fn(*(pick(a, i) for a in args), **{k: pick(v, i) for k, v in kwargs.items()}) for i in range(count)]
 
     return lowering

@@ -9,14 +9,14 @@ import sys
 import torch
 
 __all__ = [
-    "all_gather_dim",  # noqa: F822  (torch_tpu.distributed, a sibling layer, sets it)
-    "max_pool1d",  # noqa: F822  (install() sets it, and the others: torch.ops.torch_tpu.*, which Dynamo traces)
-    "max_pool2d",  # noqa: F822
-    "max_pool3d",  # noqa: F822
-    "optimization_barrier",  # noqa: F822
-    "ragged_dot",  # noqa: F822
-    "reduce_scatter_dim",  # noqa: F822  (torch_tpu.distributed, a sibling layer, sets it)
-    "splash_sdpa",  # noqa: F822
+    "all_gather_dim",  # torch_tpu.distributed, a sibling layer, sets it
+    "max_pool1d",  # install() sets it, and the others: torch.ops.torch_tpu.*, which Dynamo traces
+    "max_pool2d",
+    "max_pool3d",
+    "optimization_barrier",
+    "ragged_dot",
+    "reduce_scatter_dim",  # torch_tpu.distributed, a sibling layer, sets it
+    "splash_sdpa",
 ]
 _OURS = ("max_pool1d", "max_pool2d", "max_pool3d", "optimization_barrier", "ragged_dot", "splash_sdpa")
 

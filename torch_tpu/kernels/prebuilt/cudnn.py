@@ -25,7 +25,7 @@ MAX_HEAD_DIM = 128
 CUSTOM_CALLS = ("__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward")  # the kernels' targets in the HLO
 
 
-def serves(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal) -> bool:  # noqa: ANN001
+def serves(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal) -> bool:
     """Whether cuDNN's fused attention computes this SDPA call (its shapes, dtypes, mask and dropout)."""
     if attn_mask is not None or dropout_p != 0.0:
         return False
@@ -37,7 +37,7 @@ def serves(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal) -> bo
     return not is_causal or q_len == key.shape[2]
 
 
-def attention(query, key, value, is_causal=False, scale=None):  # noqa: ANN001, ANN201
+def attention(query, key, value, is_causal=False, scale=None):
     """cuDNN's attention over (B, H, T, D) arrays."""
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     q, k, v = (jnp.swapaxes(t, 1, 2) for t in (query, key, value))
@@ -45,13 +45,13 @@ def attention(query, key, value, is_causal=False, scale=None):  # noqa: ANN001, 
     return jnp.swapaxes(out, 1, 2)
 
 
-def backward(grad, query, key, value, is_causal, scale):  # noqa: ANN001, ANN201
+def backward(grad, query, key, value, is_causal, scale):
     """The gradients of `attention` (cuDNN's backward kernel), for the query, key and value."""
     _, vjp = jax.vjp(lambda q, k, v: attention(q, k, v, is_causal, scale), query, key, value)
     return vjp(grad.astype(query.dtype))
 
 
-def reference(query, key, value, is_causal=False, scale=None):  # noqa: ANN001, ANN201
+def reference(query, key, value, is_causal=False, scale=None):
     """What the kernel computes, in PyTorch (the CPU kernel)."""
     gqa = query.shape[1] != key.shape[1]
     return F.scaled_dot_product_attention(query, key, value, is_causal=is_causal, scale=scale, enable_gqa=gqa)

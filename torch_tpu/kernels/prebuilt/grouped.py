@@ -16,16 +16,16 @@ FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 GROUP_DTYPES = (torch.int32, torch.int64)
 
 
-def _ragged_dot(lhs, rhs, group_sizes):  # noqa: ANN001, ANN202
+def _ragged_dot(lhs, rhs, group_sizes):
     return jax.lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), precision=precision.for_dot())
 
 
-def _ragged_dot_backward(grad, lhs, rhs, group_sizes):  # noqa: ANN001, ANN202
+def _ragged_dot_backward(grad, lhs, rhs, group_sizes):
     _, vjp = jax.vjp(lambda a, b: _ragged_dot(a, b, group_sizes), lhs, rhs)
     return vjp(grad.astype(lhs.dtype))
 
 
-def check_ragged_dot(lhs, rhs, group_sizes) -> None:  # noqa: ANN001
+def check_ragged_dot(lhs, rhs, group_sizes) -> None:
     """ragged_dot's argument rules, each error naming the argument."""
     library.check_tensor("ragged_dot", "lhs", lhs, (2,), FLOATS)
     library.check_tensor("ragged_dot", "rhs", rhs, (3,), FLOATS)
@@ -40,7 +40,7 @@ def check_ragged_dot(lhs, rhs, group_sizes) -> None:  # noqa: ANN001
         raise ValueError(f"torch.tpu.ops.ragged_dot: group_sizes has {group_sizes.shape[0]} groups, rhs {rhs.shape[0]}")
 
 
-def _reference(lhs, rhs, group_sizes):  # noqa: ANN001, ANN202
+def _reference(lhs, rhs, group_sizes):
     """Each group's rows times its matrix; rows past the groups' total are zero (as in `jax.lax.ragged_dot`)."""
     check_ragged_dot(lhs, rhs, group_sizes)
     out = lhs.new_zeros(lhs.shape[0], rhs.shape[2])
@@ -51,26 +51,26 @@ def _reference(lhs, rhs, group_sizes):  # noqa: ANN001, ANN202
     return out
 
 
-def _reference_backward(grad, lhs, rhs, group_sizes):  # noqa: ANN001, ANN202
+def _reference_backward(grad, lhs, rhs, group_sizes):
     with torch.enable_grad():
         inputs = [lhs.detach().requires_grad_(), rhs.detach().requires_grad_()]
         return torch.autograd.grad(_reference(*inputs, group_sizes), inputs, grad)
 
 
-def _fake(lhs, rhs, group_sizes):  # noqa: ANN001, ANN202
+def _fake(lhs, rhs, group_sizes):
     check_ragged_dot(lhs, rhs, group_sizes)
     return lhs.new_empty(lhs.shape[0], rhs.shape[2])
 
 
-def _fake_backward(grad, lhs, rhs, group_sizes):  # noqa: ANN001, ANN202
+def _fake_backward(grad, lhs, rhs, group_sizes):
     return lhs.new_empty(lhs.shape), rhs.new_empty(rhs.shape)
 
 
-def _barrier(tensors):  # noqa: ANN001, ANN202
+def _barrier(tensors):
     return list(jax.lax.optimization_barrier(list(tensors)))
 
 
-def _barrier_reference(tensors):  # noqa: ANN001, ANN202
+def _barrier_reference(tensors):
     return [t.clone() for t in tensors]
 
 
@@ -86,10 +86,10 @@ def install() -> None:
         _fake_backward,
     )
 
-    def setup(ctx, inputs, output) -> None:  # noqa: ANN001
+    def setup(ctx, inputs, output) -> None:
         ctx.save_for_backward(*inputs)
 
-    def differentiate(ctx, grad):  # noqa: ANN001, ANN202
+    def differentiate(ctx, grad):
         lhs, rhs, group_sizes = ctx.saved_tensors
         return *backward(grad.contiguous(), lhs, rhs, group_sizes), None
 

@@ -55,7 +55,7 @@ def check_tensor(op: str, argument: str, value: object, ndim: tuple[int, ...], d
         raise TypeError(f"torch.tpu.ops.{op}: {argument} has dtype {value.dtype}; supported: {names}")
 
 
-def attention_layout(query, key, value, dtypes: tuple[torch.dtype, ...], enable_gqa: bool) -> bool:  # noqa: ANN001
+def attention_layout(query, key, value, dtypes: tuple[torch.dtype, ...], enable_gqa: bool) -> bool:
     """Whether an SDPA call has the layout every attention kernel here takes: (B, H, T, D) query and key/value of
     one dtype among `dtypes`, the same batch and head size, and query heads a multiple of key heads (only with
     `enable_gqa` when they differ)."""
@@ -73,18 +73,18 @@ def define_attention(name: str, attention: Callable, backward: Callable, referen
     tensors, and `<name>_backward` (`backward(grad, query, key, value, is_causal, scale)` -> the three gradients),
     with autograd between them; the CPU kernels are `reference` (PyTorch's math SDPA) and its autograd."""
 
-    def reference_backward(grad, query, key, value, is_causal, scale):  # noqa: ANN001, ANN202
+    def reference_backward(grad, query, key, value, is_causal, scale):
         with torch.enable_grad():
             inputs = [t.detach().requires_grad_() for t in (query, key, value)]
             return torch.autograd.grad(reference(*inputs, is_causal, scale), inputs, grad)
 
-    def fake(query, key, value, is_causal=False, scale=None):  # noqa: ANN001, ANN202
+    def fake(query, key, value, is_causal=False, scale=None):
         return query.new_empty(query.shape)
 
-    def fake_backward(grad, query, key, value, is_causal, scale):  # noqa: ANN001, ANN202
+    def fake_backward(grad, query, key, value, is_causal, scale):
         return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
-    def setup(ctx, inputs, keyword_only_inputs, output) -> None:  # noqa: ANN001
+    def setup(ctx, inputs, keyword_only_inputs, output) -> None:
         ctx.save_for_backward(*inputs)
         ctx.options = (keyword_only_inputs.get("is_causal", False), keyword_only_inputs.get("scale"))
 
@@ -102,7 +102,7 @@ def define_attention(name: str, attention: Callable, backward: Callable, referen
         fake_backward,
     )
 
-    def differentiate(ctx, grad):  # noqa: ANN001, ANN202
+    def differentiate(ctx, grad):
         return grads(grad.contiguous(), *ctx.saved_tensors, *ctx.options)
 
     differentiable(forward, differentiate, setup)

@@ -34,7 +34,7 @@ def _tiles(length: int) -> bool:
     return all(length % min(block, length) == 0 for block in (FORWARD_BLOCK, BACKWARD_BLOCK))
 
 
-def serves(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal) -> bool:  # noqa: ANN001
+def serves(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal) -> bool:
     """Whether the Pallas GPU kernel computes this SDPA call (its shapes, dtypes, mask and dropout)."""
     if attn_mask is not None or dropout_p != 0.0:
         return False
@@ -46,7 +46,7 @@ def serves(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal) -> bo
     return not is_causal or q_len == kv_len
 
 
-def attention(query, key, value, is_causal=False, scale=None):  # noqa: ANN001, ANN201
+def attention(query, key, value, is_causal=False, scale=None):
     """The Pallas kernel over (B, H, T, D) arrays (interpreted off GPU)."""
     from jax.experimental.pallas.ops.gpu import attention as pallas_attention
 
@@ -58,14 +58,14 @@ def attention(query, key, value, is_causal=False, scale=None):  # noqa: ANN001, 
     return jnp.swapaxes(out, 1, 2)
 
 
-def backward(grad, query, key, value, is_causal, scale):  # noqa: ANN001, ANN201
+def backward(grad, query, key, value, is_causal, scale):
     """The gradients of `attention` (the kernel's Triton backward), for the query, key and value."""
     with jax.enable_x64(False):
         _, vjp = jax.vjp(lambda q, k, v: attention(q, k, v, is_causal, scale), query, key, value)
         return vjp(grad.astype(query.dtype))
 
 
-def reference(query, key, value, is_causal=False, scale=None):  # noqa: ANN001, ANN201
+def reference(query, key, value, is_causal=False, scale=None):
     """What the kernel computes, in PyTorch (the CPU kernel)."""
     return F.scaled_dot_product_attention(query, key, value, is_causal=is_causal, scale=scale)
 

@@ -21,7 +21,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _TORCH = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 
 
-def _geometry(shape: Sequence[int], n: int, kernel_size, stride, padding, dilation, ceil_mode):  # noqa: ANN001, ANN202
+def _geometry(shape: Sequence[int], n: int, kernel_size, stride, padding, dilation, ceil_mode):
     """Per spatial dim (kernel, stride, dilation, (low, high) padding), so that the window count is ATen's."""
     kernel, stride = list(kernel_size), list(stride) or list(kernel_size)
     padding, dilation = list(padding), list(dilation)
@@ -36,8 +36,8 @@ def _geometry(shape: Sequence[int], n: int, kernel_size, stride, padding, dilati
     return dims
 
 
-def _max_pool(n: int):  # noqa: ANN202
-    def pool(self, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):  # noqa: ANN001, ANN202
+def _max_pool(n: int):
+    def pool(self, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
         dims = _geometry(self.shape, n, *_expanded(n, kernel_size, stride, padding, dilation), ceil_mode)
         lead = (1,) * (self.ndim - n)
         lowest = -jnp.inf if jnp.issubdtype(self.dtype, jnp.floating) else jnp.iinfo(self.dtype).min
@@ -54,15 +54,15 @@ def _max_pool(n: int):  # noqa: ANN202
     return pool
 
 
-def _expanded(n: int, kernel_size, stride, padding, dilation):  # noqa: ANN001, ANN202
-    def spread(values):  # noqa: ANN001, ANN202
+def _expanded(n: int, kernel_size, stride, padding, dilation):
+    def spread(values):
         values = list(values)
         return values * n if len(values) == 1 else values
 
     return spread(kernel_size), spread(stride) if len(stride) else [], spread(padding), spread(dilation)
 
 
-def _check(n: int, self, kernel_size, stride, padding, dilation) -> None:  # noqa: ANN001
+def _check(n: int, self, kernel_size, stride, padding, dilation) -> None:
     name = f"max_pool{n}d"
     library.check_tensor(name, "input", self, (n + 1, n + 2), DTYPES)
     for argument, values, allowed in (
@@ -80,10 +80,10 @@ def _check(n: int, self, kernel_size, stride, padding, dilation) -> None:  # noq
         raise ValueError(f"torch.tpu.ops.{name}: padding {list(padding)} must be at most half of kernel_size")
 
 
-def _backward(n: int):  # noqa: ANN202
+def _backward(n: int):
     forward = _max_pool(n)
 
-    def backward(grad, self, kernel_size, stride, padding, dilation, ceil_mode):  # noqa: ANN001, ANN202
+    def backward(grad, self, kernel_size, stride, padding, dilation, ceil_mode):
         grad = grad.astype(self.dtype)
         if any(d != 1 for d in dilation):  # JAX has no select-and-scatter VJP for dilated windows: ATen's way
             _, indices = aten_pool._max_pool(self, n, kernel_size, stride, padding, dilation, ceil_mode)
@@ -96,16 +96,16 @@ def _backward(n: int):  # noqa: ANN202
     return backward
 
 
-def _reference(n: int):  # noqa: ANN202
-    def reference(self, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):  # noqa: ANN001, ANN202
+def _reference(n: int):
+    def reference(self, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
         _check(n, self, kernel_size, stride, padding, dilation)
         return _TORCH[n](self, kernel_size, stride or None, padding, dilation, ceil_mode)
 
     return reference
 
 
-def _reference_backward(n: int):  # noqa: ANN202
-    def backward(grad, self, kernel_size, stride, padding, dilation, ceil_mode):  # noqa: ANN001, ANN202
+def _reference_backward(n: int):
+    def backward(grad, self, kernel_size, stride, padding, dilation, ceil_mode):
         with torch.enable_grad():
             x = self.detach().requires_grad_()
             out = _TORCH[n](x, kernel_size, stride or None, padding, dilation, ceil_mode)
@@ -114,8 +114,8 @@ def _reference_backward(n: int):  # noqa: ANN202
     return backward
 
 
-def _fake(n: int):  # noqa: ANN202
-    def fake(self, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):  # noqa: ANN001, ANN202
+def _fake(n: int):
+    def fake(self, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
         _check(n, self, kernel_size, stride, padding, dilation)
         dims = _geometry(self.shape, n, *_expanded(n, kernel_size, stride, padding, dilation), ceil_mode)
         sizes = [
@@ -146,11 +146,11 @@ def install() -> None:
             lambda grad, x, *args: x.new_empty(x.shape),
         )
 
-        def setup(ctx, inputs, output) -> None:  # noqa: ANN001
+        def setup(ctx, inputs, output) -> None:
             ctx.save_for_backward(inputs[0])
             ctx.options = inputs[1:]
 
-        def differentiate(ctx, grad, backward=backward):  # noqa: ANN001, ANN202
+        def differentiate(ctx, grad, backward=backward):
             return backward(grad.contiguous(), ctx.saved_tensors[0], *ctx.options), None, None, None, None, None
 
         library.differentiable(forward, differentiate, setup)

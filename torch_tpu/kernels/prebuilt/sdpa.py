@@ -50,7 +50,7 @@ def force(kernel: str | None) -> Iterator[None]:
         _forced[0] = previous
 
 
-def _splash_serves(query, key, value, attn_mask, dropout_p, enable_gqa) -> bool:  # noqa: ANN001
+def _splash_serves(query, key, value, attn_mask, dropout_p, enable_gqa) -> bool:
     if attn_mask is not None or dropout_p != 0.0:
         return False
     if not library.attention_layout(query, key, value, SPLASH_DTYPES, enable_gqa):

@@ -34,7 +34,7 @@ def _block(length: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel(heads: int, q_len: int, kv_len: int, causal: bool, interpret: bool):  # noqa: ANN202  (a splash kernel)
+def _kernel(heads: int, q_len: int, kv_len: int, causal: bool, interpret: bool):  # a splash kernel
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
@@ -56,7 +56,7 @@ def _kernel(heads: int, q_len: int, kv_len: int, causal: bool, interpret: bool):
         return splash.make_splash_mha(mask, block_sizes=blocks, head_shards=1, q_seq_shards=1, interpret=interpret)
 
 
-def attention(query, key, value, segment_ids=None, kv_segment_ids=None, is_causal=True, scale=None):  # noqa: ANN001, ANN201
+def attention(query, key, value, segment_ids=None, kv_segment_ids=None, is_causal=True, scale=None):
     """The splash kernel over (B, H, T, D) arrays, in float32 for float16 (splash computes float32 and bfloat16)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 
@@ -77,8 +77,8 @@ def attention(query, key, value, segment_ids=None, kv_segment_ids=None, is_causa
     return out.astype(dtype)
 
 
-def _backward(grad, query, key, value, segment_ids, kv_segment_ids, is_causal, scale):  # noqa: ANN001, ANN202
-    def forward(q, k, v):  # noqa: ANN001, ANN202
+def _backward(grad, query, key, value, segment_ids, kv_segment_ids, is_causal, scale):
+    def forward(q, k, v):
         return attention(q, k, v, segment_ids, kv_segment_ids, is_causal, scale)
 
     with jax.enable_x64(False):
@@ -86,7 +86,7 @@ def _backward(grad, query, key, value, segment_ids, kv_segment_ids, is_causal, s
         return vjp(grad.astype(query.dtype))
 
 
-def check(query, key, value, segment_ids=None, kv_segment_ids=None) -> None:  # noqa: ANN001
+def check(query, key, value, segment_ids=None, kv_segment_ids=None) -> None:
     """splash_sdpa's argument rules, each error naming the argument."""
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         library.check_tensor("splash_sdpa", name, tensor, (4,), DTYPES)
@@ -126,7 +126,7 @@ def check(query, key, value, segment_ids=None, kv_segment_ids=None) -> None:  # 
         raise ValueError("torch.tpu.ops.splash_sdpa: segment_ids alone needs key length == query length")
 
 
-def _mask(query, key, segment_ids, kv_segment_ids, is_causal):  # noqa: ANN001, ANN202
+def _mask(query, key, segment_ids, kv_segment_ids, is_causal):
     """The boolean (B, 1, T, S) mask splash applies, for the reference."""
     q_len, kv_len = query.shape[2], key.shape[2]
     mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device)
@@ -139,7 +139,7 @@ def _mask(query, key, segment_ids, kv_segment_ids, is_causal):  # noqa: ANN001, 
     return mask
 
 
-def reference(query, key, value, segment_ids=None, kv_segment_ids=None, is_causal=True, scale=None):  # noqa: ANN001, ANN201
+def reference(query, key, value, segment_ids=None, kv_segment_ids=None, is_causal=True, scale=None):
     """What splash computes, in PyTorch: the math SDPA with the causal and segment mask, key/value heads repeated."""
     check(query, key, value, segment_ids, kv_segment_ids)
     groups = query.shape[1] // key.shape[1]
@@ -148,19 +148,19 @@ def reference(query, key, value, segment_ids=None, kv_segment_ids=None, is_causa
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
 
 
-def _reference_backward(grad, query, key, value, segment_ids, kv_segment_ids, is_causal, scale):  # noqa: ANN001, ANN202
+def _reference_backward(grad, query, key, value, segment_ids, kv_segment_ids, is_causal, scale):
     with torch.enable_grad():
         inputs = [t.detach().requires_grad_() for t in (query, key, value)]
         out = reference(*inputs, segment_ids, kv_segment_ids, is_causal, scale)
         return torch.autograd.grad(out, inputs, grad)
 
 
-def _fake(query, key, value, segment_ids=None, kv_segment_ids=None, is_causal=True, scale=None):  # noqa: ANN001, ANN202
+def _fake(query, key, value, segment_ids=None, kv_segment_ids=None, is_causal=True, scale=None):
     check(query, key, value, segment_ids, kv_segment_ids)
     return query.new_empty(query.shape)
 
 
-def _fake_backward(grad, query, key, value, segment_ids, kv_segment_ids, is_causal, scale):  # noqa: ANN001, ANN202
+def _fake_backward(grad, query, key, value, segment_ids, kv_segment_ids, is_causal, scale):
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
@@ -168,7 +168,7 @@ _ARGS = "Tensor query, Tensor key, Tensor value, Tensor? segment_ids=None, Tenso
 _BACKWARD_ARGS = "Tensor? segment_ids, Tensor? kv_segment_ids, bool is_causal, float? scale"
 
 
-def _setup(ctx, inputs, keyword_only_inputs, output) -> None:  # noqa: ANN001
+def _setup(ctx, inputs, keyword_only_inputs, output) -> None:
     ctx.save_for_backward(*inputs)
     ctx.options = (keyword_only_inputs.get("is_causal", True), keyword_only_inputs.get("scale"))
 
@@ -186,7 +186,7 @@ def install() -> None:
         _fake_backward,
     )
 
-    def differentiate(ctx, grad):  # noqa: ANN001, ANN202
+    def differentiate(ctx, grad):
         query, key, value, segment_ids, kv_segment_ids = ctx.saved_tensors
         grads = backward(grad.contiguous(), query, key, value, segment_ids, kv_segment_ids, *ctx.options)
         return *grads, None, None

@@ -35,7 +35,7 @@ def available() -> bool:
     return importlib.util.find_spec("tokamax") is not None
 
 
-def serves(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal) -> bool:  # noqa: ANN001
+def serves(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal) -> bool:
     """Whether tokamax's attention computes this SDPA call (tokamax installed, and its shapes, dtypes, mask and
     dropout)."""
     if not available() or dropout_p != 0.0:
@@ -52,7 +52,7 @@ def serves(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal) -> bo
     return not is_causal or q_len == key.shape[2]
 
 
-def attention(query, key, value, attn_mask=None, is_causal=False, scale=None):  # noqa: ANN001, ANN201
+def attention(query, key, value, attn_mask=None, is_causal=False, scale=None):
     """tokamax's attention over (B, H, T, D) arrays, by the platform's implementation chain."""
     import tokamax
     from absl import flags
@@ -69,14 +69,14 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None):  
         return jnp.swapaxes(out, 1, 2).astype(query.dtype)
 
 
-def backward(grad, query, key, value, attn_mask, is_causal, scale):  # noqa: ANN001, ANN201
+def backward(grad, query, key, value, attn_mask, is_causal, scale):
     """The gradients of `attention` for the query, key and value."""
     with jax.enable_x64(False):
         _, vjp = jax.vjp(lambda q, k, v: attention(q, k, v, attn_mask, is_causal, scale), query, key, value)
         return vjp(grad.astype(query.dtype))
 
 
-def reference(query, key, value, attn_mask=None, is_causal=False, scale=None):  # noqa: ANN001, ANN201
+def reference(query, key, value, attn_mask=None, is_causal=False, scale=None):
     """What the kernel computes, in PyTorch (the CPU kernel)."""
     gqa = query.shape[1] != key.shape[1]
     return F.scaled_dot_product_attention(
@@ -84,21 +84,21 @@ def reference(query, key, value, attn_mask=None, is_causal=False, scale=None):  
     )
 
 
-def _reference_backward(grad, query, key, value, attn_mask, is_causal, scale):  # noqa: ANN001, ANN202
+def _reference_backward(grad, query, key, value, attn_mask, is_causal, scale):
     with torch.enable_grad():
         inputs = [t.detach().requires_grad_() for t in (query, key, value)]
         return torch.autograd.grad(reference(*inputs, attn_mask, is_causal, scale), inputs, grad)
 
 
-def _fake(query, key, value, attn_mask=None, is_causal=False, scale=None):  # noqa: ANN001, ANN202
+def _fake(query, key, value, attn_mask=None, is_causal=False, scale=None):
     return query.new_empty(query.shape)
 
 
-def _fake_backward(grad, query, key, value, attn_mask, is_causal, scale):  # noqa: ANN001, ANN202
+def _fake_backward(grad, query, key, value, attn_mask, is_causal, scale):
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
-def _setup(ctx, inputs, keyword_only_inputs, output) -> None:  # noqa: ANN001
+def _setup(ctx, inputs, keyword_only_inputs, output) -> None:
     ctx.save_for_backward(*inputs)
     ctx.options = (keyword_only_inputs.get("is_causal", False), keyword_only_inputs.get("scale"))
 
@@ -121,7 +121,7 @@ def install() -> None:
         _fake_backward,
     )
 
-    def differentiate(ctx, grad):  # noqa: ANN001, ANN202
+    def differentiate(ctx, grad):
         query, key, value, attn_mask = ctx.saved_tensors
         return *grads(grad.contiguous(), query, key, value, attn_mask, *ctx.options), None
 
