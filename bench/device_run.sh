@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The device run: torch_tpu on a real chip, in parts that each fit one 10-minute command of a borrowed machine.
 #
-#   bench/device_run.sh PART [PART ...]      PART: correctness | ops | models | perf | all
+#   bench/device_run.sh PART [PART ...]      PART: correctness | ops | models | perf | perf_large | all
 #
 # On the TPU machine (../shared/tpu/pack.sh here, then remote.sh setup there), from the project root:
 #   source /tmp/tpu/env.sh ours && bench/device_run.sh correctness     (then `ops`, then `models`: three calls give
-#   the correctness verdict; `perf` is the fourth)
+#   the correctness verdict; `perf` and `perf_large` measure speed)
 # correctness  the platform report, the seed's smoke test eager and compiled, the device part of the test suite
 #              (pytest -m tpu_device: device, views, dtypes, precision, RNG, eager modes, compile, buckets, DLPack,
 #              kernels, profiler, memory, tests/test_on_chip.py), the persistent cache across two processes
@@ -13,7 +13,9 @@
 #              (bench/tpu_numerics.py: docs/numerics.md), and the kit: `torch-tpu smoke`, `torch-tpu evaluate`
 # models       the seven models' tests, eager and compiled, OpInfo, optimizers and training, and
 #              bench/tpu_compiled_numerics.py (where compiled and eager numbers part, node by node)
-# perf         bench/compile_step.py fp32 and bf16, bench/eager_modes.py, bench/kernels.py's attention
+# perf         bench/tpu_step.py small (fp32 GPT step: plain JAX, ours in every mode, Google's TorchTPU where staged
+#              with pack.sh --google), bench/eager_modes.py (MLP steps, the per-op chain)
+# perf_large   bench/tpu_step.py large (the ~136M-parameter bf16 GPT step)
 # Every step runs under its own timeout (SIGINT first: pytest then writes its report), cut to what is left of
 # DEVICE_RUN_BUDGET_S (default 540 s a part); a failed or timed-out step is recorded and the run goes on. Under $OUT
 # (default: a fresh temporary folder): one log per part with every step's output (PART.log), the test reports
@@ -21,7 +23,8 @@
 # device tool brings back. Exit status 0 when every step passed.
 #   DEVICE_RUN_SMALL=1 TORCH_TPU_PLATFORM=cpu bench/device_run.sh all     the dry run (tests/test_device_run.py)
 # DEVICE_RUN_TIMEOUT_SCALE=N gives a slow machine more time; DEVICE_RUN_SMOKE=PATH names the seed's smoke.py;
-# PEAK_TFLOPS_FP32 / PEAK_TFLOPS_BF16 make compile_step print the MFU (a v5e: 197 bf16).
+# PEAK_TFLOPS_BF16 is the chip's peak for the MFU column (default 197, a v5e); DEVICE_RUN_GOOGLE_ENV the shell
+# commands that set up Google's TorchTPU (default: /tmp/tpu/env.sh google where it is staged).
 set -u
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -116,32 +119,37 @@ part_models() {
         --json "$OUT/compiled_numerics.json"
 }
 
+# tpu_step SIZE: bench/tpu_step.py at SIZE, plain JAX, ours in every mode, and Google's TorchTPU where it is staged
+tpu_step() {
+    local size=$1 cap=$2 google=()
+    [ "$SMALL" = 1 ] && size=tiny
+    local google_env=${DEVICE_RUN_GOOGLE_ENV:-}
+    [ -z "$google_env" ] && [ -d /tmp/tpu/google ] && google_env="source /tmp/tpu/env.sh google"
+    [ -n "$google_env" ] && google=(--google-env "$google_env")
+    local steps=(--steps 10 --warmup 3)
+    [ "$SMALL" = 1 ] && steps=(--steps 2 --warmup 1)
+    step "tpu_step_$1" "$cap" "$PYTHON" bench/tpu_step.py --size "$size" "${steps[@]}" "${google[@]}" \
+        --peak-tflops "${PEAK_TFLOPS_BF16:-197}" --json "$OUT/tpu_step_$1.json"
+}
+
 part_perf() {
-    local compile_size=(--steps 10 --warmup 2) eager_size=(--rounds 5 --steps 10 --warmup 3) kernel_size=(--repeats 3)
-    if [ "$SMALL" = 1 ]; then
-        compile_size=(--layers 1 --d-model 64 --heads 2 --seq 32 --batch 2 --vocab 128 --steps 3 --warmup 1)
-        eager_size=(--rounds 1 --steps 2 --warmup 1)
-        kernel_size=(--batch 1 --heads 2 --length 128 --dim 32 --repeats 1)
-    fi
-    local peak32=() peak16=()
-    [ -n "${PEAK_TFLOPS_FP32:-}" ] && peak32=(--peak-tflops "$PEAK_TFLOPS_FP32")
-    [ -n "${PEAK_TFLOPS_BF16:-}" ] && peak16=(--peak-tflops "$PEAK_TFLOPS_BF16")
-    # Inductor is a CPU reference here and compiles C++ for minutes: skipped.
-    step compile_step_fp32 150 "$PYTHON" bench/compile_step.py --skip-inductor --dtype float32 "${compile_size[@]}" \
-        "${peak32[@]}"
-    step compile_step_bf16 150 "$PYTHON" bench/compile_step.py --skip-inductor --dtype bfloat16 "${compile_size[@]}" \
-        "${peak16[@]}"
-    step eager_modes 150 "$PYTHON" bench/eager_modes.py "${eager_size[@]}"
-    step kernels 90 "$PYTHON" bench/kernels.py --sections attention "${kernel_size[@]}"
+    tpu_step small 420
+    local eager_size=(--rounds 5 --steps 10 --warmup 3)
+    [ "$SMALL" = 1 ] && eager_size=(--rounds 1 --steps 2 --warmup 1)
+    step eager_modes 120 "$PYTHON" bench/eager_modes.py "${eager_size[@]}"
+}
+
+part_perf_large() {
+    tpu_step large 560
 }
 
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(correctness)
-[ "${PARTS[*]}" = all ] && PARTS=(correctness ops models perf)
+[ "${PARTS[*]}" = all ] && PARTS=(correctness ops models perf perf_large)
 for PART in "${PARTS[@]}"; do
     case $PART in
-    correctness | ops | models | perf) ;;
-    *) echo "device_run.sh: unknown part '$PART' (correctness, ops, models, perf or all)" >&2 && exit 2 ;;
+    correctness | ops | models | perf | perf_large) ;;
+    *) echo "device_run.sh: unknown part '$PART' (correctness, ops, models, perf, perf_large or all)" >&2 && exit 2 ;;
     esac
 done
 for PART in "${PARTS[@]}"; do

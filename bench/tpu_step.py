@@ -1,0 +1,173 @@
+"""Speed on the chip: one GPT-style AdamW training step, torch_tpu in each mode beside plain JAX and Google's TorchTPU.
+
+Each (implementation, mode) runs in a process of its own, one after another (one process holds the chip, and the
+first step of a cold process is part of the figure): the same model (bench/compile_step.py's GPT), init and batch.
+  ours / google  strict        eager, ops dispatched one at a time (the default mode)
+                 fused         eager with TORCH_TPU_DEFER_AND_FUSE=1 (Fused eager)
+                 compiled      torch.compile(model, backend="tpu") with the stock AdamW eager (what most users write)
+                 whole_step    torch.compile of zero_grad + forward + backward + optimizer.step
+  jax            jit           jax.jit of value_and_grad + AdamW with donated state (bench/compile_step.py)
+Each child prints one JSON line: first step (s, compile included), median ms per step over --steps synchronised
+steps after --warmup, the losses, and the device's peak bytes in use where PJRT reports them. The parent prints the
+table: ms/step, each against plain JAX and Google's same mode, model TFLOP/s and MFU against --peak-tflops
+(a v5e: 197 bf16), first-step seconds. Sizes: small (4 layers, d 256, seq 128, batch 8, vocab 2048, float32) and
+large (12 layers, d 768, 12 heads, seq 512, batch 16, vocab 32768, bfloat16; ~136M parameters), tiny for dry runs.
+
+    python bench/tpu_step.py --size small [--impls ours,jax,google] [--modes strict,fused,compiled,whole_step]
+        [--google-env "source /tmp/tpu/env.sh google"] [--steps 10] [--warmup 3] [--json out.json]
+The Google runs need its environment (bench/device_run.sh perf passes it on the TPU machine); without
+--google-env they are left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path[0] = str(Path(__file__).resolve().parent)  # bench/: compile_step's model and JAX step
+
+SIZES = {
+    "tiny": (dict(layers=1, d_model=64, heads=2, seq=32, batch=2, vocab=128), "float32"),
+    "small": (dict(layers=4, d_model=256, heads=4, seq=128, batch=8, vocab=2048), "float32"),
+    "large": (dict(layers=12, d_model=768, heads=12, seq=512, batch=16, vocab=32768), "bfloat16"),
+}
+MODES = ("strict", "fused", "compiled", "whole_step")
+
+
+def _peak_bytes() -> int | None:
+    import jax
+
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use")
+
+
+def _torch_step(mode: str, size: str):  # a step function, closed over its batch
+    import compile_step as cs
+    import torch
+
+    cfg, dtype = SIZES[size]
+    model, batch = cs.build(cs.Config(**cfg), dtype)
+    model = model.to("tpu")
+    optimizer = cs.adamw(model.parameters())
+    if mode == "compiled":
+        model = torch.compile(model, backend="tpu")
+    step = cs.torch_step(model, optimizer)
+    if mode == "whole_step":
+        step = torch.compile(step, backend="tpu")
+    idx, targets = (t.to("tpu") for t in batch)
+    return lambda: step(idx, targets).item()
+
+
+def _jax_step(size: str):
+    import compile_step as cs
+
+    cfg, dtype = SIZES[size]
+    model, batch = cs.build(cs.Config(**cfg), dtype)
+    runner = cs.jax_runner("jax", model, cs.Config(**cfg), batch)
+    return lambda: runner.sync(runner.run())
+
+
+def child(impl: str, mode: str, size: str, steps: int, warmup: int) -> dict:
+    """One (implementation, mode): the first step, then the timed ones."""
+    start = time.perf_counter()
+    run = _jax_step(size) if impl == "jax" else _torch_step(mode, size)
+    losses = [run()]
+    first = time.perf_counter() - start
+    losses += [run() for _ in range(warmup)]
+    samples = []
+    for _ in range(steps):
+        began = time.perf_counter()
+        losses.append(run())
+        samples.append(time.perf_counter() - began)
+    return {
+        "impl": impl,
+        "mode": mode,
+        "first_step_s": first,
+        "step_ms": statistics.median(samples) * 1e3,
+        "losses": losses,
+        # PJRT's figure, through JAX: not in Google's process (JAX would open the chip it holds)
+        "peak_bytes": None if impl == "google" else _peak_bytes(),
+    }
+
+
+def _launch(impl: str, mode: str, args: argparse.Namespace) -> dict:
+    command = [sys.executable, __file__, "--child", impl, mode, "--size", args.size]
+    command += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+    env = dict(os.environ)
+    env.pop("TORCH_TPU_DEFER_AND_FUSE", None)
+    if mode == "fused":
+        env["TORCH_TPU_DEFER_AND_FUSE"] = "1"
+    if impl == "google":
+        quoted = " ".join(f"'{part}'" for part in ["python3", *command[1:]])
+        command = [
+            "bash",
+            "-c",
+            f"{args.google_env} && {'TORCH_TPU_DEFER_AND_FUSE=1 ' if mode == 'fused' else ''}{quoted}",
+        ]
+    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"impl": impl, "mode": mode, "error": f"exit {out.returncode}: {tail[0][:160]}"}
+    return json.loads(lines[-1])
+
+
+def _table(results: list[dict], size: str, peak_tflops: float) -> None:
+    import compile_step as cs
+
+    cfg, dtype = SIZES[size]
+    flops = cs.step_flops(cs.Config(**cfg))
+    jax_ms = next((r["step_ms"] for r in results if r["impl"] == "jax" and "step_ms" in r), None)
+    google = {r["mode"]: r["step_ms"] for r in results if r["impl"] == "google" and "step_ms" in r}
+    print(f"GPT step, size {size} ({dtype}), {flops / 1e12:.3f} TFLOP a step")
+    print(f"{'impl':8s} {'mode':11s} {'ms/step':>9s} {'/jax':>6s} {'/google':>8s} {'TFLOP/s':>8s} {'MFU':>6s} "
+          f"{'first s':>8s} {'peak GiB':>9s}  loss first/last")  # fmt: skip
+    for r in results:
+        if "error" in r:
+            print(f"{r['impl']:8s} {r['mode']:11s} {r['error']}")
+            continue
+        rate = flops / (r["step_ms"] / 1e3) / 1e12
+        vs_jax = f"{r['step_ms'] / jax_ms:.2f}" if jax_ms else "-"
+        vs_google = f"{r['step_ms'] / google[r['mode']]:.2f}" if r["impl"] == "ours" and r["mode"] in google else "-"
+        mfu = f"{rate / peak_tflops:.1%}" if peak_tflops else "-"
+        peak = f"{r['peak_bytes'] / 2**30:.2f}" if r.get("peak_bytes") else "-"
+        print(f"{r['impl']:8s} {r['mode']:11s} {r['step_ms']:9.2f} {vs_jax:>6s} {vs_google:>8s} {rate:8.2f} {mfu:>6s} "
+              f"{r['first_step_s']:8.1f} {peak:>9s}  {r['losses'][0]:.4f}/{r['losses'][-1]:.4f}")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=SIZES, default="small")
+    parser.add_argument("--impls", default="jax,ours,google")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--google-env", default=None, help="shell commands that set up Google's TorchTPU")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--peak-tflops", type=float, default=0.0)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds for each child process")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--child", nargs=2, metavar=("IMPL", "MODE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(*args.child, args.size, args.steps, args.warmup)))
+        return
+    results = []
+    for impl in args.impls.split(","):
+        if impl == "google" and not args.google_env:
+            continue
+        for mode in ["jit"] if impl == "jax" else args.modes.split(","):
+            results.append(_launch(impl, mode, args))
+            print(json.dumps(results[-1]), flush=True)
+    _table(results, args.size, args.peak_tflops)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
