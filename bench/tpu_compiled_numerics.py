@@ -125,25 +125,23 @@ def _whole(gm: torch.fx.GraphModule, inputs: list) -> dict:
     return dict(zip(names, jax.jit(program)(*arrays), strict=True))
 
 
-def _divergences(ours: dict, reference: dict, top: int) -> list[tuple[str, float]]:
-    pairs = []
+def _errors(ours: dict, reference: dict) -> dict[str, float]:
+    """Each node's relative error against the reference, in graph order (each pair read once from the device)."""
+    errors = {}
     for name, value in reference.items():
         try:
-            pairs.append((name, _relative(ours[name], value)))
+            errors[name] = _relative(ours[name], value)
         except (TypeError, ValueError):
             continue
-    return sorted(pairs, key=lambda p: -p[1])[:top]
+    return errors
 
 
-def _first_over(ours: dict, reference: dict, threshold: float) -> tuple[str, float] | None:
-    for name, value in reference.items():
-        try:
-            error = _relative(ours[name], value)
-        except (TypeError, ValueError):
-            continue
-        if error > threshold:
-            return name, error
-    return None
+def _worst(errors: dict[str, float], top: int) -> list[tuple[str, float]]:
+    return sorted(errors.items(), key=lambda pair: -pair[1])[:top]
+
+
+def _first_over(errors: dict[str, float], threshold: float) -> tuple[str, float] | None:
+    return next(((name, error) for name, error in errors.items() if error > threshold), None)
 
 
 def _grad_gap(ours: torch.nn.Module, cpu: torch.nn.Module) -> tuple[str, float]:
@@ -206,14 +204,15 @@ def analyse(name: str, top: int, max_graphs: int = 0) -> dict:
         whole = _whole(gm, inputs)
         alone = _interpret(gm, inputs, per_node_jit=True, device=None)
         reference = _interpret(gm, inputs, per_node_jit=True, device=cpu)
+        fusion, device = _errors(whole, alone), _errors(alone, reference)
         report["graphs"].append(
             {
                 "kind": kind,
                 "nodes": len(reference),
-                "fusion_vs_alone": _divergences(whole, alone, top),
-                "alone_vs_cpu": _divergences(alone, reference, top),
-                "first_alone_vs_cpu_over_1e-4": _first_over(alone, reference, 1e-4),
-                "first_whole_vs_alone_over_1e-4": _first_over(whole, alone, 1e-4),
+                "fusion_vs_alone": _worst(fusion, top),
+                "alone_vs_cpu": _worst(device, top),
+                "first_alone_vs_cpu_over_1e-4": _first_over(device, 1e-4),
+                "first_whole_vs_alone_over_1e-4": _first_over(fusion, 1e-4),
                 "ops": {n.name: str(n.target) for n in gm.graph.nodes if n.op == "call_function"},
             }
         )

@@ -103,13 +103,9 @@ def _launch(impl: str, mode: str, args: argparse.Namespace) -> dict:
     env.pop("TORCH_TPU_DEFER_AND_FUSE", None)
     if mode == "fused":
         env["TORCH_TPU_DEFER_AND_FUSE"] = "1"
-    if impl == "google":
+    if impl == "google":  # its environment set up first (the mode's variable is already in `env`)
         quoted = " ".join(f"'{part}'" for part in ["python3", *command[1:]])
-        command = [
-            "bash",
-            "-c",
-            f"{args.google_env} && {'TORCH_TPU_DEFER_AND_FUSE=1 ' if mode == 'fused' else ''}{quoted}",
-        ]
+        command = ["bash", "-c", f"{args.google_env} && {quoted}"]
     out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:

@@ -14,14 +14,13 @@ from torch.optim import lr_scheduler
 from torch.optim.optimizer import _get_capturable_supported_devices
 from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
-from torch_tpu.runtime import platform
-from torch_tpu.testing.compare import tolerance
+from torch_tpu.testing.compare import float32_tolerance
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
 STEPS = 3
 # fp32 over a few optimizer steps: per-op differences (~1e-6 relative) compound through the updates.
-RTOL, ATOL = (1e-5, 1e-6) if platform.platform() != "tpu" else tolerance(torch.float32)
+RTOL, ATOL = float32_tolerance(1e-5, 1e-6)
 # (on a TPU, the chip's float32 transcendentals -- tanh, exp, log -- widen that: torch_tpu.testing.compare)
 
 

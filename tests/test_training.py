@@ -6,13 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torch_tpu.runtime import platform
-from torch_tpu.testing.compare import tolerance
+from torch_tpu.testing.compare import float32_tolerance
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
 # fp32 over a few optimizer steps: per-op differences (~1e-6 relative) compound through the updates.
-RTOL, ATOL = (1e-4, 1e-5) if platform.platform() != "tpu" else tolerance(torch.float32)
+RTOL, ATOL = float32_tolerance(1e-4, 1e-5)
 # (on a TPU, the chip's float32 transcendentals -- tanh, exp, log -- widen that: torch_tpu.testing.compare)
 
 

@@ -8,11 +8,10 @@ import pytest
 import torch
 from torch.utils._pytree import tree_map
 
-from torch_tpu.runtime import platform
-from torch_tpu.testing.compare import tolerance
+from torch_tpu.testing.compare import float32_tolerance
 
 # fp32 through a whole model and an optimizer update: per-op differences (~1e-6 relative) compound.
-RTOL, ATOL = (1e-4, 1e-5) if platform.platform() != "tpu" else tolerance(torch.float32)
+RTOL, ATOL = float32_tolerance(1e-4, 1e-5)
 # (on a TPU, the chip's float32 transcendentals -- tanh, exp, log -- widen that: torch_tpu.testing.compare)
 
 

@@ -13,6 +13,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from torch_tpu.eager.modes import EagerMode
+from torch_tpu.runtime import platform
 
 # (rtol, atol). fp32: rtol 1.3e-5 is about 100 ulp, ten times PyTorch's same-device default (1.3e-6), since
 # XLA sums in another order and uses its own transcendental approximations; atol is PyTorch's 1e-5.
@@ -42,15 +43,14 @@ TPU_FLOAT32: tuple[float, float] = (2e-4, 5e-5)
 
 def tolerance(dtype: torch.dtype) -> tuple[float, float]:
     """(rtol, atol) for results of `dtype` on this platform; exact for integers and bool."""
-    if dtype in (torch.float32, torch.complex64) and _platform() == "tpu":
-        return TPU_FLOAT32
+    if dtype in (torch.float32, torch.complex64):
+        return float32_tolerance(*TOLERANCES[dtype])
     return TOLERANCES.get(dtype, (0.0, 0.0))
 
 
-def _platform() -> str:
-    from torch_tpu.runtime import platform
-
-    return platform.platform()
+def float32_tolerance(rtol: float, atol: float) -> tuple[float, float]:
+    """(rtol, atol) for float32 results: the given ones, or on a TPU the chip's (`TPU_FLOAT32`)."""
+    return TPU_FLOAT32 if platform.platform() == "tpu" else (rtol, atol)
 
 
 def to_tpu(value: Any) -> Any:
