@@ -174,7 +174,8 @@ def flush(extra: list[Pending] = ()) -> None:
             results = _run(plan, leaves, out_refs, ranks)
         except jax.errors.JaxRuntimeError as error:
             if memory.is_oom(error):
-                raise memory.out_of_memory(error) from error
+                pending = sum(b.nbytes for b in buffers if is_pending(b._array))
+                raise memory.out_of_memory(error, pending=pending) from error
             raise
         except RuntimeError as error:  # an input a jax_op's donation consumed: say so
             donated = next((e for e in map(storage.donated_error, leaves) if e is not None), None)

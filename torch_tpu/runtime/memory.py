@@ -386,9 +386,12 @@ def requested_bytes(message: str) -> int | None:
     return int(float(found.group(1)) * _UNITS[(found.group(2) or "").upper()])
 
 
-def out_of_memory(error: BaseException, nbytes: int | None = None, index: int = 0) -> torch.OutOfMemoryError:
+def out_of_memory(
+    error: BaseException, nbytes: int | None = None, index: int = 0, pending: int = 0
+) -> torch.OutOfMemoryError:
     """PyTorch's exception for PJRT's out-of-memory `error`, in CUDA's wording (`nbytes`: the size tried, when
-    the caller knows it), counted in `num_ooms`; raise it `from error`."""
+    the caller knows it; `pending`: bytes already counted for the outputs that failed to materialise, which no
+    tensor holds yet), counted in `num_ooms`; raise it `from error`."""
     memory.num_ooms += 1
     message = str(error).strip()
     nbytes = nbytes if nbytes is not None else requested_bytes(message)
@@ -402,5 +405,5 @@ def out_of_memory(error: BaseException, nbytes: int | None = None, index: int = 
         capacity = ""
     return torch.OutOfMemoryError(
         f"TPU out of memory. Tried to allocate {tried}.{capacity} Of the allocated memory "
-        f"{_format_bytes(memory.allocated)} is held by tpu tensors. XLA reported: {message}"
+        f"{_format_bytes(memory.allocated - pending)} is held by tpu tensors. XLA reported: {message}"
     )
