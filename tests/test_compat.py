@@ -1,7 +1,6 @@
 """The supported torch/JAX releases (runtime/compat.py): the import-time check, what a user with an unsupported
 release sees, and the private APIs found in one place (docs/compatibility.md has the tested pairs)."""
 
-import os
 import pathlib
 import re
 import subprocess
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 from torch_tpu.runtime import compat, storage
+from torch_tpu.testing.processes import child_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -79,7 +79,7 @@ except ImportError as error:
 
 
 def _run_unsupported(name: str, fake: str) -> str:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = child_env(root=ROOT)
     env.pop(compat.SKIP_CHECK_ENV, None)
     out = subprocess.run(
         [sys.executable, "-c", _UNSUPPORTED_TORCH.format(name=name, fake=fake)],

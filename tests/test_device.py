@@ -1,6 +1,5 @@
 """The `tpu` device itself: registration, torch.tpu, torch.accelerator, tensor and module methods."""
 
-import os
 import subprocess
 import sys
 
@@ -8,6 +7,7 @@ import pytest
 import torch
 
 import torch_tpu
+from torch_tpu.testing.processes import child_env
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
@@ -77,7 +77,7 @@ def test_platform_variable_is_checked(monkeypatch):
 
 def test_platform_cpu_selected_in_fresh_process():
     code = "import torch; torch.ones(1, device='tpu'); print(torch.tpu.get_device_properties().platform)"
-    env = {"TORCH_TPU_PLATFORM": "cpu", "PATH": "", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    env = child_env(clean=True, TORCH_TPU_PLATFORM="cpu")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "cpu"
 

@@ -14,6 +14,7 @@ from torch.func import grad, vmap
 import torch_tpu
 from torch_tpu.eager.cache import executables
 from torch_tpu.runtime import checks
+from torch_tpu.testing.processes import child_env
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
@@ -124,7 +125,7 @@ def test_switch_off_and_on_again_recompiles():
 def test_switch_off_through_the_environment():
     script = "import torch; print(torch.arange(5.0, device='tpu')[torch.tensor([10], device='tpu')].tolist())"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, TORCH_TPU_CHECK_INDICES="0", PYTHONPATH=root)
+    env = child_env(root=root, TORCH_TPU_CHECK_INDICES="0")
     done = subprocess.run(
         [sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True, timeout=300
     )
@@ -184,9 +185,8 @@ except IndexError as error:
 
 def test_compiled_graph_loaded_by_a_warm_process_keeps_its_checks(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(
-        os.environ,
-        PYTHONPATH=root,
+    env = child_env(
+        root=root,
         TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=str(tmp_path / "xla"),
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
     )

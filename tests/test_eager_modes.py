@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_tpu.testing.compare import EAGER_MODES as MODES
+from torch_tpu.testing.processes import child_env
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
@@ -216,7 +217,7 @@ def test_fused_environment_variable():
     import sys
 
     code = "import torch; x = torch.ones(2, device='tpu') + 1; print(torch.tpu.eager_mode.name, x.tolist())"
-    env = {"TORCH_TPU_DEFER_AND_FUSE": "1", "PATH": ""}
+    env = child_env(clean=True, TORCH_TPU_DEFER_AND_FUSE="1")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "DEFER_AND_FUSE [2.0, 2.0]"
 

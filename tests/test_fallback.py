@@ -8,6 +8,7 @@ import torch
 
 import torch_tpu
 from torch_tpu import metrics
+from torch_tpu.testing.processes import child_env
 
 # An op we deliberately leave unlowered: special functions are rare in models.
 UNLOWERED = torch.ops.aten.special_bessel_j0.default
@@ -59,7 +60,7 @@ def test_cpu_fallback_environment_variable():
         "    print('warned:', w)\n"
         "print(torch_tpu.cpu_fallback_enabled())\n"
     )
-    env = {"TORCH_TPU_CPU_FALLBACK": "1", "PATH": ""}
+    env = child_env(clean=True, TORCH_TPU_CPU_FALLBACK="1")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     assert "Falling back to CPU" in out and out.strip().endswith("True")
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from torch_tpu.eager import modes
+from torch_tpu.testing.processes import child_env
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
@@ -33,7 +34,7 @@ def test_property_and_context_manager():
 
 def test_launch_blocking_environment_variable():
     code = "import torch; torch.ones(1, device='tpu'); print(torch.tpu.eager_mode.name)"
-    env = {"TORCH_TPU_LAUNCH_BLOCKING": "1", "PATH": ""}
+    env = child_env(clean=True, TORCH_TPU_LAUNCH_BLOCKING="1")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "DEFER_NEVER_AND_LAUNCH_BLOCKING"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 import pathlib
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 from torch_tpu.testing.compare import EAGER_MODES as MODES
+from torch_tpu.testing.processes import child_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _names = itertools.count()
@@ -173,7 +173,7 @@ print(out.untyped_storage()._tpu_buffer._array.unsafe_buffer_pointer() == addres
 
 
 def test_a_donating_executable_loaded_from_disk_still_donates(tmp_path):
-    environment = {**os.environ, "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    environment = child_env(root=ROOT, TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=str(tmp_path))
     runs = [
         subprocess.run([sys.executable, "-c", _SCRIPT], env=environment, capture_output=True, text=True, timeout=300)
         for _ in range(2)

@@ -5,7 +5,6 @@ kernel changed between two processes sharing a cache."""
 import functools
 import itertools
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import torch.nn.functional as F
 
 from torch_tpu.kernels.jax_op import KernelError
 from torch_tpu.testing.compare import EAGER_MODES as MODES
+from torch_tpu.testing.processes import child_env
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
@@ -276,9 +276,8 @@ print(json.dumps({**result, "stats": torch.tpu._get_cache_stats()["persistent"]}
 
 def _run_kernel(tmp_path: pathlib.Path, body: str, grad: bool = False) -> dict:
     """SCRIPT in a fresh process, with kernel `k` returning `body`, the cache directories shared under tmp_path."""
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(ROOT),
+    env = child_env(
+        root=ROOT,
         TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=str(tmp_path / "cache"),
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
     )

@@ -27,6 +27,7 @@ prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
 from tests.kit import kit_workloads  # noqa: E402
 from torch_tpu.kit import checks, serve  # noqa: E402
+from torch_tpu.testing.processes import child_env  # noqa: E402
 
 SPEC = "tests.kit.kit_workloads:tiny"  # catalogue: batches 8 and 16 of 8 float32 features
 DEADLINE = 120.0
@@ -239,7 +240,7 @@ def test_eager_mode_also_runs_only_catalogue_shapes():
 def test_sigterm_drains_in_flight_requests_then_exits_0():
     """A request waiting in the batcher (max wait of 10 minutes) when SIGTERM arrives is answered, then exit 0."""
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    env = child_env(root=os.getcwd())
     command = [sys.executable, "-m", "torch_tpu.kit.cli", "serve", SPEC, "--host", "127.0.0.1", "--port", str(port)]
     command += ["--max-wait-ms", "600000"]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
