@@ -6,13 +6,16 @@ what PyTorch's meta dispatch and FakeTensor tracing use)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
+import jax
 import torch
 from torch._ops import OpOverload
 
 from torch_tpu.eager import dispatch
 from torch_tpu.ops.registry import LOWERINGS, lower
+from torch_tpu.runtime import platform
 
 NAMESPACE = "torch_tpu"
 _library: list[torch.library.Library] = []
@@ -23,6 +26,18 @@ def library() -> torch.library.Library:
     if not _library:
         _library.append(torch.library.Library(NAMESPACE, "DEF"))
     return _library[0]
+
+
+@contextlib.contextmanager
+def kernel_trace() -> Iterator[None]:
+    """Around a prebuilt Pallas kernel's trace: 32-bit types (the kernels index and accumulate in 32 bits) and, on
+    a TPU, JAX's default dot precision rather than the level lowerings are traced under (`precision.tracing`):
+    Mosaic refuses a float32-contract product of bfloat16 operands ("Bad lhs type"), and sdpa.py chooses a TPU
+    kernel for float32 only at `Precision.DEFAULT`, so there the level is DEFAULT or immaterial. Triton (GPU)
+    honours the level in force."""
+    level = jax.default_matmul_precision("default") if platform.platform() == "tpu" else contextlib.nullcontext()
+    with jax.enable_x64(False), level:
+        yield
 
 
 def define(schema: str, lowering: Callable, reference: Callable, fake: Callable) -> OpOverload:

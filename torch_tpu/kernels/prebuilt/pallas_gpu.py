@@ -52,7 +52,7 @@ def attention(query, key, value, is_causal=False, scale=None):
 
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     interpret = platform.platform() != "gpu"
-    with jax.enable_x64(False):
+    with library.kernel_trace():
         q, k, v = (jnp.swapaxes(t, 1, 2) for t in (query, key, value))
         out = pallas_attention.mha(q, k, v, None, sm_scale=float(scale), causal=bool(is_causal), interpret=interpret)
     return jnp.swapaxes(out, 1, 2)
@@ -60,7 +60,7 @@ def attention(query, key, value, is_causal=False, scale=None):
 
 def backward(grad, query, key, value, is_causal, scale):
     """The gradients of `attention` (the kernel's Triton backward), for the query, key and value."""
-    with jax.enable_x64(False):
+    with library.kernel_trace():
         _, vjp = jax.vjp(lambda q, k, v: attention(q, k, v, is_causal, scale), query, key, value)
         return vjp(grad.astype(query.dtype))
 

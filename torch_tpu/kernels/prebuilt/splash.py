@@ -64,7 +64,7 @@ def attention(query, key, value, segment_ids=None, kv_segment_ids=None, is_causa
     compute = jnp.float32 if dtype == jnp.float16 else dtype
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     interpret = platform.platform() != "tpu"
-    with jax.enable_x64(False):
+    with library.kernel_trace():
         kernel = _kernel(query.shape[1], query.shape[2], key.shape[2], bool(is_causal), interpret)
         q = (query.astype(compute) * jnp.asarray(scale, compute)).astype(compute)
         k, v = key.astype(compute), value.astype(compute)
@@ -81,7 +81,7 @@ def _backward(grad, query, key, value, segment_ids, kv_segment_ids, is_causal, s
     def forward(q, k, v):
         return attention(q, k, v, segment_ids, kv_segment_ids, is_causal, scale)
 
-    with jax.enable_x64(False):
+    with library.kernel_trace():
         _, vjp = jax.vjp(forward, query, key, value)
         return vjp(grad.astype(query.dtype))
 

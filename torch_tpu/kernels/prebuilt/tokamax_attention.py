@@ -60,7 +60,7 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None):
     if not flags.FLAGS.is_parsed():  # tokamax's options are absl flags, parsed from sys.argv on first use otherwise:
         flags.FLAGS.mark_as_parsed()  # a PyTorch program's own arguments (absl refuses them), so take the defaults
     where = platform.platform()
-    with jax.enable_x64(False):
+    with library.kernel_trace():
         q, k, v = (jnp.swapaxes(t, 1, 2) for t in (query, key, value))
         mask = None if attn_mask is None else attn_mask.reshape((1,) * (4 - attn_mask.ndim) + attn_mask.shape)
         out = tokamax.dot_product_attention(
@@ -71,7 +71,7 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None):
 
 def backward(grad, query, key, value, attn_mask, is_causal, scale):
     """The gradients of `attention` for the query, key and value."""
-    with jax.enable_x64(False):
+    with library.kernel_trace():
         _, vjp = jax.vjp(lambda q, k, v: attention(q, k, v, attn_mask, is_causal, scale), query, key, value)
         return vjp(grad.astype(query.dtype))
 
