@@ -12,14 +12,23 @@ Two shapes of XSpace are read:
   thread (the call). An execution that waited for its inputs was scheduled from an XLA thread when they were
   ready; its launch is then the host's call of that module (`PjitFunction(jit(aten::relu))`, outermost), matched
   in order among that module's calls no exact launch took.
-- TPU (and GPU after XProf's derived timelines): a `/device:*` plane whose "XLA Modules" line holds one event per
-  execution ("jit_aten__mm(42)", the program id in brackets; stat `run_id`) and whose "XLA Ops" line holds its HLO
-  ops, nested in it by time.
+- TPU (as a v5e capture shows): a `/device:TPU:0` plane whose "XLA Modules" line holds one event per execution
+  ("jit_aten__mm(13255971095483475177)", the program id in brackets; stat `run_id`, the TPU runtime's count: 2, 3,
+  ...) and whose "XLA Ops" line holds its HLO ops, nested in it by time. On `/host:CPU` the launching thread's
+  line ("main/<tid>") has `CommonPjRtLoadedExecutable::Execute (jit_aten__mm)` (its own `run_id` is PjRt's, not
+  the device's) around `DoEnqueueProgram`, which carries the device's `run_id`; a runtime thread
+  ("futex-default-SDomainT/<tid>") has `CompleteCallbacks` with the same `run_id` when the execution is done,
+  after the call returned, often inside the next op's range. The Python calls (`PjitFunction(jit(aten::mm))`,
+  `PjitFunction(jit(compiled_graph:inference))`) are on a "python" line. The device names a program after the
+  first executable loaded with its fingerprint, so a compiled graph with the same HLO as a Fused cluster runs as
+  "jit_fused_cluster_3_ops" there; the host's Execute event names the executable actually called.
 - GPU as the device tracer records it: no "XLA Modules" line; kernels on "Stream #N(...)" lines, each with
   `hlo_module`, `hlo_op` and `run_id` stats; one execution is the kernels of one (module, run), spanning them.
-  On a device plane the launch is the host event carrying the execution's `run_id` stat, else (no such event) the
-  host's next unclaimed call of that module, as for XLA:CPU's waiting executions. These shapes are tested on
-  synthetic XSpaces shaped after XProf's names (tests/test_profiler_xspace.py), not on a TPU or GPU here.
+  On a device plane the launch is the earliest host event carrying the execution's `run_id` stat (TPU:
+  `DoEnqueueProgram`), the execution named after the executable whose Execute event is open around it on its
+  line; else (no such event) the launch is the host's next unclaimed call of that module, as for XLA:CPU's waiting
+  executions. The GPU shape is tested on synthetic XSpaces shaped after XProf's names, not on a GPU; the TPU
+  shape on one shaped after the v5e capture (tests/test_profiler_xspace.py).
 """
 
 from __future__ import annotations
@@ -28,8 +37,10 @@ import bisect
 import dataclasses
 import pathlib
 import re
+from typing import Any
 
 _MODULE_SUFFIX = re.compile(r"\(\d+\)$")
+_EXECUTE = re.compile(r"::Execute \((.+)\)$")  # `CommonPjRtLoadedExecutable::Execute (jit_aten__mm)`
 
 
 @dataclasses.dataclass
@@ -60,6 +71,56 @@ class Execution:
         return (self.end_ns - self.start_ns) / 1000
 
 
+@dataclasses.dataclass
+class _Host:
+    """What the host planes say about launches and XLA:CPU's executions, gathered line by line: threadpool Records
+    by flow id (time, on a host thread?), each module's outermost host calls, per run_id the earliest host event
+    carrying it and the executable whose Execute event was open around it, XLA:CPU's runs by (module, run_id) and
+    the flow id of the region each began in."""
+
+    producers: dict[int, tuple[int, bool]] = dataclasses.field(default_factory=dict)
+    calls: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    launches: dict[int, tuple[int, str | None]] = dataclasses.field(default_factory=dict)
+    cpu_runs: dict[tuple, Execution] = dataclasses.field(default_factory=dict)
+    regions: dict[tuple, int] = dataclasses.field(default_factory=dict)
+
+    def read_line(self, line: Any, base: int) -> None:
+        """One line's calls, launches, threadpool flows and XLA:CPU thunks (`tf_` lines are XLA's threads)."""
+        host = not line.name.startswith("tf_")
+        region, call_end, executable, executable_end = None, -1, None, -1
+        for event in line.events:
+            stats = dict(event.stats)
+            start, end = base + int(event.start_ns), base + int(event.end_ns)
+            if host and event.name.startswith("PjitFunction(jit(") and start >= call_end:
+                self.calls.setdefault(_module_name(event.name), []).append(start)
+                call_end = end
+            called = _EXECUTE.search(event.name)
+            if called:
+                executable, executable_end = called.group(1), end
+            if event.name == "ThreadpoolListener::Record" and "_p" in stats:
+                self.producers[int(stats["_p"])] = (start, host)
+            elif event.name == "ThreadpoolListener::StartRegion" and "_c" in stats:
+                region = int(stats["_c"])
+            module, run = stats.get("hlo_module"), stats.get("run_id")
+            if run is None:
+                continue
+            run = int(run)
+            if module is not None:
+                self._cpu_op(module, run, Op(event.name, start, end, line.name), region)
+            elif host and (run not in self.launches or start < self.launches[run][0]):
+                self.launches[run] = (start, executable if start <= executable_end else None)
+
+    def _cpu_op(self, module: str, run: int, op: Op, region: int | None) -> None:
+        """An XLA:CPU thunk: part of its (module, run)'s execution, which the first thunk's region launched."""
+        found = self.cpu_runs.get((module, run))
+        if found is None:
+            found = self.cpu_runs[(module, run)] = Execution(module, "XLA:CPU", op.start_ns, op.end_ns, run)
+            if region is not None:
+                self.regions[(module, run)] = region
+        found.start_ns, found.end_ns = min(found.start_ns, op.start_ns), max(found.end_ns, op.end_ns)
+        found.ops.append(op)
+
+
 def read(path: str | pathlib.Path) -> list[Execution]:
     """The executions recorded in the `.xplane.pb` at `path`, ordered by start."""
     import jax.profiler
@@ -68,55 +129,16 @@ def read(path: str | pathlib.Path) -> list[Execution]:
     environment = data.find_plane_with_name("Task Environment")
     base = int(dict(environment.stats)["profile_start_time"]) if environment is not None else 0
     executions: list[Execution] = []
-    producers: dict[int, tuple[int, bool]] = {}  # flow id -> the launching event's time, on a host thread
-    calls: dict[str, list[int]] = {}  # module name -> start times of the host's outermost calls of it
-    by_run: dict[int, int] = {}  # run_id -> the host event's time (TPU/GPU launches)
-    regions: dict[tuple, int] = {}  # (module, run_id) of an XLA:CPU execution -> the flow id opening its region
-    cpu_runs: dict[tuple, Execution] = {}
+    host = _Host()
     for plane in data.planes:
         if plane.name.startswith("/device:"):
             executions += _device_plane(plane, base)
-            continue
-        for line in plane.lines:
-            region = None
-            host = not line.name.startswith("tf_")
-            call_end = -1
-            for event in line.events:
-                stats = dict(event.stats)
-                start = base + int(event.start_ns)
-                if host and event.name.startswith("PjitFunction(jit(") and start >= call_end:
-                    calls.setdefault(_module_name(event.name), []).append(start)
-                    call_end = base + int(event.end_ns)
-                if event.name == "ThreadpoolListener::Record" and "_p" in stats:
-                    producers[int(stats["_p"])] = (start, host)
-                elif event.name == "ThreadpoolListener::StartRegion" and "_c" in stats:
-                    region = int(stats["_c"])
-                module, run = stats.get("hlo_module"), stats.get("run_id")
-                if module is None or run is None:
-                    if run is not None and not line.name.startswith("tf_"):
-                        by_run.setdefault(int(run), start)
-                    continue
-                op = Op(event.name, start, base + int(event.end_ns), line.name)
-                found = cpu_runs.get((module, run))
-                if found is None:
-                    found = cpu_runs[(module, run)] = Execution(module, "XLA:CPU", op.start_ns, op.end_ns, int(run))
-                    if region is not None:
-                        regions[(module, run)] = region
-                found.start_ns, found.end_ns = min(found.start_ns, op.start_ns), max(found.end_ns, op.end_ns)
-                found.ops.append(op)
-    _cpu_launches(cpu_runs, regions, producers, calls)
-    for execution in sorted(executions, key=lambda e: e.start_ns):
-        execution.launch_ns = by_run.get(execution.run_id) if execution.run_id is not None else None
-        starts = calls.get(execution.name, [])
-        if execution.launch_ns is None:
-            if starts and starts[0] <= execution.start_ns:
-                execution.launch_ns = starts.pop(0)
-        else:  # the call this launch was made in is claimed
-            claimed = bisect.bisect_right(starts, execution.launch_ns) - 1
-            if claimed >= 0:
-                starts.pop(claimed)
-    executions += cpu_runs.values()
-    return sorted(executions, key=lambda e: e.start_ns)
+        else:
+            for line in plane.lines:
+                host.read_line(line, base)
+    _cpu_launches(host)
+    _device_launches(executions, host)
+    return sorted(executions + list(host.cpu_runs.values()), key=lambda e: e.start_ns)
 
 
 def _module_name(call: str) -> str:
@@ -124,24 +146,42 @@ def _module_name(call: str) -> str:
     return "jit_" + re.sub(r"\W", "_", call.removeprefix("PjitFunction(jit(").removesuffix("))"))
 
 
-def _cpu_launches(runs: dict[tuple, Execution], regions: dict, producers: dict, calls: dict[str, list[int]]) -> None:
+def _claim(starts: list[int], time: int) -> None:
+    """Takes the host call made around `time` (an exact launch) out of those left to executions without one."""
+    i = bisect.bisect_right(starts, time) - 1
+    if i >= 0:
+        starts.pop(i)
+
+
+def _cpu_launches(host: _Host) -> None:
     """Each XLA:CPU execution's launch: its region's host Record, else its module's next unclaimed host call."""
     waiting: dict[str, list[Execution]] = {}
-    for key, execution in sorted(runs.items(), key=lambda item: item[1].start_ns):
-        time, host = producers.get(regions.get(key, -1), (None, False))
-        if host:
+    for key, execution in sorted(host.cpu_runs.items(), key=lambda item: item[1].start_ns):
+        time, on_host = host.producers.get(host.regions.get(key, -1), (None, False))
+        if on_host:
             execution.launch_ns = time
-            starts = calls.get(execution.name, [])
-            claimed = bisect.bisect_right(starts, time) - 1  # the call this Record was made in
-            if claimed >= 0:
-                starts.pop(claimed)
+            _claim(host.calls.get(execution.name, []), time)
         else:
             waiting.setdefault(execution.name, []).append(execution)
     for name, executions in waiting.items():
-        starts = calls.get(name, [])
+        starts = host.calls.get(name, [])
         for execution in executions:  # in order: a module's executions run in the order of its calls
             if starts and starts[0] <= execution.start_ns:
                 execution.launch_ns = starts.pop(0)
+
+
+def _device_launches(executions: list[Execution], host: _Host) -> None:
+    """Each device execution's launch and the executable called: the earliest host event with its run_id (TPU's
+    `CompleteCallbacks` with it comes later, after the call), else its module's next unclaimed host call."""
+    for execution in sorted(executions, key=lambda e: e.start_ns):
+        launch, executable = host.launches.get(execution.run_id, (None, None))
+        execution.name = executable or execution.name  # the device's name may be another executable's, same HLO
+        starts = host.calls.get(execution.name, [])
+        if launch is not None:
+            execution.launch_ns = launch
+            _claim(starts, launch)
+        elif starts and starts[0] <= execution.start_ns:
+            execution.launch_ns = starts.pop(0)
 
 
 def _device_plane(plane: object, base: int) -> list[Execution]:
