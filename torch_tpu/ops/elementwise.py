@@ -195,7 +195,7 @@ def _floor_divide(a, b, narrow=lambda v: v):
     floor = jnp.floor(div)
     floor = jnp.where(div - floor > 0.5, floor + 1, floor)
     quotient = true_divide(a, b)
-    floor = jnp.where(div == 0, jnp.copysign(jnp.zeros_like(div), quotient), floor)
+    floor = jnp.where(div == 0, copysign(jnp.zeros_like(div), quotient), floor)
     return jnp.where(b == 0, quotient, floor)
 
 
@@ -311,9 +311,28 @@ def _heaviside(self, values):
     return jnp.where(x == 0, v, (x > 0).astype(x.dtype))
 
 
+_SAME_WIDTH_INT = {1: jnp.int8, 2: jnp.int16, 4: jnp.int32, 8: jnp.int64}
+
+
+def signbit(x: jax.Array) -> jax.Array:
+    """Whether `x`'s sign bit is set (-0.0 and -nan too), read as the sign of the same-width integer. jnp.signbit
+    shifts the bits right by a weakly typed count, which XLA's TPU compiler rejects after layout ("shift-right-
+    arithmetic with different element types: s32 and u32", a v5e, float32)."""
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return x < 0
+    return lax.bitcast_convert_type(x, _SAME_WIDTH_INT[x.dtype.itemsize]) < 0
+
+
+def copysign(x: jax.Array, y: jax.Array) -> jax.Array:
+    """|x| with the sign bit of `y` (jnp.copysign goes through jnp.signbit: see `signbit`)."""
+    magnitude = jnp.abs(x)
+    return jnp.where(signbit(y), -magnitude, magnitude)
+
+
 def _copysign(self, other):
     x, y = _floating(self, other)
-    return jnp.copysign(x, y)
+    return copysign(x, y)
 
 
 _BINARY = {
@@ -486,7 +505,7 @@ _EXACT_UNARY = {
     aten.abs.default: jnp.abs,
     aten.bitwise_not.default: jnp.invert,
     aten.logical_not.default: lambda x: ~jnp.asarray(x).astype(bool),
-    aten.signbit.default: jnp.signbit,
+    aten.signbit.default: signbit,
     aten.isnan.default: jnp.isnan,
     aten.isinf.default: jnp.isinf,
     aten.isposinf.default: jnp.isposinf,

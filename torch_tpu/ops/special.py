@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy import special
 
-from torch_tpu.ops.elementwise import _floating
+from torch_tpu.ops.elementwise import _floating, copysign
 from torch_tpu.ops.registry import aten, lower
 
 _F64 = np.dtype(np.float64)
@@ -376,7 +376,7 @@ def _digamma(x):
     series = z * (1 / 12 - z * (1 / 120 - z * (1 / 252 - z * (1 / 240 - z * (1 / 132 - z * (691 / 32760 - z / 12))))))
     value = jnp.log(y) - 0.5 / y - series + correction
     value = jnp.where((x < 0) & (fraction == 0), jnp.nan, value)
-    return jnp.where(x == 0, jnp.copysign(jnp.inf, -x), value)
+    return jnp.where(x == 0, copysign(jnp.full_like(x, jnp.inf), -x), value)
 
 
 @lower(aten.digamma.default)
