@@ -67,3 +67,20 @@ def test_complex128_is_refused_on_transfer_to_a_tpu(monkeypatch):
     monkeypatch.setattr(storage, "platform", types.SimpleNamespace(platform=lambda: "tpu", device=platform.device))
     with pytest.raises(TypeError, match="complex128 is not supported on the TPU"):
         torch.ones(2, dtype=torch.complex128).to("tpu")
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_a_64_bit_scalar_in_a_32_bit_op_is_not_the_policys_business(on_a_tpu, mode):
+    """A Python scalar reaches an op as a 0-d 64-bit value (autograd's `exponent - 1` in pow's backward, a CPU
+    scalar tensor); the op computes at its tensors' width, so nothing is refused (on the chip, Llama's and the
+    double-backward tests' float32 steps were)."""
+    modes = {"strict": torch.tpu.EagerMode.DEFER_NEVER, "fused": torch.tpu.EagerMode.DEFER_AND_FUSE}
+    z = torch.randn(3, 5, dtype=torch.complex64)
+    x = torch.rand(3, 5, requires_grad=True)
+    with torch.tpu.set_eager_mode(modes[mode]):
+        scaled = z.to("tpu") * torch.tensor(1 + 2j, dtype=torch.complex128)  # a complex128 0-d CPU operand
+        torch.testing.assert_close(scaled.cpu(), z * (1 + 2j))
+        on_tpu = x.detach().to("tpu").requires_grad_()
+        (grad,) = torch.autograd.grad(on_tpu.pow(3).sum(), on_tpu, create_graph=True)
+        (second,) = torch.autograd.grad(grad.sum(), on_tpu)
+    torch.testing.assert_close(second.cpu(), 6 * x.detach())

@@ -508,9 +508,11 @@ def _meta_outputs(op: OpOverload, args: tuple, kwargs: dict) -> Any:
 
 
 def _array_dtypes(leaves: list, out_dtypes: Any) -> list:
-    """The dtypes of a call's device inputs and outputs (what the float64 policy looks at)."""
+    """The dtypes of a call's device inputs and outputs (what the float64 policy looks at). A 0-d input counts only
+    through the outputs: a Python scalar arrives as a 0-d float64 value (autograd's `exponent - 1` in pow's
+    backward), and a float32 op with it computes in float32."""
     outs = out_dtypes if isinstance(out_dtypes, tuple) else (out_dtypes,)
-    return [getattr(leaf, "dtype", None) for leaf in leaves] + list(outs)
+    return [getattr(leaf, "dtype", None) for leaf in leaves if getattr(leaf, "ndim", 0) > 0] + list(outs)
 
 
 def _dtypes_of(meta: Any) -> Any:
