@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu.amp
-from torch_tpu.testing.compare import TOLERANCES
+from torch_tpu.testing.compare import TOLERANCES, float32_tolerance
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
@@ -136,7 +136,8 @@ def test_autocast_float32_ops(name):
     with torch.autocast("tpu"):
         actual = fn(x.to("tpu"))
     assert actual.dtype == FP32
-    torch.testing.assert_close(actual.cpu(), fn(x.float()), rtol=1e-5, atol=1e-5)
+    rtol, atol = float32_tolerance(1e-5, 1e-5)  # log, softplus, ...: the chip's float32 transcendentals
+    torch.testing.assert_close(actual.cpu(), fn(x.float()), rtol=rtol, atol=atol)
 
 
 def test_explicit_dtype_argument_is_kept():
@@ -228,7 +229,8 @@ def test_grad_scaler(optimizer):
             scales.append(scaler.get_scale())
         results[device] = scales, [p.detach().cpu() for p in model.parameters()]
     assert results["tpu"][0] == results["cpu"][0] == [256.0, 512.0, 256.0, 256.0, 512.0]
-    torch.testing.assert_close(results["tpu"][1], results["cpu"][1], rtol=1e-5, atol=1e-6)
+    rtol, atol = float32_tolerance(1e-5, 1e-6)  # five steps through softmax's exp and log on the chip
+    torch.testing.assert_close(results["tpu"][1], results["cpu"][1], rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("bad", [None, float("nan"), float("-inf")])

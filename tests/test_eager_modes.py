@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_tpu.testing.compare import EAGER_MODES as MODES
+from torch_tpu.testing.compare import float32_tolerance
 from torch_tpu.testing.processes import child_env
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
@@ -123,7 +124,7 @@ def test_fused_size_bound_cuts_a_loop_in_phase(monkeypatch):
         outs = []
         for _ in range(40):
             z = torch.tanh(z * 0.9 + 0.1)
-            outs.append((z - 0.5).abs().sum())
+            outs.append((z + 0.5).abs().sum())  # z nears 0.5: z - 0.5 would cancel to a few ulp of noise
         return torch.stack(outs)
 
     x = torch.randn(8)
@@ -132,7 +133,8 @@ def test_fused_size_bound_cuts_a_loop_in_phase(monkeypatch):
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
         got = loop(x.to("tpu")).cpu()
     assert compiled() - before <= 2  # the loop's cluster, and the last one with the stack
-    torch.testing.assert_close(got, loop(x), rtol=1e-6, atol=1e-6)
+    rtol, atol = float32_tolerance(1e-6, 1e-6)  # 40 tanh on the chip (1.3e3 ulp each, contracted by the loop)
+    torch.testing.assert_close(got, loop(x), rtol=rtol, atol=atol)
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):  # a first op that never recurs: cut at 2x
         z, expected = torch.sin(x.to("tpu")), torch.sin(x)
         for _ in range(50):

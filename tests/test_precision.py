@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from torch_tpu import precision
+from torch_tpu.runtime import platform
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
@@ -113,13 +114,18 @@ def test_products_that_name_no_precision_take_the_one_in_force():
 
     op = jax_op("precision_test::plain_matmul", plain_matmul)
     x = torch.randn(8, 8)
+    on_tpu = platform.platform() == "tpu"
     for level in (precision.Precision.HIGH, precision.Precision.DEFAULT):
         texts = []
         torch._dynamo.reset()
         record = {"debug_callback": lambda fx, hlo, texts=texts: texts.append(hlo)}
         compiled = torch.compile(op, backend="tpu", options=record)
         with precision.precision(level):
-            torch.testing.assert_close(compiled(x.to("tpu"), x.to("tpu")).cpu(), x @ x)
+            got = compiled(x.to("tpu"), x.to("tpu")).cpu()
+        # the level sets the products' error on a TPU (docs/numerics.md: DEFAULT, one bf16 pass, 2.4e-3 of the
+        # result's scale; HIGH 1.4e-5); elsewhere float32 products are float32-accurate at every level
+        bound = {precision.Precision.HIGH: 1e-4, precision.Precision.DEFAULT: 1e-2}[level] if on_tpu else 1e-6
+        assert ((got - x @ x).abs().max() / (x @ x).abs().max()).item() < bound
         found = set(re.findall(r"precision = \[(\w+), \w+\]", "".join(texts)))
         assert found == {level.name}, found
     torch._dynamo.reset()

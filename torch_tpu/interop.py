@@ -9,7 +9,8 @@ and `to_jax` returns its value computed into a new one.
 
 DLPack: PyTorch's own exporter would describe a `tpu` tensor by its storage's fake data pointer, so
 `Tensor.__dlpack__`, `__dlpack_device__` and `torch.utils.dlpack.to_dlpack` hand out the jax.Array's capsule
-instead (what `jax.dlpack.from_dlpack(tensor)` / `jnp.from_dlpack(tensor)` consume); `torch.from_dlpack` of a
+instead (what `jax.dlpack.from_dlpack(tensor)` / `jnp.from_dlpack(tensor)` consume; JAX has no capsule for a TPU array,
+so there the export raises BufferError naming `to_jax`); `torch.from_dlpack` of a
 `tpu` tensor aliases it as on CUDA, and of a jax.Array on a GPU or TPU platform (which a CPU build of PyTorch
 cannot import), or with `device="tpu"`, gives a `tpu` tensor. On the XLA CPU platform `torch.from_dlpack(jax_array)`
 stays PyTorch's: a CPU tensor sharing the array's memory. A pinned CPU tensor (runtime/pinned.py) is ordinary
@@ -69,7 +70,13 @@ def _tpu_dlpack(tensor: torch.Tensor, kwargs: dict[str, Any]) -> Any:
         raise RuntimeError("Can't export tensors that require gradient, use tensor.detach()")
     if kwargs.get("stream", None) == -1:  # PyTorch's "no synchronisation" default; JAX's spelling is None
         kwargs.pop("stream")
-    return to_jax(tensor).__dlpack__(**kwargs)
+    try:
+        return to_jax(tensor).__dlpack__(**kwargs)
+    except BufferError as error:  # JAX's TPU arrays have no DLPack capsule
+        raise BufferError(
+            f"torch_tpu: a tpu tensor has no DLPack capsule on the {platform.platform()} platform ({error}); "
+            "torch_tpu.to_jax(tensor) gives its jax.Array without a copy"
+        ) from error
 
 
 def _dunder_dlpack(original: Callable) -> Callable:

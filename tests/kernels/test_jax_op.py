@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from torch_tpu.kernels.jax_op import KernelError
 from torch_tpu.testing.compare import EAGER_MODES as MODES
+from torch_tpu.testing.compare import float32_tolerance
 from torch_tpu.testing.processes import child_env
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
@@ -130,7 +131,8 @@ def test_compiled_fullgraph_inlines_the_kernel(gelu_op, combine_op):
     compiled = torch.compile(model, backend="tpu", fullgraph=True, options={"debug_callback": callback})
     got = compiled(a.to("tpu"), b.to("tpu")).cpu()
     total, rows = _combine_ref(_gelu_ref(a, b, 0.5), None, [b], scale=3.0)
-    torch.testing.assert_close(got, total.relu() + rows[:, None])
+    rtol, atol = float32_tolerance(1.3e-6, 1e-5)  # the kernel's tanh-approximated gelu on the chip
+    torch.testing.assert_close(got, total.relu() + rows[:, None], rtol=rtol, atol=atol)
     assert "jaxop_test" in seen["fx"]  # the op is a node of the ATen graph ...
     assert "custom_call" not in seen["hlo"]  # ... and its body is in the graph's one program
     assert _graph_breaks(model, a.to("tpu"), b.to("tpu")) == 0
