@@ -1,33 +1,101 @@
-"""float64 on a TPU (torch_tpu/runtime/float64.py): the ops measured there at float32 accuracy and complex128 are
-refused naming the op, XLA's own refusals are named, everything else runs; other platforms are untouched. The
-platform is made to answer "tpu" here, so the policy's decisions are checked on any machine; on a TPU
-tests/test_on_chip.py checks the values."""
+"""float64 on a TPU (torch_tpu/runtime/float64.py, torch_tpu/ops/emulated.py): complex128 is refused naming the op,
+XLA's own refusals are named, `pow`, `atan2` and `prod` run written out from float64-accurate ops, everything else
+runs as XLA lowers it; other platforms are untouched. The platform is made to answer "tpu" here, so the decisions
+are checked on any machine, and the written-out formulations are plain JAX, checked here against CPU PyTorch's
+float64; on a TPU tests/test_on_chip.py checks the values."""
 
+import itertools
+import math
 import types
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
+from torch_tpu.ops import emulated
 from torch_tpu.runtime import float64, platform, storage
 
 F64, C128, F32 = np.dtype(np.float64), np.dtype(np.complex128), np.dtype(np.float32)
+SPECIAL = [0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 3.0, -3.0, 0.5, -0.5, 2.5, -2.5, 1 / 3, 0.9, -0.9, 1e-3, 7.0, -7.0]
+SPECIAL += [63.0, -63.0, 64.0, -64.0, 100.0, math.inf, -math.inf, math.nan]
 
 
 @pytest.fixture
 def on_a_tpu(monkeypatch):
-    monkeypatch.setattr(float64, "platform", types.SimpleNamespace(platform=lambda: "tpu"))
+    tpu = types.SimpleNamespace(platform=lambda: "tpu")
+    monkeypatch.setattr(float64, "platform", tpu)
+    monkeypatch.setattr(emulated, "platform", tpu)
 
 
-def test_the_measured_ops_and_complex128_are_refused_naming_the_op(on_a_tpu):
-    for op in ("aten::pow.Tensor_Scalar", "aten.atan2.default", "aten::prod.dim_int"):
-        with pytest.raises(NotImplementedError, match=r"'.*(pow|atan2|prod).*' is not supported in float64 on the TPU"):
-            float64.check(op, [F64, None])
+def _jax(fn, *tensors):
+    platform.devices()  # x64 is configured
+    return torch.from_numpy(np.array(jax.jit(fn)(*(jnp.asarray(t.numpy()) for t in tensors))))
+
+
+def _assert_matches(got, want, rtol):
+    """Same value (nan where nan, the sign of zeros and infinities), or within `rtol` (a tensor: per element)."""
+    same = (got == want) & (torch.signbit(got) == torch.signbit(want)) | got.isnan() & want.isnan()
+    close = (got - want).abs() <= rtol * want.abs()
+    assert bool((same | close & want.isfinite()).all()), torch.stack([got, want], 1)[~(same | close)]
+
+
+def _grid():
+    x, y = zip(*itertools.product(SPECIAL, SPECIAL), strict=True)
+    return torch.tensor(x, dtype=torch.float64), torch.tensor(y, dtype=torch.float64)
+
+
+def _pow_bound(x, y):
+    """exp(y log|x|) carries log's rounding times |y log|x|| (CPU's pow is correctly rounded): ~1e-14 relative
+    for results in float32's range, the emulation's."""
+    return 2e-16 * (1 + (y * x.abs().log()).abs().nan_to_num(0, 0, 0))
+
+
+def test_pow_is_cpus_on_special_values_and_random_ones():
+    x, y = _grid()
+    _assert_matches(_jax(emulated.pow, x, y), torch.pow(x, y), _pow_bound(x, y))
+    for exponent in (0, 1, 2, 3, -1, -2, 5, True, 2.5, -3.0, 63.0, 64):
+        got = _jax(lambda b, e=exponent: emulated.pow(b, e), x)
+        _assert_matches(got, torch.pow(x, exponent), _pow_bound(x, torch.full_like(x, exponent)))
+    base, exponent = torch.rand(10000, dtype=torch.float64) * 10, torch.rand(10000, dtype=torch.float64) * 20 - 10
+    _assert_matches(_jax(emulated.pow, base, exponent), torch.pow(base, exponent), 1e-14)
+    small = torch.tensor([3.0, -2.0, 1 / 3, 10.0], dtype=torch.float64)
+    assert torch.equal(_jax(emulated.pow, small, torch.full((4,), 3.0, dtype=torch.float64)), small * small * small)
+
+
+def test_atan2_is_cpus_and_exact_on_the_axes_and_diagonals():
+    y, x = _grid()
+    _assert_matches(_jax(emulated.atan2, y, x), torch.atan2(y, x), 4.5e-16)  # within 2 ulps
+    axes = (y == 0) | (x == 0) | y.isinf() | x.isinf()
+    _assert_matches(_jax(emulated.atan2, y[axes], x[axes]), torch.atan2(y[axes], x[axes]), 0)
+    y, x = torch.randn(10000, dtype=torch.float64) * 10, torch.randn(10000, dtype=torch.float64) * 10
+    _assert_matches(_jax(emulated.atan2, y, x), torch.atan2(y, x), 4.5e-16)
+
+
+@pytest.mark.parametrize(
+    "shape,dim,keepdim",
+    [((1000,), None, False), ((5, 7, 3), 1, True), ((5, 7, 3), -1, False), ((0, 3), 0, False), ((4, 0), None, True)]
+    + [((), None, False), ((3, 4, 5), (0, 2), True)],
+)
+def test_prod_is_a_tree_of_float64_multiplies(shape, dim, keepdim):
+    x = torch.rand(shape, dtype=torch.float64) + 0.5
+    axes = None if dim is None else tuple(d % x.ndim for d in ((dim,) if isinstance(dim, int) else dim))
+    got = _jax(lambda t: emulated.prod(t, axes, keepdim), x)
+    want = x.prod() if dim is None else x.prod(dim, keepdim=keepdim) if isinstance(dim, int) else x
+    if isinstance(dim, tuple):
+        want = x.prod(2, keepdim=True).prod(0, keepdim=True)
+    if dim is None and keepdim:
+        want = want.reshape((1,) * x.ndim)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-14, atol=0)
+
+
+def test_complex128_is_refused_naming_the_op_and_float64_runs(on_a_tpu):
     with pytest.raises(NotImplementedError, match="'aten::add.Tensor' on complex128"):
         float64.check("aten::add.Tensor", [C128])
-    float64.check("aten::add.Tensor", [F64, F64])  # measured float64-accurate: runs
-    float64.check("aten::pow.Tensor_Scalar", [F32, F32])  # float32 is not the policy's business
+    for op in ("aten::add.Tensor", "aten::pow.Tensor_Scalar", "aten.atan2.default", "aten::prod.dim_int"):
+        float64.check(op, [F64, None])
 
 
 def test_xlas_refusals_are_named_and_other_errors_pass_through(on_a_tpu):
@@ -39,27 +107,36 @@ def test_xlas_refusals_are_named_and_other_errors_pass_through(on_a_tpu):
 
 
 def test_other_platforms_compute_every_float64_op():
-    float64.check("aten::pow.Tensor_Scalar", [F64])
     float64.check("aten::add.Tensor", [C128])
+    assert not emulated.applies(F64)
     x = torch.rand(7, dtype=torch.float64) + 0.5
     torch.testing.assert_close(torch.pow(x.to("tpu"), 2.5).cpu(), torch.pow(x, 2.5), rtol=1e-12, atol=0)
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
-def test_eager_refuses_before_running(on_a_tpu, mode):
+def test_eager_runs_the_written_out_ops_on_a_tpu(on_a_tpu, monkeypatch, mode):
+    calls = []
+    for name in ("pow", "atan2", "prod"):
+        original = getattr(emulated, name)
+        monkeypatch.setattr(emulated, name, lambda *a, f=original, n=name: calls.append(n) or f(*a))
     modes = {"strict": torch.tpu.EagerMode.DEFER_NEVER, "fused": torch.tpu.EagerMode.DEFER_AND_FUSE}
-    x = (torch.rand(3, 11, dtype=torch.float64) + 0.5).to("tpu")  # a shape no other test compiles
+    x = torch.rand(3, 11 + len(mode), dtype=torch.float64) + 0.5  # shapes no other test compiles
     with torch.tpu.set_eager_mode(modes[mode]):
-        with pytest.raises(NotImplementedError, match="'aten.pow.Tensor_Scalar' is not supported in float64"):
-            (x**2.5).cpu()
-        torch.testing.assert_close((x * 3).cpu(), x.cpu() * 3, rtol=0, atol=0)
+        on = x.to("tpu")
+        torch.testing.assert_close((on**2.7).cpu(), x**2.7, rtol=1e-14, atol=0)
+        torch.testing.assert_close((0.9**on).cpu(), 0.9**x, rtol=1e-14, atol=0)
+        torch.testing.assert_close(torch.atan2(on, -on).cpu(), torch.atan2(x, -x), rtol=1e-15, atol=0)
+        torch.testing.assert_close(on.prod(1).cpu(), x.prod(1), rtol=1e-14, atol=0)
+    assert set(calls) == {"pow", "atan2", "prod"}
+    assert not emulated.applies(F32)
 
 
-def test_compiled_graphs_refuse_before_compiling(on_a_tpu):
-    x = (torch.rand(5, 13, dtype=torch.float64) + 0.5).to("tpu")
+def test_compiled_graphs_run_the_written_out_ops_on_a_tpu(on_a_tpu):
+    x = torch.rand(5, 13, dtype=torch.float64) + 0.5
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="'aten.prod.default' is not supported in float64 on the TPU"):
-        torch.compile(lambda t: t.prod(), backend="tpu")(x)
+    compiled = torch.compile(lambda t: (t.prod(), t**3, t**-1.5), backend="tpu")
+    for got, want in zip(compiled(x.to("tpu")), (x.prod(), x**3, x**-1.5), strict=True):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-14, atol=0)
     torch._dynamo.reset()
 
 

@@ -143,3 +143,7 @@ def test_float64_runs_emulated_and_refuses_what_the_chip_cannot_compute():
     # XLA's TPU backend emulates float64 (a pair of float32s): far beyond float32's 6e-8, measured ~1e-14
     torch.testing.assert_close(((on_chip * 3 + 1) / 7).cpu(), (x * 3 + 1) / 7, rtol=1e-12, atol=0)
     torch.testing.assert_close(on_chip.sum().cpu(), x.sum(), rtol=1e-12, atol=0)
+    # XLA's own pow, atan2 and prod are float32-accurate there: torch_tpu/ops/emulated.py writes them out
+    torch.testing.assert_close((on_chip**2.7).cpu(), x**2.7, rtol=1e-12, atol=0)
+    torch.testing.assert_close(torch.atan2(on_chip - 1, on_chip).cpu(), torch.atan2(x - 1, x), rtol=1e-12, atol=0)
+    torch.testing.assert_close(on_chip[:100].prod().cpu(), x[:100].prod(), rtol=1e-12, atol=0)

@@ -12,6 +12,7 @@ from jax import lax
 from jax.scipy import special
 
 from torch_tpu import precision
+from torch_tpu.ops import emulated
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.runtime import checks, deprecation, dtypes
 
@@ -262,12 +263,16 @@ def pow(self, exponent):
     scalar_exponent = _is_number(exponent)
     if scalar_exponent and _is_integral(self) and _is_integral(exponent):  # a tensor exponent follows powi instead
         checks.require(exponent >= 0, RuntimeError, "Integers to negative integer powers are not allowed.")
-    base, exponent = _common(self, exponent)
+    base, cast = _common(self, exponent)
     if _is_integral(base) and base.dtype != np.bool_:
-        return _integer_pow(base, exponent)
+        return _integer_pow(base, cast)
+    if emulated.applies(base.dtype):  # XLA's float64 pow is float32-accurate there
+        power = emulated.pow(base, exponent if isinstance(exponent, (bool, int, float)) else cast)
+    else:
+        power = jnp.power(base, cast)
     if scalar_exponent and _category(base.dtype) == _FLOATING:  # PyTorch's sqrt/rsqrt fast paths (-0.0, -inf)
-        return jnp.where(exponent == 0.5, jnp.sqrt(base), jnp.where(exponent == -0.5, lax.rsqrt(base), base**exponent))
-    return jnp.power(base, exponent)
+        return jnp.where(cast == 0.5, jnp.sqrt(base), jnp.where(cast == -0.5, lax.rsqrt(base), power))
+    return power
 
 
 @lower(aten.lerp.Scalar, aten.lerp.Tensor)
@@ -330,6 +335,11 @@ def copysign(x: jax.Array, y: jax.Array) -> jax.Array:
     return jnp.where(signbit(y), -magnitude, magnitude)
 
 
+def _atan2(self, other):
+    y, x = _floating(self, other)
+    return emulated.atan2(y, x) if emulated.applies(y.dtype) else jnp.arctan2(y, x)
+
+
 def _copysign(self, other):
     x, y = _floating(self, other)
     return copysign(x, y)
@@ -353,7 +363,6 @@ _BINARY = {
     (aten.ge.Tensor, aten.ge.Scalar): jnp.greater_equal,
 }
 _FLOAT_BINARY = {
-    (aten.atan2.default,): jnp.arctan2,
     (aten.hypot.default,): jnp.hypot,
     (aten.logaddexp.default,): jnp.logaddexp,
     (aten.logaddexp2.default,): jnp.logaddexp2,
@@ -370,6 +379,7 @@ for _ops, _fn in _FLOAT_BINARY.items():
     lower(*_ops)(_binary(_fn, floating=True))
 for _op, _fn in _LOGICAL.items():
     lower(_op)(_binary(lambda a, b, fn=_fn: fn(a.astype(bool), b.astype(bool))))
+lower(aten.atan2.default)(_atan2)
 lower(aten.copysign.Tensor, aten.copysign.Scalar)(_copysign)
 lower(aten.heaviside.default)(_heaviside)
 lower(aten.xlogy.Tensor, aten.xlogy.Scalar_Other, aten.xlogy.Scalar_Self)(_xlogy(jnp.log))

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from torch_tpu import precision
+from torch_tpu.ops import emulated
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.runtime import dtypes
 
@@ -73,7 +74,10 @@ def mean(self, dim=None, keepdim=False, *, dtype=None):
 
 @lower(aten.prod.default, aten.prod.dim_int)
 def prod(self, dim=None, keepdim=False, *, dtype=None):
-    return jnp.prod(_summable(self, dtype), axis=_axes(self, dim), keepdims=keepdim)
+    x = _summable(self, dtype)
+    if emulated.applies(x.dtype):  # XLA's float64 multiply reduction is float32-accurate there
+        return emulated.prod(x, _axes(self, dim), keepdim)
+    return jnp.prod(x, axis=_axes(self, dim), keepdims=keepdim)
 
 
 @lower(aten.amax.default)
