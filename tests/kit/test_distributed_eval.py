@@ -33,14 +33,7 @@ def _cpu_losses(steps: int) -> list[float]:
     return losses
 
 
-@pytest.fixture
-def fresh_dynamo():
-    """The in-process evaluation compiles the tiny model's shapes; later tests count compiles from a clean cache."""
-    yield
-    torch._dynamo.reset()
-
-
-def test_evaluate_with_two_ddp_processes_matches_one_process_and_cpu(tmp_path, fresh_dynamo):
+def test_evaluate_with_two_ddp_processes_matches_one_process_and_cpu(tmp_path):
     prices = tmp_path / "prices.json"
     prices.write_text(json.dumps({"accelerator_per_hour": 1.2, "host_per_hour": 0.2, "storage_per_gb_month": 0.02}))
     out = tmp_path / "report"

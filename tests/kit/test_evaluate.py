@@ -1,8 +1,12 @@
 """End-to-end: one real evaluation of a tiny workload, and each failure path the report must explain."""
 
+import fcntl
 import json
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -80,6 +84,39 @@ def test_report_renders_in_a_headless_browser(full_run, tmp_path):
     layout = screenshot.sections(full_run[1] / "report.html", tmp_path / "shots")
     sections = {"summary", "workload", "correctness", "shapes", "performance", "cost", "gates"}
     assert_drawn(layout, sections, {"loss", "latency", "throughput", "cost"})
+
+
+def test_evaluate_never_holds_the_device_its_child_processes_need(tmp_path):
+    """On a TPU host one process at a time can hold the chip. TORCH_TPU_DEVICE_LOCK makes the CPU platform as
+    exclusive: a parent that had used the device would leave its performance processes with none."""
+    out = tmp_path / "report"
+    command = [sys.executable, "-m", "torch_tpu.kit.cli", "evaluate", f"{SPEC}:tiny", "--out", str(out)]
+    env = {**os.environ, "TORCH_TPU_DEVICE_LOCK": str(tmp_path / "device.lock")}
+    subprocess.run([*command, "--modes", "eager", "--iterations", "5"], env=env, capture_output=True, timeout=600)
+    data = json.loads((out / "report.json").read_text())
+    assert data["gates"]["compatibility"]["status"] == "pass", data["gates"]["compatibility"]
+    assert data["gates"]["correctness"]["status"] == "pass", data["gates"]["correctness"]
+    runs = data["performance"]["eager"]
+    assert [runs[state].get("error") for state in ("cold", "warm")] == [None, None], runs
+    assert runs["cold"]["compile_cache"]["state"] == "cold" and runs["warm"]["compile_cache"]["state"] == "warm"
+
+
+def test_a_device_held_by_another_process_is_named_as_the_cause(tmp_path):
+    lock = tmp_path / "device.lock"
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write(str(os.getpid()))
+        held.flush()
+        child = subprocess.run(
+            [sys.executable, "-c", "import torch; torch.ones(1, device='tpu')"],
+            env={**os.environ, "TORCH_TPU_DEVICE_LOCK": str(lock)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert child.returncode != 0
+    assert f"already in use by process {os.getpid()}" in child.stderr
+    assert "one process at a time" in child.stderr
 
 
 def _quick(tmp_path, spec, prices=None):

@@ -1,4 +1,4 @@
-"""The in-process parts of the protocol: compatibility, correctness against a reference device, the shape
+"""The device parts of the protocol, run in device_stages.py's child process: compatibility, correctness against a
 catalogue, training with checkpoint/resume. Each returns evidence (plain dicts); evaluate.py turns it into gates.
 
 The precision policy is declared here, before any run, with the reason for each number, and copied into the

@@ -47,10 +47,10 @@ def _evaluate(args: argparse.Namespace) -> int:
         iterations=args.iterations,
         train_steps=args.steps,
         performance=not args.no_performance,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
         **distributed_cli.evaluate_options(args),
     )
-    if args.metrics_port is not None:  # Prometheus endpoint for the run (torch_tpu.kit.metrics)
-        _metrics_endpoint(args.metrics_port, args.metrics_host)
     report = evaluate.run(options)
     code = evaluate.exit_code(report)
     bad = " (bad input)" if code == evaluate.EXIT_BAD_INPUT else ""
@@ -115,13 +115,6 @@ def _doctor(args: argparse.Namespace) -> int:
     report = doctor.gather(connect_timeout=args.connect_timeout)
     print(json.dumps(report, indent=2, default=str) if args.json else doctor.format_text(report))
     return doctor.exit_code(report)
-
-
-def _metrics_endpoint(port: int, host: str) -> None:
-    from torch_tpu.kit import metrics
-
-    metrics.serve_http(port, host)
-    print(f"metrics: http://{host}:{port}/metrics", file=sys.stderr)
 
 
 def _serve(args: argparse.Namespace) -> int:

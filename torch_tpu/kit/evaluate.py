@@ -22,7 +22,7 @@ from typing import Any
 
 from torch_tpu.kit import cost as cost_mod
 from torch_tpu.kit import runinfo
-from torch_tpu.kit.workload import WorkloadError
+from torch_tpu.kit.workload import Workload, WorkloadError
 
 SCHEMA_VERSION = 1
 GATES = ("compatibility", "correctness", "performance", "operations", "cost")
@@ -45,6 +45,8 @@ class Options:
     nprocs: int = 1  # > 1: also the distributed evaluation (distributed_eval.py) on this many processes
     strategy: str = "ddp"
     drill: Any = None  # a drill.DrillOptions: also the recovery drill, as part of the operations gate
+    metrics_port: int | None = None  # Prometheus endpoint of the training run (in the device stages' process)
+    metrics_host: str = "0.0.0.0"
 
 
 def gate(passed: bool, reason: str, **evidence: Any) -> dict[str, Any]:
@@ -114,76 +116,18 @@ def run(options: Options) -> dict[str, Any]:
 
 
 def _run(options: Options, report: dict[str, Any], log: runinfo.Log) -> None:
-    from torch_tpu.kit import workload as workload_mod
-
-    if options.drill is not None and options.nprocs < 2:
-        message = "--drill needs --nproc-per-node 2 or more (a drill kills one rank of a group)"
-        report["errors"].append({"stage": "load", "type": "DrillError", "message": message})
+    """The stages in order. Every one that uses the device runs in a child process, one at a time, and this
+    process never initialises the backend: on a TPU host one process at a time can hold the chip."""
+    work = _load(options, report, log)
+    if work is None:
         return
-    overrides = {"train_steps": options.train_steps} if options.train_steps else {}
-    try:
-        work = workload_mod.load(options.workload, **overrides)
-    except WorkloadError as exc:
-        report["errors"].append({"stage": "load", "type": "WorkloadError", "message": str(exc)})
-        report["gates"]["compatibility"] = gate(False, f"workload could not be loaded: {exc}")
-        log.event("workload_error", level="error", error=str(exc))
-        return
-    report["workload"] = work.summary()
-    report["platform"] = runinfo.platform_info()
-    log.context.update(
-        platform=report["platform"]["platform"],
-        topology=report["platform"]["topology"],
-        dtype=work.shapes[0].dtype,
-        workload=work.name,
-    )
-    log.event("start", spec=options.workload)
-
-    from torch_tpu import metrics
-    from torch_tpu.kit import checks
-
-    report["precision_policy"] = {d: {k: v for k, v in p.items()} for d, p in checks.PRECISION_POLICY.items()}
-    metrics.reset()
     stage_start = time.perf_counter()
-    correctness = checks.correctness(work, options.reference, list(options.modes))
-    report["correctness"] = {"forward_backward": correctness}
-    log.event("correctness_forward_backward", passed=[c["passed"] for c in correctness])
-    crashed = [c for c in correctness if "error" in c]
-    report["gates"]["compatibility"] = gate(
-        not crashed and not metrics.cpu_fallbacks,
-        "every mode ran forward and backward on tpu without CPU fallback"
-        if not crashed and not metrics.cpu_fallbacks
-        else (
-            f"{crashed[0]['mode']} failed on tpu: {crashed[0]['error']['type']}: {crashed[0]['error']['message']}"
-            if crashed
-            else f"ops fell back to CPU: {sorted(metrics.cpu_fallbacks)}"
-        ),
-        errors=[{"mode": c["mode"], "shape": c["shape"], **c["error"]} for c in crashed],
-        metrics=metrics.summary(),
-    )
-    if crashed:
-        return
-
-    steps = work.train_steps
-    checkpoint_dir = pathlib.Path(tempfile.mkdtemp(prefix="torch_tpu_kit_ckpt_"))
-    train_mode = "compiled" if "compiled" in options.modes else options.modes[0]
-    tpu_run = checks.train(work, "tpu", train_mode, steps, checkpoint_dir, checkpoint_at=max(1, steps // 2))
-    ref_run = checks.train(work, options.reference, "eager", steps)
-    report["correctness"]["training"] = {"tpu": tpu_run, "reference": ref_run}
-    log.event(
-        "training",
-        mode=train_mode,
-        steps=steps,
-        losses=tpu_run["losses"],
-        quality=tpu_run["quality"],
-        failed_step=tpu_run["failed_step"],
-    )
-    _correctness_gate(report, work, tpu_run, ref_run, correctness)
-    report["shapes"] = checks.shape_catalogue(work)
-    log.event(
-        "shapes", shapes=[{k: s.get(k) for k in ("label", "compiles", "compile_seconds")} for s in report["shapes"]]
-    )
+    training = _device_stages(options, report, log)
     checks_seconds = time.perf_counter() - stage_start
-
+    if training is None:
+        return
+    tpu_run = training["tpu"]
+    _correctness_gate(report, work, tpu_run, training["reference"], report["correctness"]["forward_backward"])
     perf_seconds = 0.0
     if options.performance:
         perf_start = time.perf_counter()
@@ -194,12 +138,90 @@ def _run(options: Options, report: dict[str, Any], log: runinfo.Log) -> None:
         )
     else:
         report["gates"]["performance"] = not_run("performance measurement was disabled (--no-performance)")
-
     _operations_gate(report, tpu_run)
     distributed_seconds = _distributed(options, report, log)
-    checkpoint_bytes = (tpu_run.get("resume") or {}).get("checkpoint_bytes", 0)
-    shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    report["cost"] = {"machine_seconds": checks_seconds + perf_seconds + distributed_seconds}
+    _cost(options, report, log, tpu_run, checks_seconds + perf_seconds + distributed_seconds)
+
+
+def _load(options: Options, report: dict[str, Any], log: runinfo.Log) -> Workload | None:
+    """The workload (its factory must not touch the device: this process never does), or None: bad input."""
+    from torch_tpu.kit import workload as workload_mod
+
+    if options.drill is not None and options.nprocs < 2:
+        message = "--drill needs --nproc-per-node 2 or more (a drill kills one rank of a group)"
+        report["errors"].append({"stage": "load", "type": "DrillError", "message": message})
+        return None
+    overrides = {"train_steps": options.train_steps} if options.train_steps else {}
+    try:
+        work = workload_mod.load(options.workload, **overrides)
+    except WorkloadError as exc:
+        report["errors"].append({"stage": "load", "type": "WorkloadError", "message": str(exc)})
+        report["gates"]["compatibility"] = gate(False, f"workload could not be loaded: {exc}")
+        log.event("workload_error", level="error", error=str(exc))
+        return None
+    report["workload"] = work.summary()
+    log.context.update(dtype=work.shapes[0].dtype, workload=work.name)
+    log.event("start", spec=options.workload)
+    return work
+
+
+def _device_stages(options: Options, report: dict[str, Any], log: runinfo.Log) -> dict[str, Any] | None:
+    """Platform, compatibility, correctness evidence and shapes from device_stages' child process; its training
+    runs, or None when there are none (the child failed, or a mode failed on tpu)."""
+    from torch_tpu.kit import checks, device_stages
+
+    report["precision_policy"] = {d: dict(p) for d, p in checks.PRECISION_POLICY.items()}
+    found = device_stages.run_in_process(options, report["run_id"])
+    if "error" in found:
+        report["errors"].append({"stage": "device", "type": "DeviceProcessError", "message": found["error"]})
+        report["gates"]["compatibility"] = gate(False, f"the device stages' process failed: {found['error']}")
+        log.event("device_error", level="error", error=found["error"])
+        return None
+    report["platform"] = found["platform"]
+    log.context.update(platform=found["platform"]["platform"], topology=found["platform"]["topology"])
+    report["correctness"] = {"forward_backward": found["forward_backward"]}
+    log.event("correctness_forward_backward", passed=[c["passed"] for c in found["forward_backward"]])
+    _compatibility_gate(report, found)
+    training = found.get("training")
+    if training is None:
+        return None
+    tpu_run = training["tpu"]
+    report["correctness"]["training"] = {"tpu": tpu_run, "reference": training["reference"]}
+    log.event(
+        "training",
+        mode=training["mode"],
+        steps=training["steps"],
+        losses=tpu_run["losses"],
+        quality=tpu_run["quality"],
+        failed_step=tpu_run["failed_step"],
+    )
+    report["shapes"] = found["shapes"]
+    shapes = [{k: s.get(k) for k in ("label", "compiles", "compile_seconds")} for s in found["shapes"]]
+    log.event("shapes", shapes=shapes)
+    return training
+
+
+def _compatibility_gate(report: dict[str, Any], found: dict[str, Any]) -> None:
+    crashed = [c for c in found["forward_backward"] if "error" in c]
+    fallbacks = found["cpu_fallbacks"]
+    if crashed:
+        first = crashed[0]
+        reason = f"{first['mode']} failed on tpu: {first['error']['type']}: {first['error']['message']}"
+    elif fallbacks:
+        reason = f"ops fell back to CPU: {fallbacks}"
+    else:
+        reason = "every mode ran forward and backward on tpu without CPU fallback"
+    report["gates"]["compatibility"] = gate(
+        not crashed and not fallbacks,
+        reason,
+        errors=[{"mode": c["mode"], "shape": c["shape"], **c["error"]} for c in crashed],
+        metrics=found["metrics"],
+    )
+
+
+def _cost(options: Options, report: dict[str, Any], log: runinfo.Log, tpu_run: dict[str, Any], seconds: float) -> None:
+    """The cost section and gate: `seconds` of machine time against one trained model meeting the contract."""
+    report["cost"] = {"machine_seconds": seconds}
     try:
         prices = cost_mod.load_prices(options.prices)
     except cost_mod.PriceError as exc:
@@ -209,13 +231,8 @@ def _run(options: Options, report: dict[str, Any], log: runinfo.Log) -> None:
         return
     useful = 1 if tpu_run["meets_contract"] else 0
     warm = (report.get("performance") or {}).get("compiled", {}).get("warm", {})
-    report["cost"] = cost_mod.attribute(
-        prices,
-        checks_seconds + perf_seconds + distributed_seconds,
-        checkpoint_bytes,
-        useful,
-        warm.get("samples_per_second"),
-    )
+    checkpoint_bytes = (tpu_run.get("resume") or {}).get("checkpoint_bytes", 0)
+    report["cost"] = cost_mod.attribute(prices, seconds, checkpoint_bytes, useful, warm.get("samples_per_second"))
     if report.get("drill", {}).get("recovery"):
         report["cost"]["recovery"] = _recovery_cost(prices, report, useful)
     per_result = report["cost"]["cost_per_useful_result"]

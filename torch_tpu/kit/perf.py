@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from typing import Any
+
+from torch_tpu.kit import child
 
 
 def run(spec: str, mode: str, iterations: int, progress: bool = False) -> dict[str, Any]:
@@ -60,42 +61,15 @@ def run_in_process(
     spec: str, mode: str, cache_root: str, iterations: int, run_id: str, timeout: float = 600
 ) -> dict[str, Any]:
     """Run `run` in a child process with the given persistent cache; failures come back as `error`."""
-    env = {
-        **os.environ,
-        "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": cache_root,
-        "TORCH_TPU_RUN_ID": run_id,
-        "TORCH_TPU_KIT_LAUNCHED_AT": repr(time.time()),
-        "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "torch_tpu.kit.perf",
-        "--workload",
-        spec,
-        "--mode",
-        mode,
-        "--iterations",
-        str(iterations),
-    ]
+    env = child.environment(
+        TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=cache_root,
+        TORCH_TPU_RUN_ID=run_id,
+        TORCH_TPU_KIT_LAUNCHED_AT=repr(time.time()),
+    )
+    arguments = ["--workload", spec, "--mode", mode, "--iterations", str(iterations)]
     if sys.stderr.isatty():
-        command.append("--progress")
-    try:
-        child = subprocess.run(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=None if sys.stderr.isatty() else subprocess.PIPE,
-            text=True,
-            env=env,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
-        return {"mode": mode, "error": f"timed out after {timeout:.0f} s"}
-    lines = [line for line in child.stdout.splitlines() if line.startswith("{")]
-    if child.returncode != 0 or not lines:
-        tail = (child.stderr or "").strip().splitlines()[-1:] or [f"exit status {child.returncode}"]
-        return {"mode": mode, "error": tail[0], "returncode": child.returncode}
-    return json.loads(lines[-1])
+        arguments.append("--progress")
+    return {"mode": mode, **child.run_json("torch_tpu.kit.perf", arguments, env, timeout)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 
@@ -20,28 +21,59 @@ def requested() -> str:
     return choice
 
 
-def _devices_of(platform: str) -> list[jax.Device]:
-    # This process's own devices: in a multi-process job jax.devices() lists every process's, and a program
-    # placed on another process's device cannot run here ("spans non-addressable devices").
+def _devices_of(platform: str) -> tuple[list[jax.Device], str]:
+    """This process's own devices of `platform`, and why there are none (the first line of JAX's error)."""
+    # In a multi-process job jax.devices() lists every process's, and a program placed on another process's
+    # device cannot run here ("spans non-addressable devices").
     try:
-        return jax.local_devices(backend=platform)
-    except RuntimeError:
-        return []
+        return jax.local_devices(backend=platform), ""
+    except RuntimeError as exc:
+        return [], (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+# Why a process finds no TPU on a host that has one: libtpu lets one process at a time hold a chip.
+ONE_PROCESS = (
+    "a TPU chip can be held by one process at a time: run this after that process has exited, and give each "
+    "process of a multi-process job a chip of its own"
+)
+
+
+def _hold_device_lock() -> None:
+    """TORCH_TPU_DEVICE_LOCK=PATH: hold PATH exclusively for the life of the process, as libtpu holds a TPU chip,
+    so that the one-process-per-chip rule can be tested on any platform."""
+    path = os.environ.get("TORCH_TPU_DEVICE_LOCK")
+    if not path:
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # never closed: the lock lasts as long as the process
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise RuntimeError(
+            f"torch_tpu: the device is already in use by process {holder} (TORCH_TPU_DEVICE_LOCK={path}); {ONE_PROCESS}"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
 
 
 @functools.cache
 def devices() -> tuple[jax.Device, ...]:
     """This process's JAX devices of the chosen platform; the first call configures JAX (x64, default device)."""
     choice = requested()
+    _hold_device_lock()
     order = ("tpu", "gpu", "cpu") if choice == "auto" else (choice,)
+    why = []
     for platform in order:
-        found = _devices_of(platform)
+        found, error = _devices_of(platform)
         if found:
             # torch keeps int64 and float64 as they are; JAX needs x64 for that.
             jax.config.update("jax_enable_x64", True)
             jax.config.update("jax_default_device", found[0])
             return tuple(found)
-    raise RuntimeError(f"torch_tpu: no JAX devices for TORCH_TPU_PLATFORM={choice!r}")
+        why.append(f"{platform}: {error or 'none found'}")
+    busy = f"; {ONE_PROCESS}" if any("in use" in reason for reason in why) else ""
+    raise RuntimeError(f"torch_tpu: no JAX devices for TORCH_TPU_PLATFORM={choice!r} ({'; '.join(why)}){busy}")
 
 
 def _launcher_variable(name: str) -> int | None:
