@@ -161,3 +161,12 @@ def test_a_64_bit_scalar_in_a_32_bit_op_is_not_the_policys_business(on_a_tpu, mo
         (grad,) = torch.autograd.grad(on_tpu.pow(3).sum(), on_tpu, create_graph=True)
         (second,) = torch.autograd.grad(grad.sum(), on_tpu)
     torch.testing.assert_close(second.cpu(), 6 * x.detach())
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_an_invalid_call_gets_cpus_error_before_the_policys(on_a_tpu, mode):
+    """torch.complex of float32 and float64 is an error on every device: CPU's message, not the complex128 refusal."""
+    modes = {"strict": torch.tpu.EagerMode.DEFER_NEVER, "fused": torch.tpu.EagerMode.DEFER_AND_FUSE}
+    with torch.tpu.set_eager_mode(modes[mode]):
+        with pytest.raises(RuntimeError, match="Expected object of scalar type Float but got scalar type Double"):
+            torch.complex(torch.ones(2, device="tpu"), torch.ones(2, dtype=torch.float64, device="tpu")).cpu()

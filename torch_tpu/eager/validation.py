@@ -17,7 +17,7 @@ import torch
 from torch._ops import OpOverload
 from torch.utils._pytree import tree_map
 
-from torch_tpu.runtime import memory, storage
+from torch_tpu.runtime import float64, memory, storage
 
 _INTERNAL_OVERLAP = (
     "unsupported operation: more than one element of the written-to tensor refers to a single memory location. "
@@ -141,6 +141,10 @@ def raise_as_cpu(op: OpOverload, args: tuple, kwargs: dict, error: Exception) ->
     """For a call that failed with `error` on the `tpu` path: raise what CPU raises for the same call (class and
     message, e.g. RuntimeError or IndexError where a meta kernel or JAX raised a ValueError or TypeError), from
     `error`; return if CPU raises nothing (the caller then re-raises `error`)."""
+    if isinstance(error, float64.Unsupported):  # the call may be invalid on any device: CPU's error first
+        cpu = _cpu_error(op, args, kwargs, _copy)
+        if cpu is not None:
+            raise cpu from error
     if isinstance(error, _OURS):
         return
     storage.raise_if_donated((*args, *kwargs.values()))  # an input a jax_op's donation consumed: say so

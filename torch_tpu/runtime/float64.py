@@ -26,6 +26,11 @@ COMPLEX128 = np.dtype(np.complex128)
 _XLA_REFUSALS = ("f64", "c128", "float64", "complex128", "64-bit", "unimplemented", "invalid_argument")
 
 
+class Unsupported(NotImplementedError):
+    """What the TPU cannot compute in 64 bits. Unlike torch_tpu's other NotImplementedErrors, the call may also be
+    invalid (torch.complex of float32 and float64): the eager layer asks CPU first and raises CPU's error if any."""
+
+
 def applies(array_dtypes: Iterable[object]) -> bool:
     """Whether the policy concerns a call with these JAX dtypes: a 64-bit float among them, on a TPU."""
     return any(np.dtype(d) in WIDE for d in array_dtypes if d is not None) and platform.platform() == "tpu"
@@ -35,16 +40,16 @@ def check(op: str, array_dtypes: Iterable[object]) -> None:
     """Raise for an op on complex128 on the TPU (named by its ATen name, e.g. `aten::fft_fft`), before it runs."""
     array_dtypes = list(array_dtypes)
     if applies(array_dtypes) and any(d is not None and np.dtype(d) == COMPLEX128 for d in array_dtypes):
-        raise NotImplementedError(
+        raise Unsupported(
             f"torch_tpu: '{op}' on complex128: the TPU has no complex128 (XLA's TPU compiler aborts on it); use "
             f"complex64, or compute on CPU (`.cpu()`)"
         )
 
 
-def refusal(op: str, error: Exception, array_dtypes: Iterable[object]) -> NotImplementedError | None:
+def refusal(op: str, error: Exception, array_dtypes: Iterable[object]) -> Unsupported | None:
     """XLA's compile error for a float64 op on the TPU, as an error naming the op (None: another error)."""
     if applies(array_dtypes) and any(word in str(error).lower() for word in _XLA_REFUSALS):
-        return NotImplementedError(
+        return Unsupported(
             f"torch_tpu: '{op}' is not supported in float64 on the TPU (XLA: {str(error).splitlines()[0][:160]}); "
             f"compute it in float32 (`.float()`), or on CPU (`.cpu()`)"
         )
