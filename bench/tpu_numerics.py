@@ -179,6 +179,11 @@ def _compare64(actual: Any, expected: Any) -> float:
 ABORTS_ON_TPU = {"fft.fft", "fft.rfft", "fft.irfft"}
 
 
+# The float64 section's ops (`--float64-ops`): OpInfo names; default every op of tests/test_opinfo.py's FORWARD list
+# (about 130 compiles: minutes on a chip).
+FLOAT64_OPS: list[str] = []
+
+
 def float64() -> None:
     from torch.testing._internal.common_methods_invocations import op_db
 
@@ -186,7 +191,7 @@ def float64() -> None:
 
     by_name = {(f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name): op for op in op_db}
     classes: dict[str, list[str]] = {}
-    for name in FORWARD:
+    for name in FLOAT64_OPS or FORWARD:
         op = by_name[name]
         if name in ABORTS_ON_TPU and torch.tpu.get_device_name().startswith("TPU"):
             classes.setdefault("aborts the process", []).append(name)
@@ -233,7 +238,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument("--json", default=None)
+    parser.add_argument("--float64-ops", default="", help="comma-separated OpInfo names (default: all)")
     args = parser.parse_args()
+    FLOAT64_OPS.extend(name for name in args.float64_ops.split(",") if name)
     print(f"device: {torch.tpu.get_device_name()}; torch {torch.__version__}")
     failed = 0
     for name in args.sections.split(","):

@@ -8,6 +8,18 @@ def _seed():
     yield
 
 
+def pytest_runtest_setup(item):
+    """TORCH_TPU_TEST_DEADLINE (epoch seconds): the tests that would start after it are skipped, saying so, so a run
+    with a hard time limit (bench/device_run.sh on a borrowed chip) ends by itself and writes its report; a run
+    cut by a signal can lose it (the chip's runtime may hold the interrupt, then the run is killed)."""
+    import os
+    import time
+
+    deadline = os.environ.get("TORCH_TPU_TEST_DEADLINE")
+    if deadline and time.time() > float(deadline):
+        pytest.skip("the run's time budget is spent (TORCH_TPU_TEST_DEADLINE)")
+
+
 def pytest_configure(config):
     """Tests compile cold: a private, per-run persistent cache, and PyTorch's cache directory (AOTAutograd's
     entries) too (tests of the cache set their own). A pytest-xdist worker inherits the controller's directories
