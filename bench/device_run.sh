@@ -13,7 +13,8 @@
 #              (bench/tpu_numerics.py: docs/numerics.md), and the kit: `torch-tpu smoke`, `torch-tpu evaluate`
 # models       the seven models' tests, eager and compiled, OpInfo, optimizers and training, and
 #              bench/tpu_compiled_numerics.py (where compiled and eager numbers part, node by node)
-# perf         bench/tpu_step.py small (fp32 GPT step: plain JAX, ours in every mode, Google's TorchTPU where staged
+# perf         bench/tpu_warmup.py (each op's first call: ours cold, warm and uncached against plain JAX's),
+#              bench/tpu_step.py small (fp32 GPT step: plain JAX, ours in every mode, Google's TorchTPU where staged
 #              with pack.sh --google), bench/eager_modes.py (MLP steps, the per-op chain)
 # perf_large   bench/tpu_step.py large (the ~136M-parameter bf16 GPT step)
 # Every step runs under its own timeout (SIGINT first: pytest then writes its report), cut to what is left of
@@ -150,7 +151,8 @@ tpu_step() {
 }
 
 part_perf() {
-    tpu_step small 420
+    step warmup 150 "$PYTHON" bench/tpu_warmup.py --json "$OUT/warmup.json"
+    tpu_step small 360
     local eager_size=(--rounds 5 --steps 10 --warmup 3)
     [ "$SMALL" = 1 ] && eager_size=(--rounds 1 --steps 2 --warmup 1)
     step eager_modes 120 "$PYTHON" bench/eager_modes.py "${eager_size[@]}"
