@@ -63,7 +63,7 @@ class _Plan:
         self.wide = torch.float64 if tensor.dtype.is_floating_point else torch.int64
         self.options = host.carrier_options(op)
         self.dtype = np.dtype(dtypes.to_jax(tensor.dtype))
-        self.compute = host.compute_dtype(tensor.dtype)
+        self.compute = dtypes.compute_dtype(self.dtype)
         self.nbytes = tensor.element_size()
 
 

@@ -175,7 +175,7 @@ def carrier(tensor: torch.Tensor, op: str, factor: float | None) -> handshake.Ca
     """This rank's one-element `tensor`, premultiplied by PREMUL_SUM's factor, widened into a carrier."""
     value = _rows(data(tensor)[None], tensor)[0]
     if op == "premul_sum":
-        compute = np.dtype(np.float32) if value.dtype.itemsize == 2 else value.dtype
+        compute = dtypes.compute_dtype(value.dtype)
         with np.errstate(over="ignore"):
             value = (value.astype(compute) * compute.type(factor)).astype(value.dtype)
     carried = handshake.Carrier(torch.float64 if tensor.dtype.is_floating_point else torch.int64, _CARRIER_OPTIONS[op])
@@ -190,16 +190,11 @@ def from_carrier(tensor: torch.Tensor, carried: handshake.Carrier, op: str, size
         store(tensor, (wide != 0).view(np.uint8))
         return
     dtype = np.dtype(dtypes.to_jax(tensor.dtype))
-    store(tensor, rounded(wide, dtype, compute_dtype(tensor.dtype), op, size))
-
-
-def compute_dtype(dtype: torch.dtype) -> np.dtype:
-    """The dtype CPU PyTorch computes `dtype`'s arithmetic in (16-bit floats in float32)."""
-    return np.dtype(np.float32) if dtype in (torch.float16, torch.bfloat16) else np.dtype(dtypes.to_jax(dtype))
+    store(tensor, rounded(wide, dtype, dtypes.compute_dtype(dtype), op, size))
 
 
 def rounded(wide: np.ndarray, dtype: np.dtype, compute: np.dtype, op: str, size: int) -> np.ndarray:
-    """A carrier's reduction `wide` (float64 or int64) rounded back to `dtype` (`compute`: `compute_dtype`), the
+    """A carrier's reduction `wide` (float64 or int64) rounded back to `dtype` (`compute`: `dtypes.compute_dtype`), the
     average divided by the group's `size` in the dtype, as PyTorch divides."""
     with np.errstate(over="ignore"):  # overflow to inf, as PyTorch's casts, without NumPy's warning
         result = wide.astype(compute).astype(dtype)

@@ -382,7 +382,7 @@ def _named_after(fn: Callable, op: OpOverload) -> Callable:
     return fn
 
 
-_JAX_DTYPE = dtypes._TORCH_TO_JAX
+_JAX_DTYPE = dtypes.JAX_DTYPES
 _context = precision.context
 _scalars: dict[Any, Any] = {}
 memory.on_empty_cache(_scalars.clear)

@@ -1,8 +1,8 @@
 """Lowerings: pointwise ops (arithmetic, comparison, bitwise, math functions); activations are in `activation`.
 
-Operands are cast to PyTorch's common dtype (`_result_type`: dimensioned tensors outrank zero-dim tensors, which
-outrank Python numbers, unless a lower group is of a higher category) and computed in float32 for bfloat16/float16,
-as PyTorch's CPU kernels do; the dispatcher then casts to the output dtype PyTorch's meta kernel reports.
+Operands are cast to PyTorch's common dtype (`dtypes.result_type`, where the promotion rules live) and computed in
+float32 for bfloat16/float16, as PyTorch's CPU kernels do; the dispatcher then casts to the output dtype PyTorch's
+meta kernel reports.
 """
 
 import jax
@@ -11,99 +11,13 @@ import numpy as np
 from jax import lax
 from jax.scipy import special
 
-from torch_tpu import precision
 from torch_tpu.ops import emulated
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.runtime import checks, deprecation, dtypes
 
-_BOOL, _INTEGER, _FLOATING, _COMPLEX = range(4)
-
-
-def _category(dtype) -> int:
-    if dtype == np.bool_:
-        return _BOOL
-    if jnp.issubdtype(dtype, jnp.integer):
-        return _INTEGER
-    return _FLOATING if jnp.issubdtype(dtype, jnp.floating) else _COMPLEX
-
-
-def _is_number(x) -> bool:
-    """A Python number: a wrapped scalar or a `Scalar` argument (traced as a weakly typed value)."""
-    return isinstance(x, (bool, int, float, complex)) or getattr(x, "weak_type", False)
-
-
-def _default_float():
-    return dtypes.to_jax(precision.default_dtype())  # the trace context's, which every key holds
-
-
-def _number_dtype(x):
-    dtype = jnp.result_type(x)
-    category = _category(dtype)
-    if category == _FLOATING:
-        return _default_float()
-    return jnp.promote_types(_default_float(), jnp.complex64) if category == _COMPLEX else dtype
-
-
-def _combine(higher, lower):
-    """c10's combine_categories: a lower-priority group decides only where its category is higher."""
-    if higher is None or lower is None:
-        return lower if higher is None else higher
-    high, low = _category(higher), _category(lower)
-    if high == _COMPLEX:
-        return higher
-    if low == _COMPLEX:
-        return jnp.promote_types(higher, jnp.complex64) if high == _FLOATING else lower
-    if high == _FLOATING:
-        return higher
-    return jnp.promote_types(higher, lower) if high == _BOOL or low == _FLOATING else higher
-
-
-def _result_type(*operands):
-    """torch.result_type of jax arrays (tensors) and Python numbers; None operands are skipped."""
-    groups = [None, None, None]
-    for x in operands:
-        if x is None:
-            continue
-        if _is_number(x):
-            group, dtype = 2, _number_dtype(x)
-        else:
-            group, dtype = (1 if jnp.ndim(x) == 0 else 0), jnp.result_type(x)
-        groups[group] = dtype if groups[group] is None else jnp.promote_types(groups[group], dtype)
-    return _combine(groups[0], _combine(groups[1], groups[2]))
-
-
-def _cast(dtype, *operands, exact_numbers=False):
-    """Operands in `dtype`, widened to float32 for bfloat16/float16 (PyTorch CPU's compute type).
-
-    With `exact_numbers`, Python numbers go straight to the compute type, not through `dtype` (as PyTorch's
-    mul/div/addcmul kernels use the scalar's full value).
-    """
-    compute = dtypes.compute_dtype(dtype)
-
-    def cast(x):
-        if x is None:
-            return None
-        if exact_numbers and _is_number(x):
-            return jnp.asarray(x, compute)
-        return jnp.asarray(x, dtype).astype(compute)
-
-    return tuple(cast(x) for x in operands)
-
-
-def _common(*operands, exact_numbers=False):
-    return _cast(_result_type(*operands), *operands, exact_numbers=exact_numbers)
-
-
-def _floating(*operands, exact_numbers=False):
-    """Operands in their common floating dtype (integers and bool promote to the default float dtype)."""
-    dtype = _result_type(*operands)
-    if _category(dtype) < _FLOATING:
-        dtype = _default_float()
-    return _cast(dtype, *operands, exact_numbers=exact_numbers)
-
 
 def _is_integral(x) -> bool:
-    return _category(jnp.result_type(x)) <= _INTEGER
+    return dtypes.is_integral(jnp.result_type(x))
 
 
 # ---------------------------------------------------------------- arithmetic
@@ -112,12 +26,12 @@ def _is_integral(x) -> bool:
 def _check_alpha(dtype, alpha) -> None:
     """ATen's alpha_check of `alpha` against the operands' common dtype, with CPU's errors: PyTorch's meta kernels
     skip it for bool results and bool alphas (`bool_tensor.add(b, alpha=1.5)`, `int_tensor.add(i, alpha=True)`)."""
-    result, given = _category(dtype), _category(jnp.result_type(alpha))
-    if given == _BOOL and result != _BOOL:
+    result, given = dtypes.category(dtype), dtypes.category(jnp.result_type(alpha))
+    if given == dtypes.Category.BOOL and result != dtypes.Category.BOOL:
         raise RuntimeError("Boolean alpha only supported for Boolean results.")
-    if result <= _INTEGER and given >= _FLOATING:
+    if result <= dtypes.Category.INTEGER and given >= dtypes.Category.FLOATING:
         raise RuntimeError("For integral input tensors, argument alpha must not be a floating point number.")
-    if result != _COMPLEX and given == _COMPLEX:
+    if result != dtypes.Category.COMPLEX and given == dtypes.Category.COMPLEX:
         raise RuntimeError("For non-complex input tensors, argument alpha must not be a complex number.")
 
 
@@ -138,18 +52,18 @@ def _check_sub(self, other) -> None:
 
 @lower(aten.add.Tensor, aten.add.Scalar)
 def add(self, other, alpha=1):
-    dtype = _result_type(self, other)
+    dtype = dtypes.result_type(self, other)
     _check_alpha(dtype, alpha)
-    a, b = _cast(dtype, self, other)
+    a, b = dtypes.cast(dtype, self, other)
     return a + b * alpha
 
 
 @lower(aten.sub.Tensor, aten.sub.Scalar)
 def sub(self, other, alpha=1):
     _check_sub(self, other)
-    dtype = _result_type(self, other)
+    dtype = dtypes.result_type(self, other)
     _check_alpha(dtype, alpha)
-    a, b = _cast(dtype, self, other)
+    a, b = dtypes.cast(dtype, self, other)
     return a - b * alpha
 
 
@@ -160,7 +74,7 @@ def rsub(self, other, alpha=1):
 
 @lower(aten.mul.Tensor, aten.mul.Scalar)
 def mul(self, other):
-    a, b = _common(self, other, exact_numbers=True)
+    a, b = dtypes.common(self, other, exact_numbers=True)
     return a * b
 
 
@@ -170,7 +84,7 @@ def true_divide(a, b):
     the quotients; an optimization barrier hides the broadcast from it (and goes away before code generation,
     so the broadcast still fuses into the division)."""
     a, b = jnp.broadcast_arrays(a, b)
-    if _category(b.dtype) >= _FLOATING:
+    if dtypes.category(b.dtype) >= dtypes.Category.FLOATING:
         b = lax.optimization_barrier(b)
     return a / b
 
@@ -178,7 +92,7 @@ def true_divide(a, b):
 def _check_divisor(b) -> None:
     """CPU's integer division and remainder raise for a zero divisor: a device-side check (float divisors give
     IEEE inf/nan, unchecked)."""
-    if _category(jnp.result_type(b)) == _INTEGER:
+    if dtypes.category(jnp.result_type(b)) == dtypes.Category.INTEGER:
         checks.require(b != 0, RuntimeError, "ZeroDivisionError")
 
 
@@ -203,8 +117,8 @@ def _floor_divide(a, b, narrow=lambda v: v):
 def _quotient_rounding(self, other):
     """The rounding of each step of a floor or trunc division: CPU's 16-bit float kernels compute in float32 for
     a single-element divisor, but round every intermediate (the quotient too) to the 16-bit type for a tensor."""
-    dtype = _result_type(self, other)
-    if dtypes.compute_dtype(dtype) == dtype or _is_number(other) or jnp.size(other) == 1:
+    dtype = dtypes.result_type(self, other)
+    if dtypes.compute_dtype(dtype) == dtype or dtypes.is_number(other) or jnp.size(other) == 1:
         return lambda v: v
     return lambda v: v.astype(dtype).astype(jnp.float32)
 
@@ -212,9 +126,9 @@ def _quotient_rounding(self, other):
 @lower(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div(self, other, *, rounding_mode=None):
     if rounding_mode is None:
-        return true_divide(*_floating(self, other, exact_numbers=True))
+        return true_divide(*dtypes.floating(self, other, exact_numbers=True))
     narrow = _quotient_rounding(self, other)
-    a, b = _common(self, other, exact_numbers=True)  # a 16-bit float divides by the number's float32 value
+    a, b = dtypes.common(self, other, exact_numbers=True)  # a 16-bit float divides by the number's float32 value
     if rounding_mode == "floor":
         return _floor_divide(a, b, narrow)
     _check_divisor(b)
@@ -223,12 +137,12 @@ def div(self, other, *, rounding_mode=None):
 
 @lower(aten.floor_divide.default, aten.floor_divide.Scalar)
 def floor_divide(self, other):
-    return _floor_divide(*_common(self, other, exact_numbers=True), _quotient_rounding(self, other))
+    return _floor_divide(*dtypes.common(self, other, exact_numbers=True), _quotient_rounding(self, other))
 
 
 @lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
 def remainder(self, other):
-    a, b = _common(self, other)
+    a, b = dtypes.common(self, other)
     _check_divisor(b)
     mod = jnp.fmod(a, b)
     return jnp.where((mod != 0) & ((mod < 0) != (b < 0)), mod + b, mod)
@@ -236,7 +150,7 @@ def remainder(self, other):
 
 @lower(aten.fmod.Tensor, aten.fmod.Scalar)
 def fmod(self, other):
-    a, b = _common(self, other)
+    a, b = dtypes.common(self, other)
     _check_divisor(b)
     return jnp.fmod(a, b)
 
@@ -260,24 +174,24 @@ def _integer_pow(base, exponent):
 
 @lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def pow(self, exponent):
-    scalar_exponent = _is_number(exponent)
+    scalar_exponent = dtypes.is_number(exponent)
     if scalar_exponent and _is_integral(self) and _is_integral(exponent):  # a tensor exponent follows powi instead
         checks.require(exponent >= 0, RuntimeError, "Integers to negative integer powers are not allowed.")
-    base, cast = _common(self, exponent)
+    base, cast = dtypes.common(self, exponent)
     if _is_integral(base) and base.dtype != np.bool_:
         return _integer_pow(base, cast)
     if emulated.applies(base.dtype):  # XLA's float64 pow is float32-accurate there
         power = emulated.pow(base, exponent if isinstance(exponent, (bool, int, float)) else cast)
     else:
         power = jnp.power(base, cast)
-    if scalar_exponent and _category(base.dtype) == _FLOATING:  # PyTorch's sqrt/rsqrt fast paths (-0.0, -inf)
+    if scalar_exponent and dtypes.is_floating(base.dtype):  # PyTorch's sqrt/rsqrt fast paths (-0.0, -inf)
         return jnp.where(cast == 0.5, jnp.sqrt(base), jnp.where(cast == -0.5, lax.rsqrt(base), power))
     return power
 
 
 @lower(aten.lerp.Scalar, aten.lerp.Tensor)
 def lerp(self, end, weight):
-    start, end = _common(self, end)
+    start, end = dtypes.common(self, end)
     weight = jnp.asarray(weight).astype(start.dtype)
     diff = end - start
     return jnp.where(jnp.abs(weight) < 0.5, start + weight * diff, end - diff * (1 - weight))
@@ -285,13 +199,13 @@ def lerp(self, end, weight):
 
 @lower(aten.addcmul.default)
 def addcmul(self, tensor1, tensor2, *, value=1):
-    a, b, c = _common(self, tensor1, tensor2)
+    a, b, c = dtypes.common(self, tensor1, tensor2)
     return a + jnp.asarray(value, a.dtype) * b * c
 
 
 @lower(aten.addcdiv.default)
 def addcdiv(self, tensor1, tensor2, *, value=1):
-    a, b, c = _common(self, tensor1, tensor2)
+    a, b, c = dtypes.common(self, tensor1, tensor2)
     return a + true_divide(jnp.asarray(value, a.dtype) * b, c)
 
 
@@ -299,20 +213,20 @@ def addcdiv(self, tensor1, tensor2, *, value=1):
 
 
 def _binary(fn, floating=False):
-    promote = _floating if floating else _common
+    promote = dtypes.floating if floating else dtypes.common
     return lambda self, other: fn(*promote(self, other))
 
 
 def _xlogy(log):
     def xlogy(self, other):
-        x, y = _floating(self, other)
+        x, y = dtypes.floating(self, other)
         return jnp.where(jnp.isnan(y), jnp.nan, jnp.where(x == 0, 0, x * log(y)))
 
     return xlogy
 
 
 def _heaviside(self, values):
-    x, v = _common(self, values)
+    x, v = dtypes.common(self, values)
     return jnp.where(x == 0, v, (x > 0).astype(x.dtype))
 
 
@@ -336,12 +250,12 @@ def copysign(x: jax.Array, y: jax.Array) -> jax.Array:
 
 
 def _atan2(self, other):
-    y, x = _floating(self, other)
+    y, x = dtypes.floating(self, other)
     return emulated.atan2(y, x) if emulated.applies(y.dtype) else jnp.arctan2(y, x)
 
 
 def _copysign(self, other):
-    x, y = _floating(self, other)
+    x, y = dtypes.floating(self, other)
     return copysign(x, y)
 
 
@@ -390,13 +304,13 @@ lower(aten.special_xlog1py.default, aten.special_xlog1py.other_scalar, aten.spec
 
 @lower(aten.nextafter.default)
 def nextafter(self, other):
-    dtype = _result_type(self, other)
+    dtype = dtypes.result_type(self, other)
     return jnp.nextafter(jnp.asarray(self, dtype), jnp.asarray(other, dtype))
 
 
 def _shift(left):
     def shift(self, other):
-        a, b = jnp.broadcast_arrays(*_common(self, other))
+        a, b = jnp.broadcast_arrays(*dtypes.common(self, other))
         bits = jnp.iinfo(a.dtype).bits
         in_range = (b >= 0) & (b < bits)
         amount = jnp.where(in_range, b, 0)
@@ -431,13 +345,13 @@ def where(condition, self, other):
             "where received a uint8 condition tensor. This behavior is deprecated and will be removed in a future "
             "version of PyTorch. Use a boolean condition instead."
         )
-    a, b = _common(self, other)
+    a, b = dtypes.common(self, other)
     return jnp.where(condition, a, b)
 
 
 @lower(aten.clamp.default, aten.clamp.Tensor)
 def clamp(self, min=None, max=None):
-    x, low, high = _common(self, min, max)
+    x, low, high = dtypes.common(self, min, max)
     if low is not None:
         x = jnp.maximum(x, low)
     return x if high is None else jnp.minimum(x, high)
@@ -445,19 +359,19 @@ def clamp(self, min=None, max=None):
 
 @lower(aten.clamp_min.default, aten.clamp_min.Tensor)
 def clamp_min(self, min):
-    return jnp.maximum(*_common(self, min))
+    return jnp.maximum(*dtypes.common(self, min))
 
 
 @lower(aten.clamp_max.default, aten.clamp_max.Tensor)
 def clamp_max(self, max):
-    return jnp.minimum(*_common(self, max))
+    return jnp.minimum(*dtypes.common(self, max))
 
 
 # ---------------------------------------------------------------- unary
 
 
 def _unary_float(fn):
-    return lambda self: fn(_floating(self)[0])
+    return lambda self: fn(dtypes.floating(self)[0])
 
 
 def _lgamma(x):
@@ -467,7 +381,7 @@ def _lgamma(x):
 
 
 def _angle(x):
-    if _category(x.dtype) == _COMPLEX:
+    if dtypes.is_complex(x.dtype):
         return jnp.angle(x)
     return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.pi, 0).astype(x.dtype))
 
@@ -540,7 +454,7 @@ for _op, _fn in _ROUNDING.items():
 def round(self, *, decimals=0):
     if _is_integral(self):
         return self
-    (x,) = _common(self)
+    (x,) = dtypes.common(self)
     if decimals >= 0:
         scale = jnp.asarray(10.0**decimals, x.dtype)  # as CPU, in the input's dtype
         return true_divide(jnp.round(x * scale), scale)
@@ -557,7 +471,7 @@ def sign(self):
 
 @lower(aten.sgn.default)
 def sgn(self):
-    if _category(self.dtype) != _COMPLEX:
+    if not dtypes.is_complex(self.dtype):
         return sign(self)
     magnitude = jnp.abs(self)
     return jnp.where(magnitude == 0, 0, self / jnp.where(magnitude == 0, 1, magnitude))
@@ -565,7 +479,7 @@ def sgn(self):
 
 @lower(aten.frexp.Tensor)
 def frexp(self):
-    return jnp.frexp(_floating(self)[0])
+    return jnp.frexp(dtypes.floating(self)[0])
 
 
 @lower(aten._conj_physical.default, aten.conj_physical_.default)

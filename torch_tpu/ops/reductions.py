@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from torch_tpu import precision
 from torch_tpu.ops import emulated
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.runtime import dtypes
@@ -34,21 +33,10 @@ def _as(x, dtype):
     return _wide(x if dtype is None else x.astype(dtypes.to_jax(dtype)))
 
 
-def _integral(x):
-    return dtypes.is_integral(x.dtype)
-
-
 def _summable(x, dtype):
     """`x` ready to sum or multiply: integers and bool promote to int64 as in PyTorch."""
     x = _as(x, dtype)
     return x.astype(dtypes.accumulation_dtype(x.dtype))
-
-
-def _floating(x):
-    """`x` as a floating (or complex) array: integers and bool become the default float dtype."""
-    if _integral(x):
-        return x.astype(dtypes.to_jax(precision.default_dtype()))  # the trace context's
-    return _wide(x)
 
 
 def _scan_axis(x, dim):
@@ -175,7 +163,7 @@ def aminmax(self, *, dim=None, keepdim=False):
 
 def _moments(x, dim, correction, keepdim):
     """(variance, mean) over `dim` with Bessel-style `correction` (default 1); variance is real."""
-    x = _floating(x)
+    x = dtypes.floating_for_reduction(x)
     axes = _axes(x, dim)
     count = math.prod(x.shape[a] for a in (range(x.ndim) if axes is None else axes))
     centre = jnp.mean(x, axis=axes, keepdims=True)
@@ -235,7 +223,7 @@ def count_nonzero(self, dim=None):
 
 @lower(aten.logsumexp.default)
 def logsumexp(self, dim, keepdim=False):
-    return jax.nn.logsumexp(_floating(self), axis=_axes(self, dim), keepdims=keepdim)
+    return jax.nn.logsumexp(dtypes.floating_for_reduction(self), axis=_axes(self, dim), keepdims=keepdim)
 
 
 def _vector_norm(x, ord, dim, keepdim):
@@ -284,7 +272,7 @@ def cumprod(self, dim, *, dtype=None):
 
 @lower(aten.logcumsumexp.default, aten._logcumsumexp.default)
 def logcumsumexp(self, dim):
-    x, axis = _scan_axis(_floating(self), dim)
+    x, axis = _scan_axis(dtypes.floating_for_reduction(self), dim)
     return jax.lax.cumlogsumexp(x, axis=axis).reshape(self.shape)
 
 

@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy import special
 
-from torch_tpu.ops.elementwise import _floating, copysign
+from torch_tpu.ops.elementwise import copysign
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.runtime import dtypes
 
 _F64 = np.dtype(np.float64)
 _EULER = 0.5772156649015329
@@ -24,7 +25,7 @@ _HARMONIC = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, _SERIES_TERMS + 
 
 def _wide(*operands):
     """Operands in their common floating dtype (PyTorch's result dtype), as float64 for evaluation."""
-    return tuple(x.astype(_F64) for x in _floating(*operands))
+    return tuple(x.astype(_F64) for x in dtypes.floating(*operands))
 
 
 def _polynomial(coefficients, variable):
@@ -277,7 +278,7 @@ _RECURRENCES = {
 
 def _orthogonal(kind, shifted=False):
     def polynomial(x, n):
-        (x,) = _floating(x) if kind in ("h", "he") else _wide(x)
+        (x,) = dtypes.floating(x) if kind in ("h", "he") else _wide(x)
         x = 2 * x - 1 if shifted else x
         degree = _degree(n)
         x, degree = jnp.broadcast_arrays(x, degree)
@@ -403,7 +404,7 @@ def _trigamma(x):
 @lower(aten.polygamma.default)
 def polygamma(n, self):
     """digamma for n = 0, trigamma for n = 1, else (-1)^(n+1) n! zeta(n + 1, x)."""
-    (x,) = _floating(self)
+    (x,) = dtypes.floating(self)
     if n == 1 and x.dtype.itemsize <= 4:
         return _trigamma(x.astype(np.float32))
     x = x.astype(_F64)

@@ -25,7 +25,7 @@ from torch_tpu.runtime import dtypes
 
 WHOLE, RESHAPE, VIEW, GATHER = "whole", "reshape", "view", "gather"
 WHOLE_BUFFER = (WHOLE, None, None, None, None)
-_JAX_DTYPE = collections.defaultdict(lambda: None, dtypes._TORCH_TO_JAX)  # None for a dtype the device lacks
+_JAX_DTYPE = collections.defaultdict(lambda: None, dtypes.JAX_DTYPES)  # None for a dtype the device lacks
 
 
 def classify(tensor: torch.Tensor, buffer: Any, size: torch.Size, dtype: torch.dtype) -> tuple:
