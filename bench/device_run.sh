@@ -45,18 +45,23 @@ CACHE=${DEVICE_RUN_CACHE:-$WORK/cache}
 export TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT="$CACHE/torch_tpu" TORCHINDUCTOR_CACHE_DIR="$CACHE/inductor"
 cd "$REPO" || exit 2
 
-# step NAME CAP_SECONDS COMMAND...: runs COMMAND under `timeout`, its output appended to $OUT/$PART.log.
+# step NAME CAP_SECONDS COMMAND...: runs COMMAND under `timeout`, its output appended to $OUT/$PART.log (and, until
+# the next step, in $WORK/step.log). TORCH_TPU_TEST_DEADLINE, 25 s before the timeout, lets a pytest step skip the
+# tests that would start later and end by itself with its report (an interrupt can be held by the chip's runtime
+# until the kill).
 step() {
     local name=$1 cap=$(($2 * SCALE))
     shift 2
     local left=$((BUDGET - (SECONDS - PART_START) - 5))
     if ((left < 15)); then
         echo "SKIP  $PART/$name (the part's budget of ${BUDGET} s is spent)" >>"$OUT/summary.txt"
+        : >"$WORK/step.log"
         return
     fi
     local limit=$((cap < left ? cap : left)) began=$SECONDS
     echo "== $PART/$name (timeout ${limit} s)" | tee -a "$LOG"
-    timeout --signal=INT --kill-after=15 "$limit" "$@" >"$WORK/step.log" 2>&1
+    TORCH_TPU_TEST_DEADLINE=$(($(date +%s) + limit - 25)) \
+        timeout --signal=INT --kill-after=15 "$limit" "$@" >"$WORK/step.log" 2>&1
     local status=$? took=$((SECONDS - began))
     cat "$WORK/step.log" >>"$LOG"
     tail -n 15 "$WORK/step.log"
@@ -72,21 +77,17 @@ step() {
 
 # pytest_part NAME CAP SMALL_K PATHS...: the device part of the suite under PATHS, in this one process (one process
 # holds the chip); the dry run takes only the tests SMALL_K (a -k expression) selects.
-# Tests that would start within 25 s of the step's timeout are skipped, so pytest ends by itself with its report (an
-# interrupt can be held by the chip's runtime until the kill); the summary line carries pytest's counts.
+# The summary gets pytest's counts; a suite cut at the deadline (`step`) is INCOMPLETE, not a pass.
 pytest_part() {
-    local name=$1 given=$2 small_k=$3
-    local cap=$((given * SCALE))
+    local name=$1 cap=$2 small_k=$3
     shift 3
     local select=(-m tpu_device)
     [ "$SMALL" = 1 ] && select=(-m "tpu_device and not slow" -k "$small_k")
-    local left=$((BUDGET - (SECONDS - PART_START) - 5))
-    local limit=$((cap < left ? cap : left))
-    TORCH_TPU_TEST_DEADLINE=$(($(date +%s) + limit - 25)) step "$name" "$given" "$PYTHON" -m pytest -v -p no:cacheprovider \
-        -rfEs --tb=short --durations=15 "${select[@]}" --junitxml="$OUT/$PART-junit.xml" "$@"
+    step "$name" "$cap" "$PYTHON" -m pytest -v -p no:cacheprovider -rfEs --tb=short --durations=15 "${select[@]}" \
+        --junitxml="$OUT/$PART-junit.xml" "$@"
     local counts spent
-    counts=$(grep -E "^=+ .*(passed|failed|error|skipped).* in [0-9.]+s" "$LOG" | tail -n 1 | tr -d '=')
-    spent=$(grep -E "^SKIPPED \[[0-9]+\].*TORCH_TPU_TEST_DEADLINE" "$LOG" | sed -E 's/^SKIPPED \[([0-9]+)\].*/\1/' | tail -n 1)
+    counts=$(grep -E "^=+ .*(passed|failed|error|skipped).* in [0-9.]+s" "$WORK/step.log" | tail -n 1 | tr -d '=')
+    spent=$(grep -E "^SKIPPED \[[0-9]+\].*TORCH_TPU_TEST_DEADLINE" "$WORK/step.log" | sed -E 's/^SKIPPED \[([0-9]+)\].*/\1/')
     [ -z "$counts" ] && return
     if ((${spent:-0} > 0)); then # not a pass: part of the suite did not run
         FAILED=$((FAILED + 1))

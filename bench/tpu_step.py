@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -106,12 +105,12 @@ def _launch(impl: str, mode: str, args: argparse.Namespace) -> dict:
     if impl == "google":  # its environment set up first (the mode's variable is already in `env`)
         quoted = " ".join(f"'{part}'" for part in ["python3", *command[1:]])
         command = ["bash", "-c", f"{args.google_env} && {quoted}"]
-    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not lines:
-        tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"impl": impl, "mode": mode, "error": f"exit {out.returncode}: {tail[0][:160]}"}
-    return json.loads(lines[-1])
+    from torch_tpu.kit.child import run_json_command  # here: Google's child process has a torch_tpu of its own
+
+    result = run_json_command(command, env, timeout=args.timeout)
+    if "error" in result:
+        return {"impl": impl, "mode": mode, "error": f"exit {result.get('returncode')}: {result['error'][:160]}"}
+    return result
 
 
 def _table(results: list[dict], size: str, peak_tflops: float) -> None:

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -105,15 +104,12 @@ def measure(variant: str) -> dict:
 
 
 def _child(variant: str, cache: str) -> dict:
+    from torch_tpu.kit.child import run_json_command
+
     env = dict(os.environ, TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=cache, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     if variant == "ours_nocache":
         env["TORCH_TPU_PERSISTENT_CACHE"] = "0"
-    command = [sys.executable, __file__, "--child", variant]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        return {"error": f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"}
-    return json.loads(lines[-1])
+    return run_json_command([sys.executable, __file__, "--child", variant], env, timeout=900)
 
 
 def _report(results: dict[str, dict]) -> None:

@@ -13,14 +13,14 @@ STEPS = {
     "correctness": ["platform", "smoke_eager", "smoke_compiled", "device_suite", "cache_two_processes"],
     "ops": ["ops_suite", "numerics", "kit_smoke", "kit_evaluate"],
     "models": ["models_suite", "compiled_numerics"],
-    "perf": ["tpu_step_small", "eager_modes"],
+    "perf": ["warmup", "tpu_step_small", "eager_modes"],
     "perf_large": ["tpu_step_large"],
 }
 FILES = {
     "correctness": ["correctness.log", "correctness-junit.xml"],
     "ops": ["ops.log", "ops-junit.xml", "numerics.json", "evaluate-report.json"],
     "models": ["models.log", "models-junit.xml", "compiled_numerics.json"],
-    "perf": ["perf.log", "tpu_step_small.json"],
+    "perf": ["perf.log", "tpu_step_small.json", "warmup.json"],
     "perf_large": ["perf_large.log", "tpu_step_large.json"],
 }
 

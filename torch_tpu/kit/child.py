@@ -22,11 +22,17 @@ def environment(**extra: str) -> dict[str, str]:
 def run_json(
     module: str, arguments: list[str], env: dict[str, str] | None = None, timeout: float | None = None
 ) -> dict[str, Any]:
-    """`python -m module ARGUMENTS` to its end: the last JSON object it printed, else `error` saying why not.
+    """`python -m module ARGUMENTS` to its end: the last JSON object it printed, else `error` saying why not."""
+    return run_json_command([sys.executable, "-m", module, *arguments], env, timeout)
+
+
+def run_json_command(
+    command: list[str], env: dict[str, str] | None = None, timeout: float | None = None
+) -> dict[str, Any]:
+    """`command` to its end: the last JSON object it printed, else `error` saying why not (and `returncode`).
 
     The child's stderr goes to ours on a terminal (progress bars); otherwise it is captured and its last line,
     usually the exception, becomes the `error`."""
-    command = [sys.executable, "-m", module, *arguments]
     try:
         child = subprocess.run(
             command,
