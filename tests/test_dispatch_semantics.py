@@ -8,7 +8,7 @@ import torch
 
 import torch_tpu
 from torch_tpu.eager.cache import executables
-from torch_tpu.runtime import platform
+from torch_tpu.runtime import platform, trace_context
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
@@ -97,7 +97,7 @@ def test_precision_changed_between_two_calls_traces_anew(columns, setting):
         blocks.close()
     assert _mm_entries() == before + 1  # traced again, under the new level
     assert traced and traced[-1] is not precision.for_dot()
-    assert precision.cache_token() == (torch.float32, "highest", True, torch_tpu.index_checks())
+    assert trace_context.cache_token() == (torch.float32, "highest", True, torch_tpu.index_checks())
 
 
 def _outcome(call, device):

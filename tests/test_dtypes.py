@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_tpu import precision
-from torch_tpu.runtime import dtypes, platform
+from torch_tpu.runtime import dtypes, platform, trace_context
 
 _TABLE = list(dtypes.JAX_DTYPES)
 _NUMBERS = (True, 3, 2.5, 1j)
@@ -63,12 +62,12 @@ def test_result_type_matches_torch(first):
 def test_floating_widens_integers_but_the_reduction_rule_does_not():
     """Under a bfloat16 default, `floating` computes an integer in float32; `floating_for_reduction` keeps bfloat16."""
     ints = jnp.arange(3, dtype=jnp.int32)
-    saved = precision.context.default_dtype
-    precision.context.default_dtype = torch.bfloat16
+    saved = trace_context.context.default_dtype
+    trace_context.context.default_dtype = torch.bfloat16
     try:
         assert dtypes.floating(ints)[0].dtype == np.float32
         assert dtypes.floating_for_reduction(ints).dtype == dtypes.to_jax(torch.bfloat16)
     finally:
-        precision.context.default_dtype = saved
+        trace_context.context.default_dtype = saved
     half = jnp.ones(3, jnp.float16)
     assert dtypes.floating(half)[0].dtype == dtypes.floating_for_reduction(half).dtype == np.float32

@@ -39,6 +39,8 @@ TOP_LEVEL = {
     # top, with the kit; nothing inside the package imports them.
     "torch_tpu.__init__": "kit",
     "torch_tpu._loader": "kit",
+    # Every change to torch, each layer's install in order: it names them all, so it sits on top.
+    "torch_tpu.wiring": "kit",
     # Helpers for users' tests comparing `tpu` with CPU: a tool on top of the package, like the kit.
     "torch_tpu.testing": "kit",
 }
@@ -100,6 +102,63 @@ def test_imports_never_go_up(path):
         f"line {line}: {name} ({layer_of(name)})" for name, line in imports(path) if not may_import(own, layer_of(name))
     ]
     assert not upward, f"{module_name(path)} ({own}) imports upward or sideways: {upward}"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each torch_tpu module -> the torch_tpu modules it imports (a package's name stands for its __init__)."""
+    names = {module_name(path): path for path in MODULES}
+
+    def resolved(name: str) -> str | None:
+        return name if name in names else f"{name}.__init__" if f"{name}.__init__" in names else None
+
+    return {
+        module: {target for name, _ in imports(path) if (target := resolved(name)) not in (None, module)}
+        for module, path in names.items()
+    }
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, successors = work[-1]
+            for succ in successors:
+                if succ not in index:
+                    index[succ] = low[succ] = len(index)
+                    stack.append(succ)
+                    work.append((succ, iter(sorted(graph[succ]))))
+                    break
+                if succ in stack:
+                    low[node] = min(low[node], index[succ])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = stack[stack.index(node) :]
+                    del stack[stack.index(node) :]
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_the_circle_finder_finds_circles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": {"d"}, "f": set()}
+    assert sorted(circles(graph)) == [["a", "b", "c"], ["d", "e"]]
+
+
+def test_no_import_circles():
+    """No two modules import each other, directly or round a loop (a lazy import counts too)."""
+    assert circles(import_graph()) == []
 
 
 def test_sibling_layers_are_refused():

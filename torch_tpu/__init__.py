@@ -31,40 +31,12 @@ def export_stablehlo(model, example_inputs):  # documented in compile.export
 
 
 def _register() -> None:
-    """The steps of PyTorch's Python PrivateUse1 route, each once per process."""
+    """Every change to torch (`torch_tpu.wiring` lists them), once per process."""
     if hasattr(torch, "tpu"):
         return
-    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-    torch._register_device_module("tpu", tpu)
-    _compat.register_hooks(_accelerator.Hooks())
-    _compat.register_device_guard(_accelerator.Guard())
-    from torch_tpu.compile import skips
+    from torch_tpu import wiring
 
-    skips.install()  # before anything can compile: Dynamo must not trace our kernels, whatever the backend
-    import torch_tpu.ops  # noqa: F401  (fills the lowering registry)
-    from torch_tpu.eager import register
-
-    register.install()
-    _accelerator.install(tpu.synchronize)
-    from torch_tpu import interop
-    from torch_tpu.runtime import pinned, storage
-
-    pinned.install()
-    storage.install()
-    interop.install()
-    _serialization.install()
-    from torch_tpu.runtime import modules
-
-    modules.install()
-    from torch_tpu import amp, distributed, kernels, profiler
-    from torch_tpu.kernels import prebuilt
-
-    prebuilt.install()  # `torch.tpu.ops` (before distributed, which adds its two collectives to it)
-
-    amp.install()
-    distributed._register()  # the `tpu_dist` c10d backend (JAX starts with a group); `torch.tpu.distributed`
-    kernels._register()  # `torch.tpu.pallas`
-    profiler._register()  # ProfilerActivity.TPU runs JAX's profiler beside torch.profiler; `torch.tpu.profiler`
+    wiring.apply()
 
 
 # The supported torch and JAX releases, checked before anything touches their private APIs (runtime/compat.py);
@@ -81,8 +53,6 @@ if _SUPPORTED:
     from torch_tpu.eager.fallback import set_cpu_fallback as set_cpu_fallback
     from torch_tpu.interop import from_jax as from_jax
     from torch_tpu.interop import to_jax as to_jax
-    from torch_tpu.runtime import accelerator as _accelerator
-    from torch_tpu.runtime import serialization as _serialization
     from torch_tpu.runtime.checks import index_checks as index_checks
     from torch_tpu.runtime.checks import set_index_checks as set_index_checks
 

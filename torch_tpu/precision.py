@@ -1,4 +1,4 @@
-"""fp32 matmul/convolution precision, and the trace context: every global setting a traced program depends on.
+"""fp32 matmul/convolution precision, and excess precision.
 
 `torch.tpu.Precision` names StableHLO's dot precision: DEFAULT (TPU: one bf16 pass with fp32 accumulation;
 GPU: TF32 where the chip has it), HIGH (TPU: three bf16 passes, ~fp32), HIGHEST (full fp32 everywhere). On the
@@ -8,110 +8,25 @@ medium/high/highest -> DEFAULT/HIGH/HIGHEST (PyTorch's own default, "highest", g
 `torch.tpu.allow_excess_precision` (default True) lets XLA keep bf16/fp16 intermediates in fp32 inside a fused
 computation instead of rounding after every op.
 
-The trace context (`context`) is what of the process's state a lowering reads while it is traced — PyTorch's
-default dtype (the dtype Python floats and integer-to-float ops take), the matmul precision, excess precision,
-whether device-side checks are made (runtime/checks.py) —
-kept as one token that every cache key contains (eager per-op executables, Fused clusters, compiled graphs), so
-that a change of any of them traces anew instead of replaying a program made under the old setting. The token is
-recomputed only when a setter runs (PyTorch's setters are hooked here, ours refresh it), so the eager hot path
-reads one attribute; lowerings read the context's values (`default_dtype()`, `for_dot()`), never PyTorch's.
+The level in force is part of the trace context (`runtime.trace_context`), with the other global settings a
+traced program depends on, so every cache key tells programs of different levels apart.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
-import functools
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import jax
-import torch
 
-from torch_tpu.runtime import checks as device_checks
+from torch_tpu.runtime.trace_context import Precision as Precision  # torch.tpu.Precision
+from torch_tpu.runtime.trace_context import context
 
-
-class Precision(enum.Enum):
-    """Dot/convolution precision for float32 operands (names as in TorchTPU)."""
-
-    DEFAULT = "default"
-    HIGH = "high"
-    HIGHEST = "highest"
-
-
-_FROM_TORCH = {"medium": Precision.DEFAULT, "high": Precision.HIGH, "highest": Precision.HIGHEST}
 _TO_LAX = {
     Precision.DEFAULT: jax.lax.Precision.DEFAULT,
     Precision.HIGH: jax.lax.Precision.HIGH,
     Precision.HIGHEST: jax.lax.Precision.HIGHEST,
 }
-
-
-class _Context:
-    """The trace context. Process-wide, like PyTorch's own settings: PyTorch's autograd engine runs a `tpu`
-    backward on its own device thread, and a `precision(...)` block around `.backward()` must reach those ops."""
-
-    __slots__ = ("stack", "excess", "default_dtype", "level", "token")
-
-    def __init__(self) -> None:
-        self.stack: list[Precision] = []
-        self.excess = True
-        self.default_dtype = torch.float32
-        self.level = Precision.HIGHEST
-        self.token: tuple = ()
-
-    def refresh(self) -> None:
-        """Recompute the context from the settings (after any of them changed)."""
-        self.default_dtype = torch.get_default_dtype()
-        if self.stack:
-            self.level = self.stack[-1]
-        else:
-            self.level = _FROM_TORCH.get(torch._C._get_float32_matmul_precision(), Precision.HIGHEST)
-        # plain values that hash in C, since the token is part of every eager op's key
-        self.token = (self.default_dtype, self.level.value, self.excess, device_checks.state.enabled)
-
-
-context = _Context()
-context.refresh()
-
-
-def _refreshing(setter: Callable) -> Callable:
-    @functools.wraps(setter)
-    def set_and_refresh(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return setter(*args, **kwargs)
-        finally:
-            context.refresh()
-
-    set_and_refresh.refreshes_trace_context = True
-    return set_and_refresh
-
-
-# PyTorch's setters of the default dtype and the fp32 matmul precision (`torch.set_default_dtype`,
-# `set_default_tensor_type`, `set_float32_matmul_precision`, `torch.backends.cuda.matmul.allow_tf32`, the
-# `fp32_precision` properties) all call these bindings through `torch._C` at call time.
-_TORCH_SETTERS = (
-    "_set_default_dtype",
-    "_set_default_tensor_type",
-    "_set_float32_matmul_precision",
-    "_set_cublas_allow_tf32",
-    "_set_fp32_precision_setter",
-)
-for _name in _TORCH_SETTERS:
-    _setter = getattr(torch._C, _name, None)
-    if _setter is not None and not getattr(_setter, "refreshes_trace_context", False):
-        setattr(torch._C, _name, _refreshing(_setter))
-
-
-def cache_token() -> tuple:
-    """The trace context as a key (part of every cache key)."""
-    return context.token
-
-
-def default_dtype() -> torch.dtype:
-    """PyTorch's default dtype as the trace context holds it: what lowerings read instead of
-    `torch.get_default_dtype()`, so that a program never depends on state its key lacks."""
-    return context.default_dtype
 
 
 def current() -> Precision:

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -30,7 +30,7 @@ from torch_tpu.random import (
     seed_all,
     set_rng_state,
 )
-from torch_tpu.runtime import checks, compat, platform
+from torch_tpu.runtime import checks, platform
 from torch_tpu.runtime import memory as _memory_stats
 from torch_tpu.runtime.deferred import buffers as _pending_buffers
 from torch_tpu.runtime.memory import memory as _memory
@@ -148,26 +148,6 @@ def _index(device: Any) -> int:
             raise ValueError(f"torch_tpu: expected a tpu device, got {device}")
         device = device.index
     return platform.own_index(device)
-
-
-def _alias_in_fake_tensors() -> None:
-    """Compiled code sees the alias too: a FakeTensor made on `tpu:LOCAL_RANK` (a factory in a compiled region
-    under a launcher) is on `tpu:0`, as the real tensor would be; another index raises while tracing. (Not on
-    torch 2.11, which has no hook for it: there such a factory fails to trace with a device mismatch.)"""
-
-    def aliasing(normalize: Callable[[torch.device], torch.device]) -> Callable[[torch.device], torch.device]:
-        def aliased(device: torch.device) -> torch.device:
-            device = normalize(device)
-            if device.type == "tpu" and device.index:
-                return torch.device("tpu", platform.own_index(device.index))
-            return device
-
-        return aliased
-
-    compat.wrap_fake_device_normalizer(aliasing)
-
-
-_alias_in_fake_tensors()
 
 
 def get_device_name(device: Any = None) -> str:

@@ -14,15 +14,15 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-from torch_tpu import compile as hooks
-from torch_tpu import metrics, precision
+from torch_tpu import metrics
 from torch_tpu import random as tpu_random
 from torch_tpu.compile import buckets, graph, warm
 from torch_tpu.eager import fused
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.decompositions import for_graphs as decompositions
-from torch_tpu.runtime import checks, memory, platform, storage
+from torch_tpu.runtime import checks, memory, platform, storage, trace_context
 from torch_tpu.runtime import persistent as cache
+from torch_tpu.runtime.hooks import hooks
 
 _OPTIONS = {"async_compile", "num_dynamic_buckets", "bucket_size", "serializable", "debug_callback", "name"}
 
@@ -119,7 +119,7 @@ class CompiledGraph:
             real = self.plan.sizes(inputs)
             shape_key = self._bucket(real)
             inputs = self.plan.pad(inputs, real, shape_key)
-        cache_key = ("graph", self.name, id(self), precision.cache_token(), shape_key)
+        cache_key = ("graph", self.name, id(self), trace_context.cache_token(), shape_key)
         entry = executables.lookup(cache_key)
         try:
             if entry is None:  # first call, or first call under this precision state

@@ -85,12 +85,12 @@ def check_supported(gm: torch.fx.GraphModule) -> None:
 
 
 def _node_dtypes(node: torch.fx.Node) -> list:
-    """The JAX dtypes of a node's tensor inputs and outputs (what the float64 policy looks at; a 0-d input only
-    through the outputs, as in eager: `dispatch._array_dtypes`)."""
+    """The 64-bit JAX dtypes among those of a node's tensor inputs and outputs that the float64 policy counts
+    (`float64.counted`, as in eager)."""
     flat = lambda value: list(value) if isinstance(value, (list, tuple)) else [value]
-    inputs = [t for a in node.all_input_nodes for t in flat(a.meta.get("val")) if getattr(t, "ndim", 0) > 0]
-    tensors = flat(node.meta.get("val")) + inputs
-    return [dtypes.to_jax(t.dtype) for t in tensors if isinstance(t, torch.Tensor) and t.dtype in dtypes.SIXTY_FOUR_BIT]
+    inputs = [t for a in node.all_input_nodes for t in flat(a.meta.get("val")) if isinstance(t, torch.Tensor)]
+    outputs = [t.dtype for t in flat(node.meta.get("val")) if isinstance(t, torch.Tensor)]
+    return [dtypes.to_jax(d) for d in float64.counted(inputs, outputs) if d in dtypes.SIXTY_FOUR_BIT]
 
 
 class _DataDependent(Exception):

@@ -49,6 +49,7 @@ from torch_tpu import precision
 from torch_tpu.ops.decompositions import lowered_ops
 from torch_tpu.ops.registry import graph_lowering
 from torch_tpu.runtime import persistent as cache
+from torch_tpu.runtime import trace_context
 
 _COMPILERS = {"fw_compiler": "forward", "bw_compiler": "backward", "inference_compiler": "inference"}
 
@@ -354,7 +355,7 @@ def graph_key(fingerprint: str, inputs: Sequence[Any]) -> str:
             cache.environment(),
             sources(),
             fingerprint,
-            repr(precision.cache_token()),
+            repr(trace_context.cache_token()),
             repr(sorted(precision.compiler_options().items())),
             repr(sorted(jax.config.values.items())),
             ";".join(_input_token(value) for value in inputs),

@@ -18,11 +18,10 @@ from typing import Any, TypeVar
 
 import torch
 
-from torch_tpu import precision
 from torch_tpu.distributed import functional, spmd
 from torch_tpu.eager import fused, modes
 from torch_tpu.ops.registry import graph_lowering
-from torch_tpu.runtime import storage
+from torch_tpu.runtime import storage, trace_context
 
 F = TypeVar("F", bound=Callable[..., Any])
 _TORCH_KERNEL = torch._C.DispatchKey.CompositeExplicitAutograd
@@ -75,7 +74,7 @@ def _record(op: Any, args: tuple) -> Any:
     leaves = [storage.value(t) for t in tensors]
     signature = tuple((tuple(t.shape), t.dtype) for t in tensors)
     key = ("funcol", str(op), tuple(tuple(s) if isinstance(s, list) else s for s in statics), signature)
-    trace = _trace(op, (*key, precision.cache_token()), collective, leaves, ranks)
+    trace = _trace(op, (*key, trace_context.cache_token()), collective, leaves, ranks)
     outputs = fused.record(trace, leaves)
     if len(ranks) > 1:
         fused.recorder.ranks = ranks
@@ -106,5 +105,4 @@ def install() -> None:
         warnings.filterwarnings("ignore", "Warning only once for all operators")
         for op in functional.COLLECTIVES:
             library.impl(op._schema.name.split("::")[1], _kernel(op), "PrivateUse1")
-    fused.spmd = spmd.program
     _library = library

@@ -30,10 +30,10 @@ import torch.distributed as dist
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import torch_tpu.compile
 from torch_tpu import metrics
 from torch_tpu.distributed import collectives, functional, handshake, meshes
 from torch_tpu.runtime import compat, persistent, platform
+from torch_tpu.runtime.hooks import hooks
 
 _KEY = "tpu_dist/spmd/{ranks}/{sequence}/{rank}"
 # Per group (its ranks): how many programs over it this process has agreed on; every rank counts alike.
@@ -236,7 +236,7 @@ class GraphProgram(Program):
 
 def _kernel_plan(gm: torch.fx.GraphModule, kernels: list[torch.fx.Node], nodes: list) -> GraphProgram:
     """The program of a graph holding kernels over a mesh of several ranks: that mesh's (one for the graph)."""
-    grids = {torch_tpu.compile.mesh_ops[node.target] for node in kernels}
+    grids = {hooks.mesh_ops[node.target] for node in kernels}
     if len(grids) > 1 or nodes:
         beside = f"collectives ({', '.join(sorted({str(n.target) for n in nodes}))})" if nodes else "other meshes"
         raise NotImplementedError(
@@ -255,7 +255,7 @@ def plan(gm: torch.fx.GraphModule) -> GraphProgram | None:
     its 1-D mesh; over several, the DeviceMesh whose dimensions they are (else a clear error); with kernels over a
     mesh of several ranks (`jax_op(..., mesh=)`), that mesh."""
     nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in functional.COLLECTIVES]
-    kernels = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in torch_tpu.compile.mesh_ops]
+    kernels = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in hooks.mesh_ops]
     if kernels:
         return _kernel_plan(gm, kernels, nodes)
     names: dict[tuple[int, ...], str] = {}  # each group's ranks: its name, in graph order
@@ -345,7 +345,6 @@ def mesh_program(ranks: tuple[int, ...], shape: tuple[int, ...], names: tuple[st
 
 
 def install() -> None:
-    """Compiled graphs holding collectives run as `plan` says, kernels over a mesh of several ranks as
-    `mesh_program` (the compile layer's hooks)."""
-    torch_tpu.compile.spmd_plan = plan
-    torch_tpu.compile.spmd_program = mesh_program
+    """Compiled graphs holding collectives run as `plan` says, Fused clusters holding collectives as `program`,
+    kernels over a mesh of several ranks as `mesh_program` (`runtime.hooks`)."""
+    hooks.spmd_plan, hooks.spmd_cluster, hooks.mesh_program = plan, program, mesh_program

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -19,15 +19,13 @@ from torch._ops import OpOverload
 
 from torch_tpu import metrics, precision
 from torch_tpu import random as tpu_random
-from torch_tpu.eager import fused, modes, validation
+from torch_tpu.eager import encoding, fused, modes, validation
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import Lowering, mutated_args
 from torch_tpu.runtime import checks as device_checks
-from torch_tpu.runtime import compat, dtypes, float64, memory, persistent, platform, storage
-from torch_tpu.runtime.mapping import GATHER, WHOLE_BUFFER, classify
+from torch_tpu.runtime import compat, dtypes, float64, persistent, platform, storage, trace_context
 
 _MATH_BIT_KEYS = (torch._C.DispatchKey.Conjugate, torch._C.DispatchKey.Negative)
-_MAX_SCALARS = 4096
 # An op gathering more tensors than this into one (a `stack` or `cat` of many) runs on its own in Fused mode:
 # XLA:CPU's compile time for a concatenation fused into its consumer grows superlinearly with the operands
 # (stack + sum of 1500 vectors: 6.0 s against 1.4 s for the stack alone; 0.19 against 0.12 s at 256).
@@ -35,178 +33,6 @@ _MAX_FUSED_INPUTS = 256
 # Reductions and scans whose `out=` form, given no `dtype`, computes at the out's dtype (CPU's meta kernels take it
 # from the output: `torch.sum(half, 0, out=float32)` sums in float32); other ops compute, then cast (or refuse).
 _OUT_DTYPE_COMPUTES = frozenset(("sum", "nansum", "prod", "mean", "cumsum", "cumprod"))
-_TENSOR_LIST_TYPES = ("Tensor[]", "Tensor?[]", "List[Tensor]", "List[Optional[Tensor]]")
-
-
-class _Input:
-    """A run-time input in a call's template (its arguments as the lowering sees them, `_fill`ed in the trace, in
-    the order the encoders took them): the next input as it is (`_NEXT`); a buffer's whole array read through
-    `view`, (shape, stride), inside the executable (`storage.read_view`), its storage offset the input after it
-    when `offset` (else 0); or a list of `count` Python numbers packed into one array (`_packed`)."""
-
-    __slots__ = ("view", "offset", "count")
-
-    def __init__(self, view: tuple | None = None, offset: bool = False, count: int | None = None) -> None:
-        self.view = view
-        self.offset = offset
-        self.count = count
-
-
-_NEXT = _Input()
-_Encoder = Callable[[OpOverload, Any, list, list], Any]
-
-
-def _packed(values: list) -> type | None:
-    """The type of a list of Python numbers that travels as one array — all floats, or all ints within int64 (a
-    foreach op's per-step scalars: one transfer instead of one per tensor) — else None (each its own input)."""
-    if not values:
-        return None
-    kind = type(values[0])
-    if kind is float and all(type(v) is float for v in values):
-        return float
-    if kind is int and all(type(v) is int and -(2**63) <= v < 2**63 for v in values):
-        return int
-    return None
-
-
-def _encoders(math_bits: bool, jit: bool) -> dict[str, _Encoder]:
-    """The encoder of each argument kind, for a lowering (`jit`: Python numbers may become device arrays) whose
-    kernel can see conjugate and negative bits set (`math_bits`).
-
-    `encode(op, value, key, leaves)` appends, in one pass, the argument's part of the cache key to `key` and its
-    run-time inputs to `leaves`, and returns its template (the argument as the lowering sees it, each run-time
-    input an `_Input`). How a `tpu` tensor is read follows its mapping onto its buffer (`mapping.classify`): the
-    whole buffer is its array; a reshape or a view at the buffer's dtype is the buffer's array read inside the
-    executable, its layout in the key and a non-zero offset a run-time input (one program per layout); a view at
-    another dtype, or with conjugate or negative bits set, is read (gathered) first, by `storage.value`.
-    """
-
-    def number(value: Any, key: list, leaves: list) -> _Input:
-        key.append(type(value))
-        leaves.append(_device_scalar(value) if jit else value)
-        return _NEXT
-
-    def elsewhere(op: OpOverload, value: Any, key: list, leaves: list, alone: bool) -> Any:
-        """Not a `tpu` tensor: absent (None), a number or a CPU tensor — a 0-dim one alone, any one in a list (e.g.
-        indices, moved as on CUDA)."""
-        if value is None:
-            key.append(None)
-            return None
-        if not isinstance(value, torch.Tensor):
-            return number(value, key, leaves)
-        if not value.is_cpu:
-            storage.buffer_of(value)  # raises, naming the device
-        if value.dim() != 0 and alone:
-            raise _device_mismatch(op, value)
-        key.append("host")
-        leaves.append(_host_scalar(value) if value.dim() == 0 else storage.to_device(value))
-        key.append(value.shape)
-        key.append(value.dtype)
-        return _NEXT
-
-    def through_buffer(value: torch.Tensor, buffer: Any, found: tuple, key: list, leaves: list) -> _Input:
-        """A `tpu` tensor that is not its whole buffer as it is (or has math bits set), `found` its mapping."""
-        if buffer._array is None:  # written (zeros) first: a read of an unwritten buffer sees zeros
-            storage.read(value)
-            found = classify(value, buffer, value.shape, value.dtype)
-        kind, _, shape, stride, offset = found
-        template = _NEXT
-        if kind == GATHER or value.is_conj() or value.is_neg():
-            leaves.append(storage.value(value))
-        elif found is WHOLE_BUFFER:
-            leaves.append(buffer._array)
-        else:  # RESHAPE, VIEW: the offset is a run-time input, so one program serves a layout at every offset
-            key.append((buffer.shape, stride, offset == 0))
-            leaves.append(buffer._array)
-            if offset:
-                leaves.append(_device_scalar(offset) if jit else offset)
-            template = _Input((shape, stride), offset=bool(offset))
-        key.append(value.shape)
-        key.append(value.dtype)
-        return template
-
-    def tensor_encoder(alone: bool) -> _Encoder:
-        def tensor(op: OpOverload, value: Any, key: list, leaves: list) -> Any:
-            try:
-                buffer = value.untyped_storage()._tpu_buffer
-            except AttributeError:  # a wrapped number (a Python scalar), None, a CPU tensor
-                return elsewhere(op, value, key, leaves, alone)
-            shape = value.shape
-            dtype = value.dtype
-            found = classify(value, buffer, shape, dtype)
-            if found is WHOLE_BUFFER and not (math_bits and (value.is_conj() or value.is_neg())):
-                leaves.append(buffer._array)  # the common case: the input is the array, shape and dtype read once
-                key.append(shape)
-                key.append(dtype)
-                return _NEXT
-            return through_buffer(value, buffer, found, key, leaves)
-
-        return tensor
-
-    tensor = tensor_encoder(alone=True)
-    element = tensor_encoder(alone=False)
-
-    def tensors(op: OpOverload, value: Any, key: list, leaves: list) -> Any:
-        if isinstance(value, torch.Tensor):
-            return element(op, value, key, leaves)
-        template = []
-        for v in value:
-            template.append(element(op, v, key, leaves))
-        return template
-
-    def scalar(op: OpOverload, value: Any, key: list, leaves: list) -> Any:
-        if value is None:
-            key.append(None)
-            return None
-        return number(value, key, leaves)
-
-    def scalars(op: OpOverload, value: Any, key: list, leaves: list) -> Any:
-        """Foreach ops' per-tensor scalars (a step's values; a host tensor of them, as on CUDA)."""
-        values = value.tolist() if isinstance(value, torch.Tensor) else value
-        packed = _packed(values) if jit else None
-        if packed is None:
-            return [scalar(op, v, key, leaves) for v in values]
-        key.append((packed, len(values)))
-        leaves.append(np.array(values, np.float64 if packed is float else np.int64))
-        return _Input(count=len(values))
-
-    def static(op: OpOverload, value: Any, key: list, leaves: list) -> Any:
-        key.append(tuple(value) if isinstance(value, list) else value)
-        return value
-
-    def generator(op: OpOverload, value: Any, key: list, leaves: list) -> None:
-        return None  # a random op's key is drawn from it after the arguments (`Runner.inputs`)
-
-    return {
-        "tensor": tensor,  # Tensor and Tensor? (an absent one is None)
-        "tensors": tensors,
-        "scalar": scalar,
-        "scalars": scalars,
-        "static": static,
-        "generator": generator,
-    }
-
-
-def _kind(argument: torch._C.Argument, static: frozenset[str], scalars: frozenset[str] = frozenset()) -> str:
-    text = str(argument.type)
-    if argument.name == "scalars" or text == "List[number]" and argument.name not in static:
-        return "scalars"
-    if text in ("Tensor", "Optional[Tensor]"):
-        return "tensor"
-    if text in _TENSOR_LIST_TYPES:
-        return "tensors"
-    if text in ("number", "Optional[number]") and argument.name not in static or argument.name in scalars:
-        return "scalar"
-    if "Generator" in text:
-        return "generator"
-    return "static"
-
-
-def _device_mismatch(op: OpOverload, tensor: torch.Tensor) -> RuntimeError:
-    return RuntimeError(
-        f"Expected all tensors to be on the same device, but found at least two devices, tpu:0 and "
-        f"{tensor.device}! (when checking argument for {op})"
-    )
 
 
 class Runner:
@@ -220,9 +46,9 @@ class Runner:
         # only then can our kernel (for `dispatched`, the overload it is registered for) see the bits set.
         name = (dispatched or self.op).name()
         self.math_bits = any(torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for key in _MATH_BIT_KEYS)
-        encoders = _encoders(self.math_bits, lowering.jit)
+        encoders = encoding.encoders(self.math_bits, lowering.jit)
         arguments = self.op._schema.arguments
-        kinds = {a.name: _kind(a, lowering.static, lowering.scalars) for a in arguments}
+        kinds = {a.name: encoding.kind(a, lowering.static, lowering.scalars) for a in arguments}
         self.positional = tuple(encoders[kinds[a.name]] for a in arguments if not a.kwarg_only)
         self.keyword = {a.name: encoders[kinds[a.name]] for a in arguments if a.kwarg_only}
 
@@ -284,8 +110,8 @@ class Runner:
 
         def traced(*values: jax.Array) -> Any:
             remaining = iter(values)  # in the encoders' order: the positional arguments, then the named ones
-            call_args = [_fill(v, remaining) for v in positional]
-            call_kwargs = {n: _fill(v, remaining) for n, v in named}
+            call_args = [encoding.fill(v, remaining) for v in positional]
+            call_kwargs = {n: encoding.fill(v, remaining) for n, v in named}
             if rng:
                 call_kwargs["key"] = values[-1]
             with precision.tracing():
@@ -301,7 +127,7 @@ class Runner:
     ) -> Any:
         """Trace and compile the lowering for this signature, cache it, and return its first result."""
         traced, out_dtypes = self._trace(meta_op, args, kwargs, template)
-        wide = _array_dtypes(leaves, out_dtypes)
+        wide = float64.counted(leaves, out_dtypes)
         float64.check(str(meta_op), wide)
         start = time.perf_counter()
         try:
@@ -368,7 +194,7 @@ class Runner:
     ) -> fused.Trace:
         """The lowering traced for Fused mode under `key`, with the layout of a single tensor output."""
         traced, out_dtypes = self._trace(meta_op, args, kwargs, template)
-        float64.check(str(meta_op), _array_dtypes(leaves, out_dtypes))
+        float64.check(str(meta_op), float64.counted(leaves, out_dtypes))
         trace = fused.trace(key, traced, leaves)
         if trace.single or trace.checks is not None and len(trace.avals) == 1 and trace.tree.num_nodes == 1:
             trace.layout = storage.layout(trace.avals[0].shape, trace.avals[0].dtype)
@@ -383,76 +209,7 @@ def _named_after(fn: Callable, op: OpOverload) -> Callable:
 
 
 _JAX_DTYPE = dtypes.JAX_DTYPES
-_context = precision.context
-_scalars: dict[Any, Any] = {}
-memory.on_empty_cache(_scalars.clear)
-
-
-def _device_scalar(value: Any) -> Any:
-    """A Python scalar run-time input, as a device array of the same (weak) type once the value recurs.
-
-    An executable transfers a Python scalar to the device on every call, but takes an array as it is; making
-    the array costs about three such transfers, so a value becomes one (cached by value) on its second use —
-    constants such as betas, eps or 0.5 do, a per-step value such as a bias correction stays a Python scalar.
-    Fused mode too: there a Python scalar costs a cluster call ~1.5 µs against ~0.35 µs for an array. Data-
-    dependent (non-jit) lowerings keep Python scalars, as they may branch on them.
-    """
-    kind = type(value)
-    if kind is float:
-        key = value.hex()  # tells -0.0 from 0.0
-    elif kind is int or kind is bool:
-        key = (kind, value)
-    else:
-        return value
-    found = _recurring(key, _scalar_array, value)
-    return value if found is None else found
-
-
-def _scalar_array(value: bool | int | float) -> Any:
-    platform.devices()  # x64 is configured before the first array is made
-    try:
-        return jnp.asarray(value)
-    except OverflowError:  # an int beyond int64: the executable reports it, as before
-        return value
-
-
-def _host_scalar(value: torch.Tensor) -> jax.Array:
-    """A 0-dim CPU tensor (a loss scale, a `torch.tensor(2.0)` in user code) on the device, cached by dtype and
-    value once the value recurs, as a Python scalar is: each transfer costs a hundred small ops."""
-    number = value.item()
-    if isinstance(number, complex):
-        number = (number.real.hex(), number.imag.hex())
-    elif isinstance(number, float):
-        number = number.hex()
-    found = _recurring((value.dtype, number), storage.to_device, value)
-    return storage.to_device(value) if found is None else found
-
-
-def _recurring(key: Any, make: Callable[[Any], Any], value: Any) -> Any:
-    """`make(value)`, cached under `key` from the key's second use on; None on its first use."""
-    found = _scalars.get(key)
-    if found is None:
-        if len(_scalars) >= _MAX_SCALARS:
-            _scalars.clear()
-        _scalars[key] = False
-        return None
-    if found is False:
-        found = _scalars[key] = make(value)
-    return found
-
-
-def _fill(template: Any, values: Iterator) -> Any:
-    """An argument's template with its run-time inputs taken from `values`, in order."""
-    if type(template) is _Input:
-        value = next(values)
-        if template.view is not None:
-            return storage.read_view(value, *template.view, next(values) if template.offset else 0)
-        if template.count is not None:  # packed Python numbers: weakly typed again, as Python numbers trace
-            return [compat.convert_element_type(value[i], weak_type=True) for i in range(template.count)]
-        return value
-    if isinstance(template, list):
-        return [_fill(v, values) for v in template]
-    return template
+_context = trace_context.context
 
 
 def _to_meta(value: Any, mask_dtype: torch.dtype | None = None) -> Any:
@@ -505,14 +262,6 @@ def _meta_outputs(op: OpOverload, args: tuple, kwargs: dict) -> Any:
         if any(reason in str(error).lower() for reason in _NO_META_KERNEL):
             return None
         raise
-
-
-def _array_dtypes(leaves: list, out_dtypes: Any) -> list:
-    """The dtypes of a call's device inputs and outputs (what the float64 policy looks at). A 0-d input counts only
-    through the outputs: a Python scalar arrives as a 0-d float64 value (autograd's `exponent - 1` in pow's
-    backward), and a float32 op with it computes in float32."""
-    outs = out_dtypes if isinstance(out_dtypes, tuple) else (out_dtypes,)
-    return [getattr(leaf, "dtype", None) for leaf in leaves if getattr(leaf, "ndim", 0) > 0] + list(outs)
 
 
 def _dtypes_of(meta: Any) -> Any:

@@ -32,19 +32,16 @@ import jax
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from torch_tpu import metrics, precision
+from torch_tpu import metrics
 from torch_tpu.eager import modes
 from torch_tpu.eager.cache import Entry, executables
-from torch_tpu.runtime import checks, deferred, memory, persistent, storage
+from torch_tpu.runtime import checks, deferred, memory, persistent, storage, trace_context
 from torch_tpu.runtime.deferred import Pending
 from torch_tpu.runtime.deferred import concrete as concrete  # re-exported: the dispatcher's name for it
 from torch_tpu.runtime.deferred import is_pending as is_pending  # re-exported: the dispatcher's name for it
+from torch_tpu.runtime.hooks import hooks
 
 MAX_CLUSTER_OPS = int(os.environ.get("TORCH_TPU_FUSED_MAX_OPS", "1024"))
-# Installed by torch_tpu.distributed (a layer above), which records collectives into clusters (under
-# `spmd_safe`) and sets `recorder.ranks`: `spmd(ranks).compile(fn, leaves)` is such a cluster's executable, one
-# SPMD program over those ranks' devices taking and returning this rank's values.
-spmd: Callable[[tuple[int, ...]], Any] | None = None
 
 
 class Trace:
@@ -194,7 +191,7 @@ def flush(extra: list[Pending] = ()) -> None:
 
 def _run(plan: list[int], leaves: list, out_refs: tuple, ranks: tuple[int, ...] | None) -> Any:
     """The cluster's results: its cached executable, else compiled (or loaded) and cached."""
-    fingerprint = ("fused", tuple(plan), out_refs, precision.cache_token(), ranks)
+    fingerprint = ("fused", tuple(plan), out_refs, trace_context.cache_token(), ranks)
     entry = executables.lookup(fingerprint)
     if entry is not None:
         return entry.executable(*leaves)
@@ -205,7 +202,7 @@ def _run(plan: list[int], leaves: list, out_refs: tuple, ranks: tuple[int, ...] 
         executable, from_disk = persistent.compile_lowered(jax.jit(replay).lower(*leaves))
         executable = persistent.fast_call(executable)
     else:
-        executable = spmd(ranks).compile(replay, leaves)
+        executable = hooks.spmd_cluster(ranks).compile(replay, leaves)
     results = jax.block_until_ready(executable(*leaves))
     entry = Entry(f"fused cluster of {len(plan)} ops", executable, None, time.perf_counter() - start, "fused")
     executables.insert(fingerprint, entry)
@@ -221,9 +218,14 @@ def _step_boundary(optimizer: torch.optim.Optimizer, *args: Any) -> None:
         flush()
 
 
-register_optimizer_step_pre_hook(_step_boundary)
-register_optimizer_step_post_hook(_step_boundary)
-deferred.install(modes.state, _record_helper, flush)
+def install() -> None:
+    """Cut clusters at every optimizer step (torch.optim's global step hooks, once) and record the storage helpers'
+    computations (`runtime.hooks`: `eager_state`, `record`, `flush`)."""
+    if hooks.record is _record_helper:
+        return
+    register_optimizer_step_pre_hook(_step_boundary)
+    register_optimizer_step_post_hook(_step_boundary)
+    hooks.eager_state, hooks.record, hooks.flush = modes.state, _record_helper, flush
 
 
 def _live(nodes: list[tuple[Callable, list]], out_refs: tuple) -> list[bool]:

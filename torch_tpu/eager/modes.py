@@ -8,6 +8,8 @@ import os
 
 import torch
 
+from torch_tpu.runtime.hooks import hooks
+
 
 class EagerMode(enum.Enum):
     """How eager ops run on the `tpu` device (names as in TorchTPU)."""
@@ -45,9 +47,7 @@ class _State:
     @mode.setter
     def mode(self, mode: EagerMode) -> None:
         if self.fused and mode is not EagerMode.DEFER_AND_FUSE:
-            from torch_tpu.eager import fused
-
-            fused.flush()
+            hooks.flush([])  # eager.fused's: the cluster recorded so far runs
         self._mode = mode
         self.blocking = self._is_blocking()
         self.fused = mode is EagerMode.DEFER_AND_FUSE

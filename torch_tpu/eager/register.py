@@ -28,6 +28,8 @@ def install() -> None:
     """Register every kernel for the `tpu` device (idempotent)."""
     if _libraries:
         return
+    import torch_tpu.ops  # noqa: F401  (every op family fills the registry as it is imported)
+
     lib = torch.library.Library("aten", "IMPL")
     registered = set()
     for op, fn in KERNELS.items():

@@ -29,12 +29,12 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
-import torch_tpu.compile
 from torch_tpu.eager import dispatch
 from torch_tpu.kernels import donation, meshed, signature
 from torch_tpu.kernels.signature import LIST, STATIC
 from torch_tpu.ops.registry import LOWERINGS, lower
 from torch_tpu.runtime import dtypes, platform
+from torch_tpu.runtime.hooks import hooks
 
 _NARROW = {np.dtype(np.float64): np.float32, np.dtype(np.int64): np.int32}
 _NARROW.update({np.dtype(np.uint64): np.uint32, np.dtype(np.complex128): np.complex64})
@@ -380,7 +380,7 @@ def _define(name: str, lowering: Callable, schema: str, names: Sequence[str], gr
     )
     op.register_fake(meshed.spmd_fake(lowering, name, grid))
     lower(op._opoverload)(lowering)  # what a compiled graph's SPMD program over the mesh inlines
-    torch_tpu.compile.mesh_ops[op._opoverload] = (grid.ranks, grid.shape, grid.names)
+    hooks.mesh_ops[op._opoverload] = (grid.ranks, grid.shape, grid.names)
     library = torch.library.Library(op._opoverload.namespace, "IMPL")
     library.impl(op._opoverload, meshed.spmd_kernel(lowering, name, names, grid), "PrivateUse1")
     _libraries.append(library)

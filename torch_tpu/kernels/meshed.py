@@ -9,11 +9,11 @@ A mesh of one device (a DeviceMesh of this rank alone; a JAX mesh of one device)
 runs on, so the op is a registry lowering like any other: eager, the CPU kernel, compiled graphs and autograd. A
 mesh over several ranks (a DeviceMesh of a tpu_dist job) makes the op collective, like a c10d call: every rank of
 the mesh calls it with its block, and it runs as one SPMD program over the mesh's devices (the distributed layer's
-`spmd.Program`, reached through `torch_tpu.compile.spmd_program`: each eager call is checked like a c10d call, and
+`spmd.Program`, reached through `runtime.hooks.mesh_program`: each eager call is checked like a c10d call, and
 the ranks agree on the program before its first run, so a rank calling something else raises on every rank),
 compiled once per shapes and static arguments. Eager (every mode: Fused runs its pending cluster first) and
 autograd serve it, and a compiled graph holding it runs as one SPMD program over the mesh
-(`torch_tpu.compile.mesh_ops`, which `distributed.spmd.plan` reads); it has no CPU kernel.
+(`runtime.hooks.mesh_ops`, which `distributed.spmd.plan` reads); it has no CPU kernel.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-import torch_tpu.compile
 from torch_tpu.kernels import signature
 from torch_tpu.runtime import deferred, dtypes, storage
+from torch_tpu.runtime.hooks import hooks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +98,7 @@ def under(fn: Callable, shape: tuple[int, ...], names: tuple[str, ...], device: 
 
 
 def _program(grid: Grid) -> Any:
-    return torch_tpu.compile.spmd_program(grid.ranks, grid.shape, grid.names)
+    return hooks.mesh_program(grid.ranks, grid.shape, grid.names)
 
 
 def _parts(args: tuple, kwargs: dict) -> tuple[list[Any], Any, list[int]]:

@@ -12,15 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torch_tpu import precision
 from torch_tpu.ops.registry import aten, lower_in_graphs
-from torch_tpu.runtime import dtypes
+from torch_tpu.runtime import dtypes, trace_context
 from torch_tpu.runtime.storage import _bitcast_flat, _flat_indices
 
 
 def _dtype(dtype, default=None):
     if dtype is None:
-        dtype = default if default is not None else precision.default_dtype()
+        dtype = default if default is not None else trace_context.default_dtype()
     return dtypes.to_jax(dtype) if isinstance(dtype, torch.dtype) else dtype
 
 

@@ -26,7 +26,7 @@ OUT_OF_BOUNDS = "index {{}} is out of bounds for dimension {dim} with size {size
 def require_in_range(index, size, error, message, negative=False):
     """Device-side check that every entry of `index` lies in [0, size), or in [-size, size) when `negative`
     indices count from the end; `message` has one field, for the first entry that does not."""
-    if not checks.state.enabled or index is None or index.size == 0:
+    if not checks.index_checks() or index is None or index.size == 0:
         return
     flat = jnp.reshape(index, -1)
     bad = (flat >= size) | (flat < (-size if negative else 0))

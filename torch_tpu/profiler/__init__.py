@@ -13,21 +13,6 @@ The XSpace for XProf/TensorBoard lands in `run_dir/plugins/profile/<timestamp>/<
 
 from __future__ import annotations
 
-import sys
-
 from torch_tpu.profiler.config import TpuProfilerConfig as TpuProfilerConfig
 
 __all__ = ["TpuProfilerConfig"]
-
-
-def _register() -> None:
-    """Hook torch.profiler (start, stop and export of a profile; nothing on the op path) and become
-    `torch.tpu.profiler`."""
-    from torch_tpu import tpu
-    from torch_tpu.profiler import session
-    from torch_tpu.runtime import compat
-
-    compat.name_profiler_activity("tpu")
-    session.install()
-    tpu.profiler = sys.modules[__name__]
-    sys.modules["torch.tpu.profiler"] = sys.modules[__name__]

@@ -27,6 +27,7 @@ from torch.profiler import profiler as torch_profiler
 
 from torch_tpu.profiler import merge, xspace
 from torch_tpu.profiler.config import TpuProfilerConfig
+from torch_tpu.runtime import compat
 
 _original: dict[str, Any] = {}
 _SETTLE_S = 0.05  # the pause between the last execution and stopping JAX's profiler (see Capture.stop)
@@ -158,9 +159,10 @@ def _annotate_record_function(on: bool) -> None:
 
 
 def install() -> None:
-    """Hook PyTorch's profiler (once per process)."""
+    """Name ProfilerActivity.TPU and hook PyTorch's profiler (once per process)."""
     if _original:
         return
+    compat.name_profiler_activity("tpu")
     kineto, autograd = torch_profiler._KinetoProfile, autograd_profiler.profile
     _original.update(
         start_trace=kineto.start_trace,

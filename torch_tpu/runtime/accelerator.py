@@ -81,6 +81,12 @@ _ROUTED = {
 }
 
 
+def register() -> None:
+    """Register the PrivateUse1 hooks and device guard with torch (`Hooks`, `Guard`)."""
+    compat.register_hooks(Hooks())
+    compat.register_device_guard(Guard())
+
+
 def install(synchronize: Callable) -> None:
     """Route `torch.accelerator.synchronize` (to `synchronize`, i.e. `torch.tpu.synchronize`: it is passed in
     because it lives above this layer, in eager) and the memory functions to the tpu device's."""
@@ -92,3 +98,20 @@ def install(synchronize: Callable) -> None:
         for name, replacement in _ROUTED.items():
             setattr(module, name, _route(getattr(torch.accelerator.memory, name), replacement))
         module.empty_cache = empty_cache
+
+
+def alias_in_fake_tensors() -> None:
+    """Compiled code sees the alias too: a FakeTensor made on `tpu:LOCAL_RANK` (a factory in a compiled region
+    under a launcher) is on `tpu:0`, as the real tensor would be; another index raises while tracing. (Not on
+    torch 2.11, which has no hook for it: there such a factory fails to trace with a device mismatch.)"""
+
+    def aliasing(normalize: Callable[[torch.device], torch.device]) -> Callable[[torch.device], torch.device]:
+        def aliased(device: torch.device) -> torch.device:
+            device = normalize(device)
+            if device.type == "tpu" and device.index:
+                return torch.device("tpu", platform.own_index(device.index))
+            return device
+
+        return aliased
+
+    compat.wrap_fake_device_normalizer(aliasing)

@@ -12,15 +12,14 @@ the executable passes the output to `take`, which keeps the vector in a pending 
 after every op).
 
 The checks are on by default; TORCH_TPU_CHECK_INDICES=0 or `torch_tpu.set_index_checks(False)` turns them off,
-which drops them from the traced programs: the switch is part of the trace context (`precision.context`), so
-of every cache key.
+which drops them from the traced programs: the switch is part of the trace context (`runtime.trace_context`),
+so of every cache key.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -28,6 +27,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from torch_tpu.runtime.trace_context import context
 
 # Past this many unread pending vectors, the oldest half is read and dropped, but for a failure (memory stays
 # bounded in a loop that never synchronises).
@@ -43,10 +44,6 @@ class Check(NamedTuple):
     details: int
 
 
-class _State:
-    enabled = os.environ.get("TORCH_TPU_CHECK_INDICES", "1") != "0"
-
-
 class _Scopes(threading.local):
     """Per thread (a graph may compile in a background thread), the checks gathered by the traces in progress,
     innermost last."""
@@ -55,7 +52,6 @@ class _Scopes(threading.local):
         self.stack: list[list] = []
 
 
-state = _State()
 _scopes = _Scopes()
 _pending: list[tuple[tuple[Check, ...], Any]] = []
 
@@ -63,15 +59,13 @@ _pending: list[tuple[tuple[Check, ...], Any]] = []
 def set_index_checks(enabled: bool) -> None:
     """Check indices (and the other device-side checks) on the device: on by default; off drops them from the
     programs, for speed (an out-of-range index then reads a clamped or fill value and its write is dropped)."""
-    from torch_tpu import precision  # the trace context holds the switch: every cache key then tells the programs apart
-
-    state.enabled = bool(enabled)
-    precision.context.refresh()
+    context.index_checks = bool(enabled)  # in the trace context: every cache key then tells the programs apart
+    context.refresh()
 
 
 def index_checks() -> bool:
     """Whether device-side checks are on (TORCH_TPU_CHECK_INDICES, `set_index_checks`)."""
-    return state.enabled
+    return context.index_checks
 
 
 @jax.tree_util.register_pytree_node_class
@@ -98,7 +92,7 @@ def require(ok: Any, error: type[Exception], message: str, *details: Any) -> Non
 
     Inside a trace the check joins its scope's outputs; on concrete arrays (a data-dependent lowering running op
     by op) it is pending at once. Nothing happens with checks off."""
-    if not state.enabled:
+    if not context.index_checks:
         return
     values = jnp.stack([jnp.logical_not(jnp.all(ok)).astype(jnp.int64), *(jnp.asarray(d, jnp.int64) for d in details)])
     check = Check(error, message, len(details))
@@ -138,7 +132,7 @@ def jit(fn: Callable, **options: Any) -> Callable:
     def run(*args: Any) -> Any:
         if _scopes.stack:
             return fn(*args)
-        return take(compiled[state.enabled](*args))
+        return take(compiled[context.index_checks](*args))
 
     return run
 
@@ -207,7 +201,7 @@ def raise_pending() -> None:
 @contextlib.contextmanager
 def index_checks_set(enabled: bool) -> Iterator[None]:
     """Run the block with device-side checks on or off, restoring the previous setting afterwards."""
-    previous = state.enabled
+    previous = context.index_checks
     set_index_checks(enabled)
     try:
         yield

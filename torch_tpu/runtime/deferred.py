@@ -3,8 +3,8 @@ is not computed yet (eager's Fused mode records ops instead of running them, `ea
 
 Storages and kernels below eager only need the values themselves: `apply` a function to values that may be
 pending, `track` a buffer that holds one, get a value's data with `concrete`. The recorder that makes pending
-values and runs them lives in eager, above this layer, so it installs itself here (`install`); until it does,
-nothing is pending and `apply` just runs its function.
+values and runs them lives in eager, above this layer: it fills `runtime.hooks`' `eager_state`, `record` and
+`flush`; until it does, nothing is pending and `apply` just runs its function.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
+
+from torch_tpu.runtime.hooks import hooks
 
 
 class Pending:
@@ -52,24 +54,6 @@ buffers: dict[int, weakref.ref] = {}
 itself)."""
 
 
-class _Idle:
-    """The state before a recorder is installed: never recording."""
-
-    fused = False
-
-
-_mode: Any = _Idle()
-_record: Callable[[Hashable, Callable, list], Any] | None = None
-_flush: Callable[[list], None] | None = None
-
-
-def install(mode: Any, record: Callable[[Hashable, Callable, list], Any], flush: Callable[[list], None]) -> None:
-    """Make `record(key, fn, inputs)` what `apply` does while `mode.fused` is true or an input is pending, and
-    `flush(extra)` what computes pending values (and `extra`)."""
-    global _mode, _record, _flush
-    _mode, _record, _flush = mode, record, flush
-
-
 def is_pending(value: Any) -> bool:
     """Whether `value` is a recorded value not computed yet."""
     return type(value) is Pending and value.value is None
@@ -79,8 +63,8 @@ def apply(key: Hashable, fn: Callable, *inputs: Any) -> Any:
     """`fn(*inputs)` for the storage helpers (view gathers, scatters, casts): recorded in Fused mode, where it then
     fuses with the ops around it instead of running as its own executable, or when an input is pending; else run
     now. `key` must fix `fn`; the inputs' avals are added to it."""
-    if _mode.fused or any(type(x) is Pending and x.value is None for x in inputs):
-        return _record(key, fn, list(inputs))
+    if hooks.eager_state.fused or any(type(x) is Pending and x.value is None for x in inputs):
+        return hooks.record(key, fn, list(inputs))
     return fn(*[x.value if type(x) is Pending else x for x in inputs])
 
 
@@ -94,5 +78,5 @@ def concrete(value: Any) -> Any:
     if type(value) is not Pending:
         return value
     if value.value is None:
-        _flush([value])
+        hooks.flush([value])
     return value.value

@@ -20,7 +20,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from torch_tpu import precision
+from torch_tpu.runtime import trace_context
 
 _TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.float32: np.dtype(np.float32),
@@ -157,7 +157,7 @@ def is_number(x: Any) -> bool:
 
 def default_float() -> np.dtype:
     """PyTorch's default float dtype as the trace context holds it, which every cache key includes."""
-    return to_jax(precision.default_dtype())
+    return to_jax(trace_context.default_dtype())
 
 
 def _number_dtype(x: Any) -> np.dtype:

@@ -31,6 +31,15 @@ class Unsupported(NotImplementedError):
     invalid (torch.complex of float32 and float64): the eager layer asks CPU first and raises CPU's error if any."""
 
 
+def counted(inputs: Iterable[object], out_dtypes: object) -> list:
+    """The dtypes the policy looks at for a call: its outputs' (`out_dtypes`: one, or a list or tuple) and its
+    inputs' (arrays or tensors), but for 0-d inputs, which count only through the outputs: a Python scalar arrives
+    as a 0-d float64 value (autograd's `exponent - 1` in pow's backward), and a float32 op with it computes in
+    float32."""
+    outputs = list(out_dtypes) if isinstance(out_dtypes, (list, tuple)) else [out_dtypes]
+    return [getattr(x, "dtype", None) for x in inputs if getattr(x, "ndim", 0) > 0] + outputs
+
+
 def applies(array_dtypes: Iterable[object]) -> bool:
     """Whether the policy concerns a call with these JAX dtypes: a 64-bit float among them, on a TPU."""
     return any(np.dtype(d) in WIDE for d in array_dtypes if d is not None) and platform.platform() == "tpu"

@@ -93,7 +93,7 @@ def _embedding_bag(
     include_last_offset=False,
     padding_idx=-1,
 ):
-    if checks.state.enabled and indices.size:
+    if checks.index_checks() and indices.size:
         bad = (indices < 0) | (indices >= weight.shape[0])
         first = jnp.argmax(bad)
         message = f"Index {{}} of input takes value {{}} which is not in the valid range [0, {weight.shape[0]})"
