@@ -19,7 +19,8 @@ class EagerMode(enum.Enum):
     DEFER_AND_FUSE = "fused"
 
 
-def _from_environment() -> EagerMode:
+def from_environment() -> EagerMode:
+    """The mode the environment asks for (TORCH_TPU_LAUNCH_BLOCKING, TORCH_TPU_DEFER_AND_FUSE), else Strict."""
     if os.environ.get("TORCH_TPU_LAUNCH_BLOCKING") == "1":
         return EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
     if os.environ.get("TORCH_TPU_DEFER_AND_FUSE") == "1":
@@ -32,7 +33,7 @@ class _State:
     dispatch path."""
 
     def __init__(self) -> None:
-        self._mode = _from_environment()
+        self._mode = from_environment()
         self._debug_nans = os.environ.get("TORCH_TPU_DEBUG_NANS") == "1"
         self.blocking = self._is_blocking()
         self.fused = self._mode is EagerMode.DEFER_AND_FUSE

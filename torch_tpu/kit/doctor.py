@@ -273,7 +273,7 @@ def check_switches(env: Mapping[str, str]) -> tuple[dict[str, Any], list[dict[st
         )
     eager = {
         "mode": modes.get_mode().value,
-        "from_environment": modes._from_environment().value,
+        "from_environment": modes.from_environment().value,
         "debug_nans": modes.state.debug_nans,
         "switches": switches,
     }

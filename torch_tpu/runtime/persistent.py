@@ -233,20 +233,32 @@ def footprint(executable: Any) -> int:
         return DEFAULT_FOOTPRINT
 
 
-def compile_lowered(lowered: jax.stages.Lowered, devices: Sequence[Any] | None = None) -> tuple[Any, bool]:
+# XLA's optimisation effort for eager per-op executables (TORCH_TPU_EAGER_COMPILE_EFFORT: XLA's
+# `exec_time_optimization_effort`, -1 to 1; unset: XLA's default). A Strict op's program is one small fusion that
+# runs for microseconds: a quicker compile may shorten a cold process's warm-up (bench/tpu_warmup.py measures it).
+_EFFORT = os.environ.get("TORCH_TPU_EAGER_COMPILE_EFFORT")
+EAGER_OPTIONS: dict[str, float] = {} if _EFFORT is None else {"exec_time_optimization_effort": float(_EFFORT)}
+
+
+def compile_lowered(
+    lowered: jax.stages.Lowered, devices: Sequence[Any] | None = None, eager: bool = False
+) -> tuple[Any, bool]:
     """The executable of `lowered`, from disk if present (and then True), else compiled and stored. `devices`:
-    an SPMD program's devices, in its mesh's order (default: the program runs on this process's device)."""
-    compiled, from_disk, _ = compile_keyed(lowered, devices)
+    an SPMD program's devices, in its mesh's order (default: the program runs on this process's device); `eager`:
+    an eager op's own program (compiled with `EAGER_OPTIONS`)."""
+    compiled, from_disk, _ = compile_keyed(lowered, devices, eager)
     return compiled, from_disk
 
 
-def compile_keyed(lowered: jax.stages.Lowered, devices: Sequence[Any] | None = None) -> tuple[Any, bool, str | None]:
+def compile_keyed(
+    lowered: jax.stages.Lowered, devices: Sequence[Any] | None = None, eager: bool = False
+) -> tuple[Any, bool, str | None]:
     """`compile_lowered`, and the program key the executable is stored under (None with the tier off), which
     `compile.warm` records so that a later process can load the executable without lowering again.
 
     An SPMD program's executable is bound to its device assignment, which its StableHLO does not name (only the
     device count): the key holds the ids of `devices`, besides the process count and this process's device."""
-    options = precision.compiler_options()
+    options = precision.compiler_options() | (EAGER_OPTIONS if eager else {})
     if not enabled():
         return lowered.compile(options), False, None
     # The signature too: jax.jit drops unused arguments, so two calling conventions can share one StableHLO.
