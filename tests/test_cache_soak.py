@@ -64,7 +64,7 @@ def soak(programs: int, every: int, max_entries: int, timeout: float, log: Path)
 
 
 def _entry(name: str) -> Entry:
-    return Entry(name, lambda: name, None)
+    return Entry(name, lambda: name)
 
 
 def test_least_recently_read_entries_are_evicted_first():

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -394,24 +394,16 @@ def _get_cache_stats() -> dict[str, Any]:
     return _executables.stats()
 
 
+def _module_attribute(get: Callable[[], Any], assign: Callable[[Any], None]) -> property:
+    """A device-module attribute that reads `get()` and whose assignment calls `assign(value)`."""
+    return property(lambda module: get(), lambda module, value: assign(value))
+
+
 class _DeviceModule(types.ModuleType):
-    """Gives `torch.tpu.eager_mode` property semantics (read and assign)."""
+    """Gives `torch.tpu.eager_mode` and `torch.tpu.allow_excess_precision` property semantics (read and assign)."""
 
-    @property
-    def eager_mode(self) -> EagerMode:
-        return modes.get_mode()
-
-    @eager_mode.setter
-    def eager_mode(self, mode: EagerMode) -> None:
-        modes.set_mode(mode)
-
-    @property
-    def allow_excess_precision(self) -> bool:
-        return _precision.allow_excess_precision()
-
-    @allow_excess_precision.setter
-    def allow_excess_precision(self, allowed: bool) -> None:
-        _precision.set_allow_excess_precision(allowed)
+    eager_mode = _module_attribute(modes.get_mode, modes.set_mode)
+    allow_excess_precision = _module_attribute(_precision.allow_excess_precision, _precision.set_allow_excess_precision)
 
 
 sys.modules[__name__].__class__ = _DeviceModule

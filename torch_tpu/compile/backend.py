@@ -91,7 +91,6 @@ class CompiledGraph:
         entry = Entry(
             self.name,
             cache.fast_call(executable),
-            None,
             time.perf_counter() - start,
             source="disk" if from_disk else "compiled",
         )

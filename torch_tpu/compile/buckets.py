@@ -36,7 +36,7 @@ import torch
 from torch._ops import OpOverload
 from torch.fx.node import map_aggregate
 
-from torch_tpu.compile.graph import _user_line
+from torch_tpu.compile.graph import user_line
 from torch_tpu.ops.registry import graph_lowering
 
 aten = torch.ops.aten
@@ -290,7 +290,7 @@ def _at(node: torch.fx.Node) -> Iterator[None]:
     try:
         yield
     except NotBucketable as error:
-        raise NotBucketable(f"{error} ('{node.target}', from: {_user_line(node)})") from None
+        raise NotBucketable(f"{error} ('{node.target}', from: {user_line(node)})") from None
 
 
 def _rewrite(node: torch.fx.Node) -> _Rewrite:

@@ -18,6 +18,7 @@ from torch._ops import OpOverload
 from torch.fx.node import map_aggregate
 
 from torch_tpu import precision
+from torch_tpu.ops.random import threefry_key
 from torch_tpu.ops.registry import graph_lowering
 from torch_tpu.runtime import checks, dtypes, float64, platform
 
@@ -28,7 +29,7 @@ class UnsupportedOp(NotImplementedError):
     """An op in a compiled graph that has no lowering; names the op and the user's source line."""
 
 
-def _user_line(node: torch.fx.Node) -> str:
+def user_line(node: torch.fx.Node) -> str:
     """`File "...", line N, in f: code` of the innermost user frame that produced `node`."""
     lines = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines()]
     frames = [i for i, line in enumerate(lines) if line.startswith("File ")]
@@ -75,12 +76,12 @@ def check_supported(gm: torch.fx.GraphModule) -> None:
             if lowering is None:
                 raise UnsupportedOp(
                     f"torch_tpu: '{node.target}' has no tpu lowering (in a torch.compile graph), "
-                    f"from: {_user_line(node)}"
+                    f"from: {user_line(node)}"
                 )
             if not lowering.jit and not _traceable(lowering, node):
                 raise UnsupportedOp(
                     f"torch_tpu: '{node.target}' has a data-dependent output shape and cannot be compiled, "
-                    f"from: {_user_line(node)}"
+                    f"from: {user_line(node)}"
                 )
 
 
@@ -153,18 +154,40 @@ class _Slot:
     index: int
 
 
-def to_jax(gm: torch.fx.GraphModule) -> tuple[Callable[..., Any], list[tuple[int, int]]]:
-    """`fn(key, *inputs) -> outputs` for the graph, and the (input index, output index) pairs of the input
-    mutations (`aten.copy_` into a placeholder) that the caller must write back; their values are appended
-    to the outputs.
+class Replay:
+    """The graph as a JAX function, `replay(key, *inputs) -> outputs` (a `Checked` output when its trace made
+    device-side checks: `checks.take` unpacks it), with what its caller puts back into the outputs it returns as
+    None:
 
-    Outputs that are sizes (Python ints, known while tracing) come back as None; tracing records them in
-    `fn.sizes[static size inputs][position]`.
-
-    Opaque inputs (`opaque_inputs`: a DTensor's DeviceMesh, which AOTAutograd passes beside its local tensor)
-    are not arguments of `fn`: no op reads them, and an output that is one comes back as None, its input index
-    in `fn.passthrough[position]`.
+    `sizes[static size inputs][position]`: the outputs that are sizes (Python ints, known while tracing), as the
+    trace under those static inputs found them;
+    `passthrough[position]`: the input index of an output that is an opaque input (`opaque_inputs`: a DTensor's
+    DeviceMesh, which AOTAutograd passes beside its local tensor), returned as it is; opaque inputs are not
+    arguments of the function (no op reads them).
     """
+
+    def __init__(self, trace: Callable[..., tuple], passthrough: dict[int, int]) -> None:
+        self._trace = trace
+        self.passthrough = passthrough
+        self.sizes: dict[tuple[int, ...], dict[int, int]] = {}
+        self._collected = checks.collecting(self._replay)
+        self.__name__ = self.__qualname__ = "replay"  # jax.jit names the program after it
+
+    def _replay(self, key: jax.Array, *inputs: Any) -> tuple:
+        with precision.tracing():
+            outputs = self._trace(key, *inputs)
+        static = tuple(value for value in inputs if isinstance(value, int))
+        self.sizes[static] = {i: value for i, value in enumerate(outputs) if isinstance(value, int)}
+        return tuple(None if isinstance(value, int) else value for value in outputs)
+
+    def __call__(self, key: jax.Array, *inputs: Any) -> Any:
+        return self._collected(key, *inputs)
+
+
+def to_jax(gm: torch.fx.GraphModule) -> tuple[Replay, list[tuple[int, int]]]:
+    """The graph as a `Replay` (`replay(key, *inputs) -> outputs`), and the (input index, output index) pairs of
+    the input mutations (`aten.copy_` into a placeholder) that the caller must write back; their values are
+    appended to the outputs."""
     check_supported(gm)
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
@@ -176,11 +199,8 @@ def to_jax(gm: torch.fx.GraphModule) -> tuple[Callable[..., Any], list[tuple[int
     n_outputs = len(output_node.args[0])
     mutations = [(placeholders.index(p), n_outputs + i) for i, p in enumerate(mutated)]
 
-    def fn(key: jax.Array, *inputs: Any) -> tuple:
-        with precision.tracing():
-            return replay(key, *inputs)
-
-    def replay(key: jax.Array, *inputs: Any) -> tuple:
+    def trace(key: jax.Array, *inputs: Any) -> tuple:
+        """Every output, sizes included, then the mutated inputs' new values."""
         env: dict[torch.fx.Node, Any] = dict(zip(arguments, inputs, strict=True))
         env.update((placeholders[i], None) for i in opaque)
         written: dict[torch.fx.Node, Any] = {}
@@ -209,23 +229,19 @@ def to_jax(gm: torch.fx.GraphModule) -> tuple[Callable[..., Any], list[tuple[int
                 continue
             lowering = graph_lowering(target)
             if lowering.rng:
-                kwargs = dict(kwargs, key=jax.random.key_data(jax.random.fold_in(_key(key), draws)))
+                kwargs = dict(kwargs, key=jax.random.key_data(jax.random.fold_in(threefry_key(key), draws)))
                 draws += 1
             with jax.named_scope(str(target)):
                 env[node] = _cast(lowering.fn(*args, **kwargs), _out_dtypes(node))
         outputs = map_aggregate(output_node.args[0], lambda a: env[a] if isinstance(a, torch.fx.Node) else a)
-        outputs = tuple(outputs) + tuple(written[p] for p in mutated)
-        static = tuple(value for value in inputs if isinstance(value, int))
-        fn.sizes[static] = {i: value for i, value in enumerate(outputs) if isinstance(value, int)}
-        return tuple(None if isinstance(value, int) else value for value in outputs)
+        return tuple(outputs) + tuple(written[p] for p in mutated)
 
-    fn.sizes = {}
-    fn.passthrough = {
+    passthrough = {
         position: placeholders.index(node)
         for position, node in enumerate(output_node.args[0])
         if isinstance(node, torch.fx.Node) and node.op == "placeholder" and placeholders.index(node) in opaque
     }
-    return checks.collecting(fn), mutations  # device-side checks: a `Checked` output (`checks.take` unpacks)
+    return Replay(trace, passthrough), mutations
 
 
 def opaque_inputs(gm: torch.fx.GraphModule) -> list[int]:
@@ -237,10 +253,6 @@ def opaque_inputs(gm: torch.fx.GraphModule) -> list[int]:
         if not isinstance(node.meta.get("val"), (torch.Tensor, torch.SymInt, torch.SymFloat, int, float, bool))
         and "val" in node.meta
     ]
-
-
-def _key(data: jax.Array) -> jax.Array:
-    return jax.random.wrap_key_data(data, impl="threefry2x32")
 
 
 def _constant(value: Any) -> Any:

@@ -32,7 +32,6 @@ class Entry:
 
     name: str
     executable: Callable
-    meta: Any
     compilation_duration: float = 0.0
     source: str = "compiled"  # "compiled" now, loaded from "disk", or run op by op ("eager")
     read_count: int = 0

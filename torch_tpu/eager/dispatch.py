@@ -140,7 +140,7 @@ class Runner:
         executable = persistent.fast_call(executable)
         if type(result) is device_checks.Checked:  # device-side checks: each call leaves them pending
             executable, result = device_checks.stashing(executable), device_checks.take(result)
-        entry = Entry(str(meta_op), executable, out_dtypes, time.perf_counter() - start, source=source)
+        entry = Entry(str(meta_op), executable, time.perf_counter() - start, source=source)
         metrics.compiled("eager", "traced" if source == "eager" else source, entry.compilation_duration)
         if self.lowering.jit and isinstance(result, jax.Array):  # a fixed output shape: wrap it directly
             entry.layout = storage.layout(result.shape, result.dtype)

@@ -204,7 +204,7 @@ def _run(plan: list[int], leaves: list, out_refs: tuple, ranks: tuple[int, ...] 
     else:
         executable = hooks.spmd_cluster(ranks).compile(replay, leaves)
     results = jax.block_until_ready(executable(*leaves))
-    entry = Entry(f"fused cluster of {len(plan)} ops", executable, None, time.perf_counter() - start, "fused")
+    entry = Entry(f"fused cluster of {len(plan)} ops", executable, time.perf_counter() - start, "fused")
     executables.insert(fingerprint, entry)
     metrics.compiled("fused", "disk" if from_disk else "compiled", entry.compilation_duration)
     return results

@@ -12,7 +12,7 @@ import json
 import pathlib
 import sys
 
-from torch_tpu.kit import distributed_cli
+from torch_tpu.kit import arguments, distributed_cli
 
 
 def _smoke(args: argparse.Namespace) -> int:
@@ -37,18 +37,13 @@ report.json, report.html and logs.jsonl are written under --out in every case ex
 def _evaluate(args: argparse.Namespace) -> int:
     from torch_tpu.kit import evaluate
 
-    modes = tuple(args.modes.split(","))
-    options = evaluate.Options(
-        workload=args.workload,
+    options = arguments.options(
+        evaluate.Options,
+        args,
         out=pathlib.Path(args.out),
-        reference=args.reference,
-        prices=args.prices,
-        modes=modes,
-        iterations=args.iterations,
+        modes=tuple(args.modes.split(",")),
         train_steps=args.steps,
         performance=not args.no_performance,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
         **distributed_cli.evaluate_options(args),
     )
     report = evaluate.run(options)
@@ -74,32 +69,16 @@ def _k8s(args: argparse.Namespace) -> int:
             warmup = args.warmup_seconds
             if args.warmup_from_report:
                 warmup = k8s.startup_seconds_from_report(args.warmup_from_report, args.mode)
-            serve = k8s.Serve(
-                args.workload,
-                replicas=args.replicas,
-                port=args.port,
-                warmup_seconds=warmup,
-                spread_zones=args.spread_zones,
-            )
-        spec = k8s.JobSpec(
-            image=args.image,
-            accelerator=args.accelerator,
-            topology=args.topology,
-            mode=args.mode,
-            chips=args.chips,
+            serve = arguments.options(k8s.Serve, args, warmup_seconds=warmup)
+        spec = arguments.options(
+            k8s.JobSpec,
+            args,
             name=args.name or ("torchtpu-serve" if serve else "torchtpu-smoke"),
-            namespace=args.namespace,
-            service_account=args.service_account,
             deadline_seconds=args.deadline,
             ttl_seconds=args.ttl,
-            gcp_service_account=args.gcp_service_account,
             egress=tuple(args.egress),
-            checkpoint_claim=args.checkpoint_claim,
-            checkpoint_storage_class=args.checkpoint_storage_class,
-            checkpoint_size=args.checkpoint_size,
-            max_restarts=args.max_restarts,
             serve=serve,
-            **({"program": tuple(shlex.split(args.program))} if args.program else {}),
+            program=tuple(shlex.split(args.program)) if args.program else None,
         )
         text = k8s.render(spec)
     except k8s.ManifestError as exc:
@@ -125,16 +104,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     from torch_tpu.kit.workload import WorkloadError
 
-    options = serve.Options(
-        workload=args.workload,
-        mode=args.mode,
-        host=args.host,
-        port=args.port,
-        dtype=args.dtype,
-        max_batch=args.max_batch,
-        max_wait_ms=args.max_wait_ms,
-        drain_timeout_s=args.drain_timeout,
-    )
+    options = arguments.options(serve.Options, args, drain_timeout_s=args.drain_timeout)
     try:
         return serve.run(options)
     except (WorkloadError, ValueError) as exc:

@@ -13,10 +13,7 @@ import json
 import pathlib
 import sys
 import tempfile
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from torch_tpu.kit.evaluate import Options
+from typing import Any
 
 
 def run(spec: str, reference: str, modes: list[str], steps: int | None) -> dict[str, Any]:
@@ -42,15 +39,17 @@ def run(spec: str, reference: str, modes: list[str], steps: int | None) -> dict[
     return result
 
 
-def run_in_process(options: Options, run_id: str) -> dict[str, Any]:
-    """`run` for an evaluate.Options in a child process; a child that failed (no device, a crash) comes back as
-    `error`. The child serves the training run's metrics when asked: this process has none to serve."""
+def run_in_process(
+    run_id: str, spec: str, reference: str, modes: list[str], steps: int | None, metrics: tuple[int, str] | None
+) -> dict[str, Any]:
+    """`run` in a child process; a child that failed (no device, a crash) comes back as `error`. The child
+    serves the training run's metrics on `metrics` (port, host) when given: this process has none to serve."""
     from torch_tpu.kit import child
 
-    arguments = ["--workload", options.workload, "--reference", options.reference, "--modes", ",".join(options.modes)]
-    arguments += ["--steps", str(options.train_steps)] if options.train_steps else []
-    if options.metrics_port is not None:
-        arguments += ["--metrics-port", str(options.metrics_port), "--metrics-host", options.metrics_host]
+    arguments = ["--workload", spec, "--reference", reference, "--modes", ",".join(modes)]
+    arguments += ["--steps", str(steps)] if steps else []
+    if metrics is not None:
+        arguments += ["--metrics-port", str(metrics[0]), "--metrics-host", metrics[1]]
     return child.run_json("torch_tpu.kit.device_stages", arguments, child.environment(TORCH_TPU_RUN_ID=run_id))
 
 

@@ -31,28 +31,21 @@ def add_arguments(parser: argparse.ArgumentParser, drill_only: bool) -> None:
     parser.add_argument("--corrupt-latest", action="store_true", help="drill: damage the newest checkpoint first")
 
 
-def drill_options(args: argparse.Namespace, steps: int | None) -> object:
-    from torch_tpu.kit import drill
+def drill_options(args: argparse.Namespace) -> object:
+    from torch_tpu.kit import arguments, drill
 
-    return drill.DrillOptions(
-        workload=args.workload,
+    return arguments.options(
+        drill.DrillOptions,
+        args,
         out=pathlib.Path(args.out),
-        strategy=args.strategy,
         nprocs=args.nproc_per_node,
-        steps=steps,
-        kill_rank=args.kill_rank,
-        at_step=args.at_step,
-        checkpoint_every=args.checkpoint_every,
-        rpo_steps=args.rpo_steps,
-        rto_seconds=args.rto_seconds,
         checkpoint_dir=pathlib.Path(args.checkpoint_dir) if args.checkpoint_dir else None,
-        corrupt_latest=args.corrupt_latest,
     )
 
 
 def evaluate_options(args: argparse.Namespace) -> dict:
     """The evaluate.Options fields these flags set."""
-    drill = drill_options(args, args.steps) if args.drill else None
+    drill = drill_options(args) if args.drill else None
     return {"nprocs": args.nproc_per_node, "strategy": args.strategy, "drill": drill}
 
 
@@ -61,7 +54,7 @@ def _drill(args: argparse.Namespace) -> int:
     from torch_tpu.kit import drill, report
     from torch_tpu.kit.workload import WorkloadError
 
-    options = drill_options(args, args.steps)
+    options = drill_options(args)
     try:
         result = drill.run(options)
     except (WorkloadError, drill.DrillError) as exc:

@@ -133,10 +133,10 @@ def check_versions() -> tuple[dict[str, str | None], list[dict[str, str]]]:
     found: dict[str, str | None] = {"python": host.python_version()}
     found |= {name: _installed(name) for name in (*PACKAGES, *CUDA_PLUGINS)}
     findings = []
-    for name, (low, high) in compat.SUPPORTED.items():
+    for name in compat.SUPPORTED:
         release = found.get(name)
-        if release is not None and not low <= compat._release(release) < high:
-            ranges = f">={'.'.join(map(str, low))},<{'.'.join(map(str, high))}"
+        if release is not None and not compat.in_range(name, release):
+            ranges = compat.supported_range(name)
             findings.append(
                 _finding_of(
                     "unsupported_version",

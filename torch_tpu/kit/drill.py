@@ -132,8 +132,21 @@ def run(options: DrillOptions, uninterrupted: dict[str, Any] | None = None) -> d
     if "error" in uninterrupted:
         return _finish(result, options, [f"the uninterrupted run failed: {uninterrupted['error']}"])
     saving = [*base, "--checkpoint-dir", str(checkpoints), "--checkpoint-every", str(options.checkpoint_every)]
+    failed_at = _kill_mid_run(saving, options, result)
+    if failed_at is None:
+        return _finish(result, options, [f"rank {options.kill_rank} never reached step {options.at_step}"])
+    chosen = _checkpoint_to_resume(checkpoints, options, result)
+    if chosen is None:
+        return _finish(result, options, ["no complete checkpoint to resume from"])
+    resumed = _resume(saving, chosen, failed_at, options, result)
+    _compare_curves(uninterrupted, resumed, options, result)
+    return _finish(result, options, gate_problems(result, options))
 
-    job = launch.Job(saving, options.nprocs, out / "drill-attempt-1", options.timeout_s)
+
+def _kill_mid_run(saving: list[str], options: DrillOptions, result: dict[str, Any]) -> float | None:
+    """Attempt 1: run the checkpointing job, SIGKILL `kill_rank` once it finished `at_step`, and watch the
+    survivors end (`result["killed"]`, `result["failure"]`); the time of the kill, or None if it never came."""
+    job = launch.Job(saving, options.nprocs, options.out / "drill-attempt-1", options.timeout_s)
     failed_at = None
     while job.running() and time.monotonic() < job.deadline:
         progress = job.progress(options.kill_rank)
@@ -144,7 +157,7 @@ def run(options: DrillOptions, uninterrupted: dict[str, Any] | None = None) -> d
         time.sleep(0.02)
     if failed_at is None:
         job.stop()
-        return _finish(result, options, [f"rank {options.kill_rank} never reached step {options.at_step}"])
+        return None
     codes = job.wait(DETECT_LIMIT_S)
     ended = time.time()
     survivors = [rank for rank in range(options.nprocs) if rank != options.kill_rank]
@@ -157,21 +170,35 @@ def run(options: DrillOptions, uninterrupted: dict[str, Any] | None = None) -> d
         "last_step_finished": max(finished),
         "survivor_log_tail": job.log_tail(survivors[0], 4),
     }
+    return failed_at
+
+
+def _checkpoint_to_resume(
+    checkpoints: pathlib.Path, options: DrillOptions, result: dict[str, Any]
+) -> pathlib.Path | None:
+    """The newest complete checkpoint (after damaging the newest one, with `corrupt_latest`), recording every
+    candidate looked at."""
     if options.corrupt_latest:
         newest, _ = choose_checkpoint(checkpoints)
         if newest is not None:
             result["corrupted"] = {"path": str(newest), "file": corrupt(newest)}
     chosen, looked_at = choose_checkpoint(checkpoints)
     result["checkpoints_considered"] = looked_at
-    if chosen is None:
-        return _finish(result, options, ["no complete checkpoint to resume from"])
+    return chosen
+
+
+def _resume(
+    saving: list[str], chosen: pathlib.Path, failed_at: float, options: DrillOptions, result: dict[str, Any]
+) -> dict[str, Any]:
+    """Attempt 2: relaunch the group from `chosen` and let it finish; `result["recovery"]` (RPO, RTO) and the
+    resumed run's collected ranks."""
     marker = json.loads((chosen / MARKER).read_text())
     restored, marker_time = int(marker["step"]), float(marker["time"])
-
+    attempt = options.out / "drill-attempt-2"
     restart = time.time()
-    job = launch.Job([*saving, "--resume", str(chosen)], options.nprocs, out / "drill-attempt-2", options.timeout_s)
+    job = launch.Job([*saving, "--resume", str(chosen)], options.nprocs, attempt, options.timeout_s)
     codes = job.wait()
-    resumed = launch.collect(out / "drill-attempt-2", options.nprocs)
+    resumed = launch.collect(attempt, options.nprocs)
     first = min((s["time"] for s in resumed["ranks"][0]["steps"]), default=None)
     result["recovery"] = {
         "restored_step": restored,
@@ -181,10 +208,19 @@ def run(options: DrillOptions, uninterrupted: dict[str, Any] | None = None) -> d
         "rpo_steps": result["failure"]["last_step_finished"] - restored,
         "rpo_seconds": failed_at - marker_time,
         "rto_seconds": (first - failed_at) if first is not None else None,
-        "checkpoint_save_seconds": [c["seconds"] for c in _checkpoints_saved(out)],
+        "checkpoint_save_seconds": [c["seconds"] for c in _checkpoints_saved(options.out)],
     }
+    result["resumed_exit_codes_tail"] = job.log_tail(0, 4) if any(code != 0 for code in codes) else ""
+    return resumed
+
+
+def _compare_curves(
+    uninterrupted: dict[str, Any], resumed: dict[str, Any], options: DrillOptions, result: dict[str, Any]
+) -> None:
+    """Both attempts' steps against the uninterrupted run's, each rank's, and the three global loss curves."""
     reference = [rank["steps"] for rank in uninterrupted["ranks"]]
-    before = launch.collect(out / "drill-attempt-1", options.nprocs)
+    before = launch.collect(options.out / "drill-attempt-1", options.nprocs)
+    restored = result["recovery"]["restored_step"]
     result["curve_before_failure"] = compare_runs([r["steps"] for r in before["ranks"]], reference, 1)
     result["curve_after_resume"] = compare_runs([r["steps"] for r in resumed["ranks"]], reference, restored + 1)
     result["losses"] = {
@@ -192,8 +228,6 @@ def run(options: DrillOptions, uninterrupted: dict[str, Any] | None = None) -> d
         "before_failure": distributed_eval.global_losses(before),
         "after_resume": distributed_eval.global_losses(resumed),
     }
-    result["resumed_exit_codes_tail"] = job.log_tail(0, 4) if any(code != 0 for code in codes) else ""
-    return _finish(result, options, gate_problems(result, options))
 
 
 def gate_problems(result: dict[str, Any], options: DrillOptions) -> list[str]:

@@ -18,6 +18,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from torch_tpu.kit import cost as cost_mod
@@ -51,6 +52,12 @@ class Options:
 
 def gate(passed: bool, reason: str, **evidence: Any) -> dict[str, Any]:
     return {"status": "pass" if passed else "fail", "reason": reason, "evidence": evidence}
+
+
+def problems_gate(problems: list[str], passed: Callable[[], str], **evidence: Any) -> dict[str, Any]:
+    """A gate that fails naming every problem, else passes with the reason `passed()` gives (called only then: it
+    may read what a problem would have left missing)."""
+    return gate(not problems, "; ".join(problems) if problems else passed(), **evidence)
 
 
 def inconclusive(reason: str, **evidence: Any) -> dict[str, Any]:
@@ -171,7 +178,10 @@ def _device_stages(options: Options, report: dict[str, Any], log: runinfo.Log) -
     from torch_tpu.kit import checks, device_stages
 
     report["precision_policy"] = {d: dict(p) for d, p in checks.PRECISION_POLICY.items()}
-    found = device_stages.run_in_process(options, report["run_id"])
+    metrics = None if options.metrics_port is None else (options.metrics_port, options.metrics_host)
+    found = device_stages.run_in_process(
+        report["run_id"], options.workload, options.reference, list(options.modes), options.train_steps, metrics
+    )
     if "error" in found:
         report["errors"].append({"stage": "device", "type": "DeviceProcessError", "message": found["error"]})
         report["gates"]["compatibility"] = gate(False, f"the device stages' process failed: {found['error']}")
@@ -283,11 +293,12 @@ def _correctness_gate(
                 f"({'>=' if work.higher_is_better else '<='} {work.quality_target})"
             )
     report["correctness"]["loss_curve"] = curve
-    report["gates"]["correctness"] = gate(
-        not problems,
-        "; ".join(problems)
-        or f"outputs, gradients and {len(tpu_run['losses'])}-step loss curve within "
-        f"the declared policy; {work.metric_name} {tpu_run['quality']:.4f} meets the contract",
+    report["gates"]["correctness"] = problems_gate(
+        problems,
+        lambda: (
+            f"outputs, gradients and {len(tpu_run['losses'])}-step loss curve within "
+            f"the declared policy; {work.metric_name} {tpu_run['quality']:.4f} meets the contract"
+        ),
         loss_curve=curve,
         quality_tpu=tpu_run["quality"],
         quality_reference=ref_run["quality"],
@@ -391,11 +402,12 @@ def _operations_gate(report: dict[str, Any], tpu_run: dict[str, Any]) -> None:
         problems.append(
             f"resume did not reproduce the next-step loss: {resume.get('error', {}).get('message') or resume}"
         )
-    report["gates"]["operations"] = gate(
-        not problems,
-        "; ".join(problems)
-        or f"resume after step {resume['resumed_after_step']} reproduced the "
-        f"next-step loss exactly ({resume['resumed_loss']:.6f}); no failed steps",
+    report["gates"]["operations"] = problems_gate(
+        problems,
+        lambda: (
+            f"resume after step {resume['resumed_after_step']} reproduced the "
+            f"next-step loss exactly ({resume['resumed_loss']:.6f}); no failed steps"
+        ),
         resume=resume,
         failed_step=tpu_run["failed_step"],
     )

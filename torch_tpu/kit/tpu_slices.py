@@ -62,31 +62,17 @@ class Generation:
         return list(dict.fromkeys(topology for topology, _, _ in self.rows))
 
 
+def _planar_rows(machine_type: str) -> tuple[tuple[str, str, int], ...]:
+    """The listed shapes of v5e and v6e, which GKE offers alike: `machine_type` formatted with the chips per VM
+    (1x1 on a 1-chip VM, 2x2 on a 4-chip one, 2x4 on one 8-chip VM or two 4-chip ones, larger on 4-chip VMs)."""
+    shapes = [("1x1", 1), ("2x2", 4), ("2x4", 8), ("2x4", 4)]
+    shapes += [(t, 4) for t in ("4x4", "4x8", "8x8", "8x16", "16x16")]
+    return tuple((topology, machine_type.format(chips), chips) for topology, chips in shapes)
+
+
 GENERATIONS: tuple[Generation, ...] = (
-    Generation(
-        "v6e",
-        "tpu-v6e-slice",
-        2,
-        (
-            ("1x1", "ct6e-standard-1t", 1),
-            ("2x2", "ct6e-standard-4t", 4),
-            ("2x4", "ct6e-standard-8t", 8),
-            ("2x4", "ct6e-standard-4t", 4),
-            *((t, "ct6e-standard-4t", 4) for t in ("4x4", "4x8", "8x8", "8x16", "16x16")),
-        ),
-    ),
-    Generation(
-        "v5e",
-        "tpu-v5-lite-podslice",
-        2,
-        (
-            ("1x1", "ct5lp-hightpu-1t", 1),
-            ("2x2", "ct5lp-hightpu-4t", 4),
-            ("2x4", "ct5lp-hightpu-8t", 8),
-            ("2x4", "ct5lp-hightpu-4t", 4),
-            *((t, "ct5lp-hightpu-4t", 4) for t in ("4x4", "4x8", "8x8", "8x16", "16x16")),
-        ),
-    ),
+    Generation("v6e", "tpu-v6e-slice", 2, _planar_rows("ct6e-standard-{}t")),
+    Generation("v5e", "tpu-v5-lite-podslice", 2, _planar_rows("ct5lp-hightpu-{}t")),
     Generation(
         "v5p",
         "tpu-v5p-slice",

@@ -93,7 +93,8 @@ def _arange(start, end, step=1, *, dtype):
     return (start + step * jax.lax.iota(acc, size)).astype(dtype)
 
 
-def _linspace(start, end, steps, *, dtype):
+def linspace(start, end, steps, *, dtype):
+    """`torch.linspace`'s values, computed as ATen does (from both ends, each half from its own end)."""
     if steps < 0:
         raise RuntimeError("number of steps must be non-negative")
     if steps == 1:
@@ -131,7 +132,7 @@ def _steps(start, end, steps, base=None):
 
 
 kernel(aten.arange.start_out)(factory_out(_arange, aten.arange.start_out, _arange_numel, ranged=True))
-kernel(aten.linspace.out)(factory_out(_linspace, aten.linspace.out, _steps, ranged=True))
+kernel(aten.linspace.out)(factory_out(linspace, aten.linspace.out, _steps, ranged=True))
 kernel(aten.logspace.out)(factory_out(_logspace, aten.logspace.out, _steps, ranged=True))
 kernel(aten.eye.out)(factory_out(_eye, aten.eye.out, _eye_numel))
 kernel(aten.eye.m_out)(factory_out(_eye, aten.eye.m_out, _eye_numel))

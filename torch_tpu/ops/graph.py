@@ -14,7 +14,7 @@ import torch
 
 from torch_tpu.ops.registry import aten, lower_in_graphs
 from torch_tpu.runtime import dtypes, trace_context
-from torch_tpu.runtime.storage import _bitcast_flat, _flat_indices
+from torch_tpu.runtime.storage import bitcast_flat, flat_indices
 
 
 def _dtype(dtype, default=None):
@@ -87,7 +87,7 @@ def unfold(self, dimension, size, step):
 @lower_in_graphs(aten.as_strided.default)
 def as_strided(self, size, stride, storage_offset=None):
     flat = self.reshape(-1)
-    return flat[_flat_indices(tuple(size), tuple(stride), storage_offset or 0)]
+    return flat[flat_indices(tuple(size), tuple(stride), storage_offset or 0)]
 
 
 @lower_in_graphs(aten.split_with_sizes.default)
@@ -115,7 +115,7 @@ def view_as_complex(self):
 def view_dtype(self, dtype):
     target = dtypes.to_jax(dtype)
     shape = self.shape[:-1] + ((self.shape[-1] * self.dtype.itemsize // target.itemsize),) if self.ndim else ()
-    return _bitcast_flat(self.reshape(-1), target).reshape(shape)
+    return bitcast_flat(self.reshape(-1), target).reshape(shape)
 
 
 @lower_in_graphs(aten._to_copy.default)

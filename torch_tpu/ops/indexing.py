@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.shape import wrap_dim
 from torch_tpu.runtime import checks, deprecation, dtypes
 
 _MASK_DTYPES = (np.dtype(np.bool_), np.dtype(np.uint8))
@@ -56,10 +57,6 @@ def _check_mask_shapes(self, indices):
                         f"indexed tensor {list(self.shape)} at index {dim + j}"
                     )
         dim += 1 if index is None or not _is_mask(index) else index.ndim
-
-
-def _dim(dim, ndim):
-    return dim % ndim if ndim else 0
 
 
 def _is_mask(index):
@@ -202,11 +199,11 @@ def index_select(self, dim, index):
     if self.ndim == 0:
         require_in_range(index, 1, IndexError, "index out of range in self")
     else:
-        size = self.shape[_dim(dim, self.ndim)]
+        size = self.shape[wrap_dim(dim, self.ndim)]
         require_in_range(index, size, RuntimeError, f"INDICES element is out of DATA bounds, id={{}} axis_dim={size}")
     if self.ndim == 0:
         return self[None][index.reshape(-1)].reshape(())
-    return jnp.take(self, index.reshape(-1), axis=_dim(dim, self.ndim))
+    return jnp.take(self, index.reshape(-1), axis=wrap_dim(dim, self.ndim))
 
 
 def _along(dim, index):
@@ -221,7 +218,7 @@ def _fit_source(src, index):
 
 def _check_along(self, dim, index, error=RuntimeError, negative=False, message=OUT_OF_BOUNDS):
     """Device-side check of an index along `dim` (gather, scatter, index_add, ...), with CPU's message."""
-    dim, size = _dim(dim, self.ndim), self.shape[_dim(dim, self.ndim)] if self.ndim else 1
+    dim, size = wrap_dim(dim, self.ndim), self.shape[wrap_dim(dim, self.ndim)] if self.ndim else 1
     require_in_range(index, size, error, message.format(dim=dim, size=size), negative)
 
 
@@ -233,13 +230,13 @@ def gather(self, dim, index, *, sparse_grad=False):
         return jnp.zeros(index.shape, self.dtype)
     if self.ndim == 0:
         return jnp.broadcast_to(self, index.shape)
-    return self[_along(_dim(dim, self.ndim), index)]
+    return self[_along(wrap_dim(dim, self.ndim), index)]
 
 
 def _scatter_target(self, dim, index):
     if self.ndim == 0:
         return self.reshape(1).at[index.reshape(-1)]
-    return self.at[_along(_dim(dim, self.ndim), index)]
+    return self.at[_along(wrap_dim(dim, self.ndim), index)]
 
 
 _SCATTER_REDUCE = {
@@ -330,13 +327,13 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
 
 
 def _along_dim(self, dim, index):
-    return (slice(None),) * _dim(dim, self.ndim) + (index.reshape(-1),)
+    return (slice(None),) * wrap_dim(dim, self.ndim) + (index.reshape(-1),)
 
 
 def _index_source(self, dim, source):
     """`source` with the indexed dimension present (ATen allows a 0-d source for 1-element indexing)."""
     source = jnp.asarray(source).astype(self.dtype)
-    return source if source.ndim == self.ndim else jnp.expand_dims(source, _dim(dim, self.ndim))
+    return source if source.ndim == self.ndim else jnp.expand_dims(source, wrap_dim(dim, self.ndim))
 
 
 @lower(aten.index_add.default)

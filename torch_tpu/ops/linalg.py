@@ -33,50 +33,32 @@ def _blend(self, product, beta, alpha):
     return jnp.where(beta == 0, jnp.zeros_like(scaled), scaled) + alpha * product
 
 
-@lower(aten.mm.default, aten.mm.dtype, aten._int_mm.default)
-def mm(self, mat2, out_dtype=None):
-    return _product("ij,jk->ik", self, mat2)
+def _product_lowering(spec, self, other, out_dtype=None):
+    return _product(spec, self, other)
 
 
-@lower(aten.bmm.default, aten.bmm.dtype)
-def bmm(self, mat2, out_dtype=None):
-    return _product("bij,bjk->bik", self, mat2)
+def _blend_lowering(spec, self, a, b, out_dtype=None, *, beta=1, alpha=1):
+    return _blend(self, _product(spec, a, b), beta, alpha)
 
 
-@lower(aten.addmm.default, aten.addmm.dtype)
-def addmm(self, mat1, mat2, out_dtype=None, *, beta=1, alpha=1):
-    return _blend(self, _product("ij,jk->ik", mat1, mat2), beta, alpha)
+# The GEMM family: each op the einsum `spec` of its two operands; the `add` ops blend it into `self`.
+for _ops, _spec, _blends in (
+    ((aten.mm.default, aten.mm.dtype, aten._int_mm.default), "ij,jk->ik", False),
+    ((aten.bmm.default, aten.bmm.dtype), "bij,bjk->bik", False),
+    ((aten.mv.default,), "ij,j->i", False),
+    ((aten.dot.default,), "i,i->", False),
+    ((aten.addmm.default, aten.addmm.dtype), "ij,jk->ik", True),
+    ((aten.baddbmm.default, aten.baddbmm.dtype), "bij,bjk->bik", True),
+    ((aten.addbmm.default,), "bij,bjk->ik", True),
+    ((aten.addmv.default,), "ij,j->i", True),
+):
+    lower(*_ops)(functools.partial(_blend_lowering if _blends else _product_lowering, _spec))
 
 
 @lower(aten._addmm_activation.default)
 def _addmm_activation(self, mat1, mat2, *, beta=1, alpha=1, use_gelu=False):
-    result = addmm(self, mat1, mat2, beta=beta, alpha=alpha)
+    result = _blend(self, _product("ij,jk->ik", mat1, mat2), beta, alpha)
     return jax.nn.gelu(result, approximate=False) if use_gelu else jax.nn.relu(result)
-
-
-@lower(aten.baddbmm.default, aten.baddbmm.dtype)
-def baddbmm(self, batch1, batch2, out_dtype=None, *, beta=1, alpha=1):
-    return _blend(self, _product("bij,bjk->bik", batch1, batch2), beta, alpha)
-
-
-@lower(aten.addbmm.default)
-def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
-    return _blend(self, _product("bij,bjk->ik", batch1, batch2), beta, alpha)
-
-
-@lower(aten.mv.default)
-def mv(self, vec):
-    return _product("ij,j->i", self, vec)
-
-
-@lower(aten.addmv.default)
-def addmv(self, mat, vec, *, beta=1, alpha=1):
-    return _blend(self, _product("ij,j->i", mat, vec), beta, alpha)
-
-
-@lower(aten.dot.default)
-def dot(self, tensor):
-    return _product("i,i->", self, tensor)
 
 
 @lower(aten.vdot.default)

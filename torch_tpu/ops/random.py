@@ -61,8 +61,9 @@ def _check_floating(dtype, kernel):
 _ATEN_NAMES = {"int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool"}
 
 
-def _key(key):
-    return jax.random.wrap_key_data(key, impl="threefry2x32")
+def threefry_key(data):
+    """The typed JAX key of raw threefry key data: a random lowering's `key`, a compiled graph's key input."""
+    return jax.random.wrap_key_data(data, impl="threefry2x32")
 
 
 def _sample_dtype(dtype):
@@ -71,11 +72,11 @@ def _sample_dtype(dtype):
 
 
 def _uniform(key, shape, dtype, low=0.0, high=1.0):
-    return jax.random.uniform(_key(key), shape, _sample_dtype(dtype), low, high)
+    return jax.random.uniform(threefry_key(key), shape, _sample_dtype(dtype), low, high)
 
 
 def _normal(key, shape, dtype):
-    return jax.random.normal(_key(key), shape, _sample_dtype(dtype))
+    return jax.random.normal(threefry_key(key), shape, _sample_dtype(dtype))
 
 
 @lower(aten.uniform.default, rng=True)
@@ -157,7 +158,7 @@ def _upper_bound(dtype):
 
 def _random_range(key, shape, dtype, low, high):
     """Integers uniform in [low, high), drawn from 64 random bits reduced modulo the range, in `dtype`."""
-    bits = jax.random.bits(_key(key), shape, np.uint64)
+    bits = jax.random.bits(threefry_key(key), shape, np.uint64)
     span = high - low
     if span < 2**64:
         bits = bits % np.uint64(span)
@@ -196,7 +197,7 @@ def random_from(self, from_, to, *, generator=None, key):
 
 @lower(aten.exponential.default, rng=True)
 def exponential(self, lambd=1.0, *, generator=None, key):
-    return (jax.random.exponential(_key(key), self.shape, _sample_dtype(self.dtype)) / lambd).astype(self.dtype)
+    return (jax.random.exponential(threefry_key(key), self.shape, _sample_dtype(self.dtype)) / lambd).astype(self.dtype)
 
 
 @lower(aten.geometric.default, rng=True)
@@ -230,15 +231,15 @@ def multinomial(self, num_samples, replacement=False, *, generator=None, key):
         raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
     logits = jnp.log(self.astype(_sample_dtype(self.dtype)))
     if replacement:
-        samples = jax.random.categorical(_key(key), logits, shape=(num_samples, *self.shape[:-1]))
+        samples = jax.random.categorical(threefry_key(key), logits, shape=(num_samples, *self.shape[:-1]))
         return jnp.moveaxis(samples, 0, -1).astype(np.int64)
-    perturbed = logits + jax.random.gumbel(_key(key), self.shape, logits.dtype)
+    perturbed = logits + jax.random.gumbel(threefry_key(key), self.shape, logits.dtype)
     return jax.lax.top_k(perturbed, num_samples)[1].astype(np.int64)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _permutation(key, n, dtype):
-    return jax.random.permutation(_key(key), n).astype(dtype)
+    return jax.random.permutation(threefry_key(key), n).astype(dtype)
 
 
 @kernel(aten.randperm.generator_out)

@@ -10,7 +10,8 @@ import numpy as np
 from torch_tpu.ops.registry import aten, lower
 
 
-def _dim(dim, ndim):
+def wrap_dim(dim, ndim):
+    """`dim` counted from 0 (a negative one from the end); 0 for a 0-d tensor, as ATen wraps it."""
     return dim % ndim if ndim else 0
 
 
@@ -100,7 +101,7 @@ for _mode, _ops, _backward_ops in (
 
 @lower(aten.narrow_copy.default)
 def narrow_copy(self, dim, start, length):
-    dim = _dim(dim, self.ndim)
+    dim = wrap_dim(dim, self.ndim)
     start = start % self.shape[dim] if start < 0 else start
     return jax.lax.slice_in_dim(self, start, start + length, axis=dim)
 
@@ -112,7 +113,7 @@ def _diagonal_positions(length, offset):
 
 @lower(aten.diagonal_scatter.default)
 def diagonal_scatter(self, src, offset=0, dim1=0, dim2=1):
-    dim1, dim2 = _dim(dim1, self.ndim), _dim(dim2, self.ndim)
+    dim1, dim2 = wrap_dim(dim1, self.ndim), wrap_dim(dim2, self.ndim)
     moved = jnp.moveaxis(self, (dim1, dim2), (-2, -1))
     rows, cols = _diagonal_positions(src.shape[-1], offset)
     moved = moved.at[..., rows, cols].set(src.astype(self.dtype))
@@ -126,7 +127,7 @@ def diagonal_backward(grad_output, input_sizes, offset, dim1, dim2):
 
 @lower(aten.select_scatter.default)
 def select_scatter(self, src, dim, index):
-    dim = _dim(dim, self.ndim)
+    dim = wrap_dim(dim, self.ndim)
     index = index % self.shape[dim] if index < 0 else index
     return self.at[(slice(None),) * dim + (index,)].set(src.astype(self.dtype))
 
@@ -138,7 +139,7 @@ def select_backward(grad_output, input_sizes, dim, index):
 
 @lower(aten.slice_scatter.default)
 def slice_scatter(self, src, dim=0, start=None, end=None, step=1):
-    dim = _dim(dim, self.ndim)
+    dim = wrap_dim(dim, self.ndim)
     return self.at[(slice(None),) * dim + (slice(start, end, step),)].set(src.astype(self.dtype))
 
 
@@ -160,7 +161,7 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
 def unfold_backward(grad_in, input_sizes, dim, size, step):
     if not input_sizes:  # a 0-d input unfolds into its one element
         return jnp.sum(grad_in).reshape(())
-    dim = _dim(dim, len(input_sizes))
+    dim = wrap_dim(dim, len(input_sizes))
     index = np.arange(grad_in.shape[dim])[:, None] * step + np.arange(size)[None, :]
     grad = jnp.moveaxis(grad_in, -1, dim + 1)
     return jnp.zeros(input_sizes, grad_in.dtype).at[(slice(None),) * dim + (index,)].add(grad)

@@ -10,10 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from torch_tpu.ops.creation import _linspace
-from torch_tpu.ops.indexing import _dim
+from torch_tpu.ops.creation import linspace
 from torch_tpu.ops.reductions import check_reducible
 from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.shape import wrap_dim
 
 
 def _sort(self, dim, descending=False):
@@ -55,7 +55,7 @@ def _pick(values, order, position, dim, keepdim):
 def kthvalue(self, k, dim=-1, keepdim=False):
     if self.ndim == 0:
         return self, jnp.zeros((), np.int64)
-    dim = _dim(dim, self.ndim)
+    dim = wrap_dim(dim, self.ndim)
     values, order = _sort(self, dim)
     return _pick(values, order, k - 1, dim, keepdim)
 
@@ -80,31 +80,26 @@ def _median(self, dim, keepdim, skip_nan):
         self, dim = self.reshape(-1), 0
     elif self.ndim == 0:
         return self, jnp.zeros((), np.int64)
-    dim = _dim(dim, self.ndim)
+    dim = wrap_dim(dim, self.ndim)
     values, order = _sort(self, dim)
     return _pick(values, order, _median_position(self, dim, skip_nan), dim, keepdim)
 
 
-@lower(aten.median.default)
-def median(self):
-    return _median(self, None, False, skip_nan=False)[0]
+def _median_all(self, skip_nan):
+    return _median(self, None, False, skip_nan)[0]
 
 
-@lower(aten.median.dim)
-def median_dim(self, dim, keepdim=False):
+def _median_dim(self, dim, keepdim=False, *, skip_nan):
     check_reducible(self, dim, "median")
-    return _median(self, dim, keepdim, skip_nan=False)
+    return _median(self, dim, keepdim, skip_nan)
 
 
-@lower(aten.nanmedian.default)
-def nanmedian(self):
-    return _median(self, None, False, skip_nan=True)[0]
-
-
-@lower(aten.nanmedian.dim)
-def nanmedian_dim(self, dim, keepdim=False):
-    check_reducible(self, dim, "median")
-    return _median(self, dim, keepdim, skip_nan=True)
+for _skip_nan, _whole, _along in (
+    (False, aten.median.default, aten.median.dim),
+    (True, aten.nanmedian.default, aten.nanmedian.dim),
+):
+    lower(_whole)(functools.partial(_median_all, skip_nan=_skip_nan))
+    lower(_along)(functools.partial(_median_dim, skip_nan=_skip_nan))
 
 
 @lower(aten.mode.default)
@@ -113,7 +108,7 @@ def mode(self, dim=-1, keepdim=False):
     check_reducible(self, dim, "mode")
     if self.ndim == 0:
         return self, jnp.zeros((), np.int64)
-    dim = _dim(dim, self.ndim)
+    dim = wrap_dim(dim, self.ndim)
     values, order = _sort(jnp.moveaxis(self, dim, -1), -1)
     size = values.shape[-1]
     position = jnp.arange(size)
@@ -253,7 +248,7 @@ def _edges_from_counts(points, bins, bounds):
     for d, count in enumerate(bins):
         pair = None if bounds is None else bounds[2 * d : 2 * d + 2]
         low, high = _outer_edges(points[:, d], pair)
-        edges.append(_linspace(low, high, count + 1, dtype=points.dtype))
+        edges.append(linspace(low, high, count + 1, dtype=points.dtype))
     return edges
 
 

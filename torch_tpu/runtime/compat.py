@@ -42,6 +42,18 @@ def _spell(release: tuple[int, ...]) -> str:
     return ".".join(map(str, release))
 
 
+def in_range(name: str, version: str) -> bool:
+    """Whether `version` of `name` (torch, jax or jaxlib) is inside the supported range."""
+    low, high = SUPPORTED[name]
+    return low <= _release(version) < high
+
+
+def supported_range(name: str) -> str:
+    """The supported range of `name` as a requirement's specifier: `>=2.11,<2.15`."""
+    low, high = SUPPORTED[name]
+    return f">={_spell(low)},<{_spell(high)}"
+
+
 def _installed(name: str) -> str | None:
     try:
         return metadata.version(name)
@@ -55,13 +67,13 @@ def version_problem() -> str | None:
     if os.environ.get(SKIP_CHECK_ENV) == "1":
         return None
     wrong = []
-    for name, (low, high) in SUPPORTED.items():
+    for name in SUPPORTED:
         found = _installed(name)
-        if found is not None and not low <= _release(found) < high:
+        if found is not None and not in_range(name, found):
             wrong.append(f"{name} {found}")
     if not wrong:
         return None
-    ranges = ", ".join(f"{name}>={_spell(low)},<{_spell(high)}" for name, (low, high) in SUPPORTED.items())
+    ranges = ", ".join(f"{name}{supported_range(name)}" for name in SUPPORTED)
     return (
         f"torch_tpu supports {ranges}; found {', '.join(wrong)}. Install a supported release, or set "
         f"{SKIP_CHECK_ENV}=1 to try this one unsupported."

@@ -17,6 +17,7 @@ key leave one complete entry (the last rename wins; both wrote the same program)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -71,33 +72,27 @@ def environment() -> str:
     return ";".join(parts)
 
 
+@dataclasses.dataclass
 class DiskStats:
     """Counters of the persistent tier, reported by `torch.tpu._get_cache_stats()["persistent"]`: executables
     (`hits`, ...), the graph-keyed index that spares a warm process the lowering (`graph_*`, `compile.warm`; its
     hit loads an executable, so it counts as an executable hit too) and AOTAutograd's own cache as our backend
     uses it (`aot_autograd_*`, counted by PyTorch)."""
 
-    def __init__(self) -> None:
-        self.hits = 0
-        self.misses = 0
-        self.writes = 0
-        self.discarded = 0
-        self.graph_hits = 0
-        self.graph_misses = 0
-        self.graph_writes = 0
+    hits: int = 0
+    misses: int = 0
+    writes: int = 0
+    discarded: int = 0
+    graph_hits: int = 0
+    graph_misses: int = 0
+    graph_writes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         aot = _aot_autograd_counters()
         return {
             "root": str(root()),
             "enabled": enabled(),
-            "hits": self.hits,
-            "misses": self.misses,
-            "writes": self.writes,
-            "discarded": self.discarded,
-            "graph_hits": self.graph_hits,
-            "graph_misses": self.graph_misses,
-            "graph_writes": self.graph_writes,
+            **dataclasses.asdict(self),
             "aot_autograd_hits": aot.get("autograd_cache_hit", 0),
             "aot_autograd_misses": aot.get("autograd_cache_miss", 0),
             "aot_autograd_saved": aot.get("autograd_cache_saved", 0),

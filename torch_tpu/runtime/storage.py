@@ -246,7 +246,7 @@ def _resized(array: jax.Array, nbytes: int) -> jax.Array:
     flat = array.reshape(-1)
     itemsize = array.dtype.itemsize
     if nbytes % itemsize or array.dtype == np.bool_ or dtypes.is_complex(array.dtype):
-        flat, itemsize = _bitcast_flat(flat, np.dtype(np.uint8)), 1
+        flat, itemsize = bitcast_flat(flat, np.dtype(np.uint8)), 1
     count = nbytes // itemsize
     return flat[:count] if count <= flat.shape[0] else jnp.pad(flat, (0, count - flat.shape[0]))
 
@@ -402,21 +402,21 @@ def _fit(value: jax.Array, shape: tuple[int, ...], dtype: np.dtype) -> jax.Array
     return jnp.broadcast_to(jnp.asarray(value).astype(dtype), shape)
 
 
-def _bitcast_flat(flat: jax.Array, dtype: np.dtype) -> jax.Array:
+def bitcast_flat(flat: jax.Array, dtype: np.dtype) -> jax.Array:
     """Reinterpret a 1-D array's bytes as another dtype (the storage is untyped)."""
     if flat.dtype == dtype:
         return flat
     if dtypes.is_complex(flat.dtype):
         parts = jnp.stack([flat.real, flat.imag], axis=-1).reshape(-1)
-        return _bitcast_flat(parts, dtype)
+        return bitcast_flat(parts, dtype)
     if dtypes.is_complex(dtype):
         part = np.dtype(np.float32 if dtype == np.complex64 else np.float64)
-        pairs = _bitcast_flat(flat, part).reshape(-1, 2)
+        pairs = bitcast_flat(flat, part).reshape(-1, 2)
         return jax.lax.complex(pairs[:, 0], pairs[:, 1])
     if flat.dtype == np.bool_:
-        return _bitcast_flat(flat.astype(np.uint8), dtype)
+        return bitcast_flat(flat.astype(np.uint8), dtype)
     if dtype == np.bool_:
-        return _bitcast_flat(flat, np.dtype(np.uint8)).astype(np.bool_)
+        return bitcast_flat(flat, np.dtype(np.uint8)).astype(np.bool_)
     src, dst = flat.dtype.itemsize, dtype.itemsize
     if src == dst:
         return jax.lax.bitcast_convert_type(flat, dtype)
@@ -426,7 +426,8 @@ def _bitcast_flat(flat: jax.Array, dtype: np.dtype) -> jax.Array:
     return jax.lax.bitcast_convert_type(flat[:usable].reshape(-1, dst // src), dtype)
 
 
-def _flat_indices(shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> np.ndarray:
+def flat_indices(shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> np.ndarray:
+    """The flat buffer position of each element of the strided view (`shape`, `stride`, `offset`)."""
     index = np.full(shape, offset, dtype=np.int64)
     for dim, (size, step) in enumerate(zip(shape, stride, strict=True)):
         axis = [1] * len(shape)
@@ -497,18 +498,18 @@ def _blocked(shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> _B
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
 def _gather(array: jax.Array, dtype: np.dtype, shape, stride, offset: int) -> jax.Array:
-    flat = _bitcast_flat(array.reshape(-1), dtype)
+    flat = bitcast_flat(array.reshape(-1), dtype)
     if math.prod(shape) == 0:
         return jnp.zeros(shape, dtype)
     blocked = _blocked(shape, stride, offset)
     if blocked is not None:
         return blocked.read(flat)
-    return flat[_flat_indices(shape, stride, offset)]
+    return flat[flat_indices(shape, stride, offset)]
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
 def _scatter(array: jax.Array, value: jax.Array, dtype: np.dtype, shape, stride, offset: int) -> jax.Array:
-    flat = _bitcast_flat(array.reshape(-1), dtype)
+    flat = bitcast_flat(array.reshape(-1), dtype)
     value = jnp.broadcast_to(jnp.asarray(value).astype(dtype), shape)
     if 0 in stride:  # an expanded tensor: of the elements at one location, the last is stored, as CPU's loops leave it
         value = value[tuple(slice(-1, None) if step == 0 else slice(None) for step in stride)]
@@ -517,8 +518,8 @@ def _scatter(array: jax.Array, value: jax.Array, dtype: np.dtype, shape, stride,
     if blocked is not None:
         updated = blocked.write(flat, value)
     else:
-        updated = flat.at[_flat_indices(shape, stride, offset).reshape(-1)].set(value.reshape(-1))
-    return _bitcast_flat(updated, array.dtype).reshape(array.shape)
+        updated = flat.at[flat_indices(shape, stride, offset).reshape(-1)].set(value.reshape(-1))
+    return bitcast_flat(updated, array.dtype).reshape(array.shape)
 
 
 def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:

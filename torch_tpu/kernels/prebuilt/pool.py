@@ -86,9 +86,9 @@ def _backward(n: int):
     def backward(grad, self, kernel_size, stride, padding, dilation, ceil_mode):
         grad = grad.astype(self.dtype)
         if any(d != 1 for d in dilation):  # JAX has no select-and-scatter VJP for dilated windows: ATen's way
-            _, indices = aten_pool._max_pool(self, n, kernel_size, stride, padding, dilation, ceil_mode)
-            return aten_pool._max_pool_backward(
-                grad, self, n, kernel_size, stride, padding, dilation, ceil_mode, indices
+            _, indices = aten_pool.max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, n=n)
+            return aten_pool.max_pool_backward(
+                grad, self, kernel_size, stride, padding, dilation, ceil_mode, indices, n=n
             )
         _, vjp = jax.vjp(lambda x: forward(x, kernel_size, stride, padding, dilation, ceil_mode), self)
         return vjp(grad)[0]

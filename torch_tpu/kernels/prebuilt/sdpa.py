@@ -2,9 +2,10 @@
 
 PyTorch picks SDPA's backend through a C++ DispatchStub that Python cannot reach, so this registers an
 `AutogradPrivateUse1` kernel (eager and AOTAutograd's tracing reach it; the same as the `PrivateUse1` kernel, which
-`torch.inference_mode` reaches) for `aten::scaled_dot_product_attention`: `choose` names the path for the call;
-"xla" runs PyTorch's own composite (the math decomposition our lowerings compile, as before), "splash" runs
-`torch.tpu.ops.splash_sdpa` (differentiable itself). Splash applies on TPU for masks it expresses (none, or
+`torch.inference_mode` reaches) for `aten::scaled_dot_product_attention`: `choose` names the path for the call,
+the first kernel in `_PRIORITY` that runs on the platform and serves the call, else "xla". "xla" runs PyTorch's own
+composite (the math decomposition our lowerings compile, as before), "splash" runs `torch.tpu.ops.splash_sdpa`
+(differentiable itself). Splash applies on TPU for masks it expresses (none, or
 causal), no dropout, bfloat16 (and float32 where the precision in force is `Precision.DEFAULT`: splash's float32
 products run as one bf16 pass on the chip, measured ~5e-3 from a float64 reference, which HIGH and HIGHEST -- PyTorch's
 default "highest" among them -- do not allow), GQA with `enable_gqa` and sequence lengths in multiples of 128. On GPU,
@@ -22,8 +23,9 @@ too, equal heads, tile-divisible lengths); `force("pallas_gpu")` runs it interpr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -31,11 +33,41 @@ from torch_tpu import precision
 from torch_tpu.kernels.prebuilt import cudnn, library, pallas_gpu, tokamax_attention
 from torch_tpu.runtime import platform
 
-KERNELS = ("splash", "cudnn", "tokamax", "pallas_gpu", "xla")
 SPLASH_DTYPES = (torch.float32, torch.bfloat16)
 # How often each path was chosen (a compiled graph counts once, when it is traced).
 choices: Counter[str] = Counter()
 _forced: list[str | None] = [None]
+
+
+def _splash_serves(query, key, value, attn_mask, dropout_p, enable_gqa, is_causal) -> bool:
+    """(Causal at any lengths: splash's mask is its own.)"""
+    if attn_mask is not None or dropout_p != 0.0:
+        return False
+    if not library.attention_layout(query, key, value, SPLASH_DTYPES, enable_gqa):
+        return False
+    return query.shape[2] % 128 == 0 and key.shape[2] % 128 == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kernel:
+    """An SDPA kernel: where `choose` takes it unforced, whether it serves a call, and the op that runs it."""
+
+    name: str
+    platforms: tuple[str, ...]
+    serves: Callable[..., bool]  # (query, key, value, attn_mask, dropout_p, enable_gqa, is_causal)
+    op: str  # torch.ops.torch_tpu.<op>(query, key, value, [attn_mask,] is_causal=, scale=)
+    takes_mask: bool = False
+
+
+# In priority order: a call takes the first kernel that runs on its platform and serves it, else the XLA path.
+_PRIORITY = (
+    _Kernel("splash", ("tpu",), _splash_serves, "splash_sdpa"),
+    _Kernel("cudnn", ("gpu",), cudnn.serves, "_cudnn_sdpa"),
+    _Kernel("tokamax", ("tpu", "gpu"), tokamax_attention.serves, "_tokamax_sdpa", takes_mask=True),
+    _Kernel("pallas_gpu", ("gpu",), pallas_gpu.serves, "_pallas_gpu_sdpa"),
+)
+_BY_NAME = {kernel.name: kernel for kernel in _PRIORITY}
+KERNELS = (*_BY_NAME, "xla")
 
 
 @contextlib.contextmanager
@@ -48,14 +80,6 @@ def force(kernel: str | None) -> Iterator[None]:
         yield
     finally:
         _forced[0] = previous
-
-
-def _splash_serves(query, key, value, attn_mask, dropout_p, enable_gqa) -> bool:
-    if attn_mask is not None or dropout_p != 0.0:
-        return False
-    if not library.attention_layout(query, key, value, SPLASH_DTYPES, enable_gqa):
-        return False
-    return query.shape[2] % 128 == 0 and key.shape[2] % 128 == 0
 
 
 def _within_precision(dtype: torch.dtype) -> bool:
@@ -79,29 +103,14 @@ def choose(
     function of the platform and the call's shapes, dtypes, mask and dropout, of `force`, and, for float32, of the
     precision in force, which every cache key holds)."""
     forced = _forced[0]
-    call = (query, key, value, attn_mask, dropout_p, enable_gqa)
+    call = (query, key, value, attn_mask, dropout_p, enable_gqa, is_causal)
     if forced is not None:
-        return forced if forced != "xla" and _SERVES[forced](*call, is_causal) else "xla"
+        kernel = _BY_NAME.get(forced)
+        return forced if kernel is not None and kernel.serves(*call) else "xla"
     if device_platform == "tpu" and not _within_precision(query.dtype):
         return "xla"
-    if device_platform == "tpu" and _splash_serves(*call):
-        return "splash"
-    if device_platform == "gpu" and cudnn.serves(*call, is_causal):
-        return "cudnn"
-    if device_platform in ("tpu", "gpu") and tokamax_attention.serves(*call, is_causal):
-        return "tokamax"
-    if device_platform == "gpu" and pallas_gpu.serves(*call, is_causal):
-        return "pallas_gpu"
-    return "xla"
+    return next((k.name for k in _PRIORITY if device_platform in k.platforms and k.serves(*call)), "xla")
 
-
-# Whether each kernel serves a call (query, key, value, attn_mask, dropout_p, enable_gqa, is_causal).
-_SERVES = {
-    "splash": lambda *call: _splash_serves(*call[:-1]),  # causal at any lengths: splash's mask is its own
-    "cudnn": cudnn.serves,
-    "tokamax": tokamax_attention.serves,
-    "pallas_gpu": pallas_gpu.serves,
-}
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
@@ -118,15 +127,11 @@ def _kernel(
 ) -> torch.Tensor:
     path = choose(platform.platform(), query, key, value, attn_mask, dropout_p, enable_gqa, is_causal)
     choices[path] += 1
-    if path == "splash":
-        return torch.ops.torch_tpu.splash_sdpa(query, key, value, is_causal=is_causal, scale=scale)
-    if path == "cudnn":
-        return torch.ops.torch_tpu._cudnn_sdpa(query, key, value, is_causal=is_causal, scale=scale)
-    if path == "pallas_gpu":
-        return torch.ops.torch_tpu._pallas_gpu_sdpa(query, key, value, is_causal=is_causal, scale=scale)
-    if path == "tokamax":
-        return torch.ops.torch_tpu._tokamax_sdpa(query, key, value, attn_mask, is_causal=is_causal, scale=scale)
-    return _SDPA.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    kernel = _BY_NAME.get(path)
+    if kernel is None:
+        return _SDPA.decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    mask = (attn_mask,) if kernel.takes_mask else ()
+    return getattr(torch.ops.torch_tpu, kernel.op)(query, key, value, *mask, is_causal=is_causal, scale=scale)
 
 
 _library: list[torch.library.Library] = []

@@ -9,18 +9,15 @@ import jax
 import jax.numpy as jnp
 
 from torch_tpu.ops.nn.common import upcast
+from torch_tpu.ops.random import threefry_key
 from torch_tpu.ops.registry import aten, kernel, lower
-
-
-def _key(key):
-    return jax.random.wrap_key_data(key, impl="threefry2x32")
 
 
 @lower(aten.native_dropout.default, rng=True)
 def native_dropout(input, p, train, *, key):
     if train is False:
         return input, jnp.ones(input.shape, bool)
-    keep = jax.random.bernoulli(_key(key), 1 - p, input.shape)
+    keep = jax.random.bernoulli(threefry_key(key), 1 - p, input.shape)
     scale = 0.0 if p == 1 else 1 / (1 - p)
     return input * keep.astype(input.dtype) * scale, keep
 
@@ -37,7 +34,7 @@ def rrelu_with_noise_functional(self, noise, lower=0.125, upper=1 / 3, training=
     x = upcast(self)
     if not training:
         return jnp.where(x > 0, x, x * ((lower + upper) / 2)), noise
-    slopes = jax.random.uniform(_key(key), self.shape, x.dtype, lower, upper)
+    slopes = jax.random.uniform(threefry_key(key), self.shape, x.dtype, lower, upper)
     new_noise = jnp.where(x > 0, 1, slopes)
     return x * new_noise, new_noise
 

@@ -3,6 +3,8 @@
 Indices are PyTorch's: the flat position of the chosen element within its input plane (`h * W + w`).
 """
 
+import functools
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -68,10 +70,11 @@ def _prefer(a, b):
     return jnp.where(take_b, b_value, a_value), jnp.where(take_b, b_index, a_index)
 
 
-def _max_pool(self, n, kernel_size, stride, padding, dilation, ceil_mode):
-    """One variadic `reduce_window` over (value, flat in-plane index) pairs: a small program that compiles fast
-    (stacking every window element, then an argmax, took seconds for 3-d kernels). Padding carries the lowest
-    value and an index past every real one, so it never wins."""
+def max_pool(self, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False, *, n):
+    """(values, indices) of ATen's `max_pool{n}d_with_indices` over the trailing `n` dims (the prebuilt
+    `torch.tpu.ops` max pools use it too). One variadic `reduce_window` over (value, flat in-plane index) pairs: a
+    small program that compiles fast (stacking every window element, then an argmax, took seconds for 3-d
+    kernels). Padding carries the lowest value and an index past every real one, so it never wins."""
     geometry = _geometry(self, n, kernel_size, stride, padding, dilation, ceil_mode)
     batch = (1,) * (self.ndim - n)
     pads = [(0, 0)] * (self.ndim - n) + [
@@ -87,33 +90,13 @@ def _max_pool(self, n, kernel_size, stride, padding, dilation, ceil_mode):
     return values, indices.astype(jnp.int64)
 
 
-def _max_pool_backward(grad_output, self, n, kernel_size, stride, padding, dilation, ceil_mode, indices):
+def max_pool_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices, *, n):
     """Each output's gradient goes to the window element whose flat index it chose; the windows are a linear
     map of the input, so their transpose (strided pads and adds, no scatter) sums the overlaps."""
     windows, flat, valid = _max_pool_windows(self, n, kernel_size, stride, padding, dilation, ceil_mode)
     chosen = valid & (flat == indices[..., None])
     grad_windows = jnp.where(chosen, upcast(grad_output)[..., None], 0)
     return linear_adjoint(lambda x: windows(x, 0), grad_windows, self.shape)
-
-
-@lower(aten.max_pool2d_with_indices.default)
-def max_pool2d_with_indices(self, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
-    return _max_pool(self, 2, kernel_size, stride, padding, dilation, ceil_mode)
-
-
-@lower(aten.max_pool3d_with_indices.default)
-def max_pool3d_with_indices(self, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
-    return _max_pool(self, 3, kernel_size, stride, padding, dilation, ceil_mode)
-
-
-@lower(aten.max_pool2d_with_indices_backward.default)
-def max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
-    return _max_pool_backward(grad_output, self, 2, kernel_size, stride, padding, dilation, ceil_mode, indices)
-
-
-@lower(aten.max_pool3d_with_indices_backward.default)
-def max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
-    return _max_pool_backward(grad_output, self, 3, kernel_size, stride, padding, dilation, ceil_mode, indices)
 
 
 def _divisor(size, kernel, stride, padding, out, count_include_pad):
@@ -125,7 +108,9 @@ def _divisor(size, kernel, stride, padding, out, count_include_pad):
     return np.minimum(end, size) - np.maximum(start, 0)
 
 
-def _avg_pool(self, n, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+def _avg_pool(
+    self, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None, *, n
+):
     geometry = _geometry(self, n, kernel_size, stride, padding, (1,), ceil_mode)
     x = upcast(self)
     batch = (1,) * (self.ndim - n)
@@ -141,37 +126,11 @@ def _avg_pool(self, n, kernel_size, stride, padding, ceil_mode, count_include_pa
     return total / divisor.astype(x.dtype)
 
 
-@lower(aten.avg_pool2d.default)
-def avg_pool2d(
-    self, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None
-):
-    return _avg_pool(self, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-
-
-@lower(aten.avg_pool3d.default)
-def avg_pool3d(
-    self, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True, divisor_override=None
-):
-    return _avg_pool(self, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-
-
-@lower(aten.avg_pool2d_backward.default)
-def avg_pool2d_backward(
-    grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+def _avg_pool_backward(
+    grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, *, n
 ):
     return linear_adjoint(
-        lambda x: avg_pool2d(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),
-        grad_output,
-        self.shape,
-    )
-
-
-@lower(aten.avg_pool3d_backward.default)
-def avg_pool3d_backward(
-    grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
-):
-    return linear_adjoint(
-        lambda x: avg_pool3d(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),
+        lambda x: _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n=n),
         grad_output,
         self.shape,
     )
@@ -198,54 +157,38 @@ def _adaptive_windows(x, output_size, fill):
     return jnp.where(valid, windows, jnp.asarray(fill, x.dtype)), counts, flat, valid
 
 
+@lower(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
 def _adaptive_avg_pool(self, output_size):
     windows, counts, _, _ = _adaptive_windows(upcast(self), tuple(output_size), 0)
     return jnp.sum(windows, axis=-1) / counts.astype(windows.dtype)
 
 
-@lower(aten._adaptive_avg_pool2d.default)
-def _adaptive_avg_pool2d(self, output_size):
-    return _adaptive_avg_pool(self, output_size)
-
-
-@lower(aten._adaptive_avg_pool3d.default)
-def _adaptive_avg_pool3d(self, output_size):
-    return _adaptive_avg_pool(self, output_size)
-
-
-@lower(aten._adaptive_avg_pool2d_backward.default)
-def _adaptive_avg_pool2d_backward(grad_output, self):
-    return linear_adjoint(lambda x: _adaptive_avg_pool(x, grad_output.shape[-2:]), grad_output, self.shape)
-
-
-@lower(aten._adaptive_avg_pool3d_backward.default)
-def _adaptive_avg_pool3d_backward(grad_output, self):
-    return linear_adjoint(lambda x: _adaptive_avg_pool(x, grad_output.shape[-3:]), grad_output, self.shape)
-
-
+@lower(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
 def _adaptive_max_pool(self, output_size):
     windows, _, flat, valid = _adaptive_windows(self, tuple(output_size), _lowest(self.dtype))
     return max_with_indices(windows, flat, valid)
 
 
-@lower(aten.adaptive_max_pool2d.default)
-def adaptive_max_pool2d(self, output_size):
-    return _adaptive_max_pool(self, output_size)
+def _adaptive_avg_pool_backward(grad_output, self, *, n):
+    return linear_adjoint(lambda x: _adaptive_avg_pool(x, grad_output.shape[-n:]), grad_output, self.shape)
 
 
-@lower(aten.adaptive_max_pool3d.default)
-def adaptive_max_pool3d(self, output_size):
-    return _adaptive_max_pool(self, output_size)
+def _adaptive_max_pool_backward(grad_output, self, indices, *, n):
+    return _into_planes(upcast(grad_output), indices, self.shape[-n:], accumulate=True)
 
 
-@lower(aten.adaptive_max_pool2d_backward.default)
-def adaptive_max_pool2d_backward(grad_output, self, indices):
-    return _into_planes(upcast(grad_output), indices, self.shape[-2:], accumulate=True)
-
-
-@lower(aten.adaptive_max_pool3d_backward.default)
-def adaptive_max_pool3d_backward(grad_output, self, indices):
-    return _into_planes(upcast(grad_output), indices, self.shape[-3:], accumulate=True)
+# The 2-d and 3-d ops of each kind are one computation over the trailing `n` dims, which the input's shape alone
+# does not tell (an unbatched 3-d input has as many dims as a batched 2-d one).
+for _fn, _by_dims in (
+    (max_pool, (aten.max_pool2d_with_indices, aten.max_pool3d_with_indices)),
+    (max_pool_backward, (aten.max_pool2d_with_indices_backward, aten.max_pool3d_with_indices_backward)),
+    (_avg_pool, (aten.avg_pool2d, aten.avg_pool3d)),
+    (_avg_pool_backward, (aten.avg_pool2d_backward, aten.avg_pool3d_backward)),
+    (_adaptive_avg_pool_backward, (aten._adaptive_avg_pool2d_backward, aten._adaptive_avg_pool3d_backward)),
+    (_adaptive_max_pool_backward, (aten.adaptive_max_pool2d_backward, aten.adaptive_max_pool3d_backward)),
+):
+    for _n, _op in zip((2, 3), _by_dims, strict=True):
+        lower(_op.default)(functools.partial(_fn, n=_n))
 
 
 @lower(aten.max_unpool2d.default)

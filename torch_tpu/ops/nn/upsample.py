@@ -7,6 +7,8 @@ with NumPy at trace time, in the precision PyTorch uses (float32 for nearest ind
 for interpolation weights). The backward ops are the exact adjoints (`jax.vjp`) of the forwards.
 """
 
+import functools
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -159,138 +161,44 @@ def _cubic(self, output_size, align_corners, scales):
     return _interpolate(self, output_size, align_corners, scales, _cubic_taps)
 
 
-@lower(aten.upsample_nearest1d.default)
-def upsample_nearest1d(self, output_size, scales=None):
-    return _nearest(self, output_size, (scales,), exact=False)
+def _resampling(resample, aligns, output_size, rest):
+    """`x -> resample(x, output_size, [align_corners,] scales)` from an upsampling op's trailing arguments `rest`
+    (`[align_corners,] scales...`; scales left at their defaults may be absent)."""
+    align, scales = (rest[:1], rest[1:]) if aligns else ((), rest)
+    scales = tuple(scales) + (None,) * (len(output_size) - len(scales))
+    return lambda x: resample(x, output_size, *align, scales)
 
 
-@lower(aten.upsample_nearest2d.default)
-def upsample_nearest2d(self, output_size, scales_h=None, scales_w=None):
-    return _nearest(self, output_size, (scales_h, scales_w), exact=False)
+def _upsample(resample, aligns, self, output_size, *rest):
+    return _resampling(resample, aligns, output_size, rest)(self)
 
 
-@lower(aten.upsample_nearest3d.default)
-def upsample_nearest3d(self, output_size, scales_d=None, scales_h=None, scales_w=None):
-    return _nearest(self, output_size, (scales_d, scales_h, scales_w), exact=False)
+def _upsample_backward(resample, aligns, grad_output, output_size, input_size, *rest):
+    return linear_adjoint(_resampling(resample, aligns, output_size, rest), grad_output, input_size)
 
 
-@lower(aten._upsample_nearest_exact1d.default)
-def _upsample_nearest_exact1d(self, output_size, scales=None):
-    return _nearest(self, output_size, (scales,), exact=True)
-
-
-@lower(aten._upsample_nearest_exact2d.default)
-def _upsample_nearest_exact2d(self, output_size, scales_h=None, scales_w=None):
-    return _nearest(self, output_size, (scales_h, scales_w), exact=True)
-
-
-@lower(aten._upsample_nearest_exact3d.default)
-def _upsample_nearest_exact3d(self, output_size, scales_d=None, scales_h=None, scales_w=None):
-    return _nearest(self, output_size, (scales_d, scales_h, scales_w), exact=True)
-
-
-@lower(aten.upsample_linear1d.default)
-def upsample_linear1d(self, output_size, align_corners, scales=None):
-    return _linear(self, output_size, align_corners, (scales,))
-
-
-@lower(aten.upsample_bilinear2d.default)
-def upsample_bilinear2d(self, output_size, align_corners, scales_h=None, scales_w=None):
-    return _linear(self, output_size, align_corners, (scales_h, scales_w))
-
-
-@lower(aten.upsample_trilinear3d.default)
-def upsample_trilinear3d(self, output_size, align_corners, scales_d=None, scales_h=None, scales_w=None):
-    return _linear(self, output_size, align_corners, (scales_d, scales_h, scales_w))
-
-
-@lower(aten.upsample_bicubic2d.default)
-def upsample_bicubic2d(self, output_size, align_corners, scales_h=None, scales_w=None):
-    return _cubic(self, output_size, align_corners, (scales_h, scales_w))
-
-
-@lower(aten._upsample_bilinear2d_aa.default)
-def _upsample_bilinear2d_aa(self, output_size, align_corners, scales_h=None, scales_w=None):
-    return _antialiased(self, output_size, align_corners, (scales_h, scales_w), 2, _triangle)
-
-
-@lower(aten._upsample_bicubic2d_aa.default)
-def _upsample_bicubic2d_aa(self, output_size, align_corners, scales_h=None, scales_w=None):
-    return _antialiased(self, output_size, align_corners, (scales_h, scales_w), 4, _keys)
-
-
-@lower(aten.upsample_nearest1d_backward.default)
-def upsample_nearest1d_backward(grad_output, output_size, input_size, scales=None):
-    return linear_adjoint(lambda x: _nearest(x, output_size, (scales,), False), grad_output, input_size)
-
-
-@lower(aten.upsample_nearest2d_backward.default)
-def upsample_nearest2d_backward(grad_output, output_size, input_size, scales_h=None, scales_w=None):
-    return linear_adjoint(lambda x: _nearest(x, output_size, (scales_h, scales_w), False), grad_output, input_size)
-
-
-@lower(aten.upsample_nearest3d_backward.default)
-def upsample_nearest3d_backward(grad_output, output_size, input_size, scales_d=None, scales_h=None, scales_w=None):
-    scales = (scales_d, scales_h, scales_w)
-    return linear_adjoint(lambda x: _nearest(x, output_size, scales, False), grad_output, input_size)
-
-
-@lower(aten._upsample_nearest_exact1d_backward.default)
-def _upsample_nearest_exact1d_backward(grad_output, output_size, input_size, scales=None):
-    return linear_adjoint(lambda x: _nearest(x, output_size, (scales,), True), grad_output, input_size)
-
-
-@lower(aten._upsample_nearest_exact2d_backward.default)
-def _upsample_nearest_exact2d_backward(grad_output, output_size, input_size, scales_h=None, scales_w=None):
-    return linear_adjoint(lambda x: _nearest(x, output_size, (scales_h, scales_w), True), grad_output, input_size)
-
-
-@lower(aten._upsample_nearest_exact3d_backward.default)
-def _upsample_nearest_exact3d_backward(
-    grad_output, output_size, input_size, scales_d=None, scales_h=None, scales_w=None
+# Each upsampling op (arguments `self, output_size, [align_corners,] scales...`) and its backward op (`grad_output,
+# output_size, input_size, [align_corners,] scales...`, the exact adjoint) by how it resamples and whether it takes
+# align_corners.
+for _names, _how, _aligns in (
+    (
+        ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d"),
+        functools.partial(_nearest, exact=False),
+        False,
+    ),
+    (
+        ("_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d"),
+        functools.partial(_nearest, exact=True),
+        False,
+    ),
+    (("upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d"), _linear, True),
+    (("upsample_bicubic2d",), _cubic, True),
+    (("_upsample_bilinear2d_aa",), functools.partial(_antialiased, interp_size=2, kernel=_triangle), True),
+    (("_upsample_bicubic2d_aa",), functools.partial(_antialiased, interp_size=4, kernel=_keys), True),
 ):
-    scales = (scales_d, scales_h, scales_w)
-    return linear_adjoint(lambda x: _nearest(x, output_size, scales, True), grad_output, input_size)
-
-
-@lower(aten.upsample_linear1d_backward.default)
-def upsample_linear1d_backward(grad_output, output_size, input_size, align_corners, scales=None):
-    return linear_adjoint(lambda x: _linear(x, output_size, align_corners, (scales,)), grad_output, input_size)
-
-
-@lower(aten.upsample_bilinear2d_backward.default)
-def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
-    scales = (scales_h, scales_w)
-    return linear_adjoint(lambda x: _linear(x, output_size, align_corners, scales), grad_output, input_size)
-
-
-@lower(aten.upsample_trilinear3d_backward.default)
-def upsample_trilinear3d_backward(
-    grad_output, output_size, input_size, align_corners, scales_d=None, scales_h=None, scales_w=None
-):
-    scales = (scales_d, scales_h, scales_w)
-    return linear_adjoint(lambda x: _linear(x, output_size, align_corners, scales), grad_output, input_size)
-
-
-@lower(aten.upsample_bicubic2d_backward.default)
-def upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
-    scales = (scales_h, scales_w)
-    return linear_adjoint(lambda x: _cubic(x, output_size, align_corners, scales), grad_output, input_size)
-
-
-@lower(aten._upsample_bilinear2d_aa_backward.default)
-def _upsample_bilinear2d_aa_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
-    scales = (scales_h, scales_w)
-    return linear_adjoint(
-        lambda x: _antialiased(x, output_size, align_corners, scales, 2, _triangle), grad_output, input_size
-    )
-
-
-@lower(aten._upsample_bicubic2d_aa_backward.default)
-def _upsample_bicubic2d_aa_backward(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
-    scales = (scales_h, scales_w)
-    return linear_adjoint(
-        lambda x: _antialiased(x, output_size, align_corners, scales, 4, _keys), grad_output, input_size
+    lower(*(getattr(aten, name).default for name in _names))(functools.partial(_upsample, _how, _aligns))
+    lower(*(getattr(aten, f"{name}_backward").default for name in _names))(
+        functools.partial(_upsample_backward, _how, _aligns)
     )
 
 
