@@ -216,7 +216,7 @@ def test_unknown_option_is_refused():
         torch.compile(lambda x: x + 1, backend="tpu", options={"fast": True})(torch.ones(2, device="tpu"))
 
 
-SMOKE = pathlib.Path(__file__).resolve().parents[2] / "shared" / "seeds" / "smoke.py"
+SMOKE = pathlib.Path(__file__).resolve().parents[3] / "shared" / "seeds" / "smoke.py"
 
 
 @pytest.mark.skipif(not SMOKE.exists(), reason="../shared/seeds/smoke.py is not beside this checkout")
