@@ -3,7 +3,6 @@ host read and `synchronize()` — from a flag the op's own executable computed; 
 switch (TORCH_TPU_CHECK_INDICES, torch_tpu.set_index_checks) turns them off and is part of the cache keys."""
 
 import gc
-import os
 import subprocess
 import sys
 
@@ -12,12 +11,12 @@ import torch
 from torch.func import grad, vmap
 
 import torch_tpu
+from tests.helpers import ROOT
 from torch_tpu.eager.cache import executables
 from torch_tpu.runtime import checks
 from torch_tpu.testing.processes import child_env
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 
 MESSAGE = "index 10 is out of bounds for dimension 0 with size 5"
 
