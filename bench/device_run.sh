@@ -7,9 +7,10 @@
 #   source /tmp/tpu/env.sh ours && bench/device_run.sh correctness     (then `ops`, then `models`: three calls give
 #   the correctness verdict; `perf` and `perf_large` measure speed)
 # correctness  the platform report, the seed's smoke test eager and compiled, the device part of the test suite
-#              (pytest -m tpu_device: device, views, dtypes, precision, RNG, eager modes, compile, buckets, DLPack,
-#              kernels, profiler, memory, tests/test_on_chip.py), the persistent cache across two processes
-# ops          the op tests' device part (elementwise, random, float32 lowerings), the numerics figures
+#              (pytest -m tpu_device over tests/ but tests/ops and the models part's files: tests/runtime
+#              (device, views, dtypes, precision, memory, DLPack), tests/eager (modes, AMP), tests/compile (buckets),
+#              tests/kernels, tests/profiler, tests/test_on_chip.py), the persistent cache across two processes
+# ops          the op tests' device part (tests/ops: elementwise, random, float32 lowerings), the numerics figures
 #              (bench/tpu_numerics.py: docs/numerics.md), and the kit: `torch-tpu smoke`, `torch-tpu evaluate`
 # models       the seven models' tests, eager and compiled, OpInfo, optimizers and training, and
 #              bench/tpu_compiled_numerics.py (where compiled and eager numbers part, node by node)
@@ -112,8 +113,7 @@ part_correctness() {
     local size=(--layers 1 --d-model 64 --heads 2 --seq 32 --batch 2 --vocab 128 --steps 2 --warmup 1)
     step cache_two_processes 150 "$PYTHON" bench/compile_step.py --warm-check --require-warm "${size[@]}"
     pytest_part device_suite 420 "device_name or on_chip" tests --ignore=tests/models --ignore=tests/ops \
-        --ignore=tests/test_float32_lowerings.py --ignore=tests/test_opinfo.py --ignore=tests/test_optimizers.py \
-        --ignore=tests/test_training.py
+        --ignore=tests/test_opinfo.py --ignore=tests/test_optimizers.py --ignore=tests/test_training.py
 }
 
 part_ops() {
@@ -126,7 +126,7 @@ part_ops() {
     step kit_evaluate 180 "$PYTHON" -m torch_tpu.kit.cli evaluate examples.workloads:tiny_lm --reference cpu \
         --prices torch_tpu/kit/example_prices.json --out "$WORK/report" "${evaluate_size[@]}"
     [ -f "$WORK/report/report.json" ] && cp "$WORK/report/report.json" "$OUT/evaluate-report.json"
-    pytest_part ops_suite 540 "test_binary and add" tests/ops tests/test_float32_lowerings.py
+    pytest_part ops_suite 540 "test_binary and add" tests/ops
 }
 
 part_models() {

@@ -8,6 +8,15 @@ def _seed():
     yield
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches emptied before and after the test (`pytest.mark.usefixtures("fresh_dynamo")`): each
+    torch.compile traces and compiles anew, and leaves nothing for the next test."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def pytest_runtest_setup(item):
     """TORCH_TPU_TEST_DEADLINE (epoch seconds): the tests that would start after it are skipped, saying so, so a run
     with a hard time limit (bench/device_run.sh on a borrowed chip) ends by itself and writes its report; a run

@@ -1,7 +1,6 @@
 """The supported torch/JAX releases (runtime/compat.py): the import-time check, what a user with an unsupported
 release sees, and the private APIs found in one place (docs/compatibility.md has the tested pairs)."""
 
-import pathlib
 import re
 import subprocess
 import sys
@@ -10,10 +9,9 @@ import tomllib
 import pytest
 import torch
 
+from tests.helpers import ROOT
 from torch_tpu.runtime import compat, storage
 from torch_tpu.testing.processes import child_env
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _declared() -> dict[str, str]:

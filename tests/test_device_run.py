@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
+
 STEPS = {
     "correctness": ["platform", "smoke_eager", "smoke_compiled", "device_suite", "cache_two_processes"],
     "ops": ["ops_suite", "numerics", "kit_smoke", "kit_evaluate"],

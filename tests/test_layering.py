@@ -9,7 +9,9 @@ import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1] / "torch_tpu"
+from tests import helpers
+
+ROOT = helpers.ROOT / "torch_tpu"
 LAYERS = ("runtime", "ops", "eager", "compile", "distributed", "kernels", "profiler", "kit")
 # The rank of each layer: a module may import layers of a lower rank and its own layer, nothing else.
 RANK = {"runtime": 0, "ops": 1, "eager": 2, "compile": 3, "distributed": 4, "kernels": 4, "profiler": 4, "kit": 5}

@@ -1,8 +1,8 @@
 """What only a real TPU shows: Mosaic-compiled Pallas kernels, HBM accounting and out-of-memory, the profiler's TPU
 planes, fp32 precision levels that differ, float64's emulation. Skipped on other platforms (their counterparts run
-everywhere: interpreted kernels in tests/kernels, host-memory accounting in test_memory.py, the synthetic device
-plane in test_profiler_xspace.py, exact fp32 in test_platform_numerics.py); run on the chip by
-`bench/device_run.sh correctness`."""
+everywhere: interpreted kernels in tests/kernels, host-memory accounting in runtime/test_memory.py, the synthetic
+device plane in profiler/test_profiler_xspace.py, exact fp32 in runtime/test_platform_numerics.py); run on the chip
+by `bench/device_run.sh correctness`."""
 
 import json
 

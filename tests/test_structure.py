@@ -3,7 +3,8 @@
 import pathlib
 import warnings
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
+
 SOFT, HARD = 800, 1000
 
 

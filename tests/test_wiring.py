@@ -7,10 +7,11 @@ import pathlib
 
 import torch
 
+from tests import helpers
 from torch_tpu import wiring
 from torch_tpu.runtime.hooks import hooks
 
-ROOT = pathlib.Path(__file__).resolve().parents[1] / "torch_tpu"
+ROOT = helpers.ROOT / "torch_tpu"
 
 
 def _torch_names(tree: ast.Module) -> set[str]:
@@ -72,7 +73,7 @@ def changes_to_torch(path: pathlib.Path) -> list[tuple[int, bool]]:
     return found
 
 
-def test_the_scan_sees_the_patterns_of_a_patch():
+def test_the_scan_sees_the_patterns_of_a_patch(tmp_path):
     source = (
         "import torch\nfrom torch import nn\nimport torch.distributed as dist\n"
         "torch.x = 1\n"
@@ -83,13 +84,9 @@ def test_the_scan_sees_the_patterns_of_a_patch():
         "    setattr(torch._C, 'g', None)\n"
         "    plain = object()\n    plain.y = 2\n"
     )
-    path = ROOT.parent / "build" / "scan_example.py"
-    path.parent.mkdir(exist_ok=True)
+    path = tmp_path / "scan_example.py"
     path.write_text(source)
-    try:
-        assert changes_to_torch(path) == [(4, True), (6, False), (8, False), (10, False), (11, False)]
-    finally:
-        path.unlink()
+    assert changes_to_torch(path) == [(4, True), (6, False), (8, False), (10, False), (11, False)]
 
 
 def test_every_change_to_torch_is_in_an_install_the_wiring_lists():

@@ -317,8 +317,12 @@ def _collect(processes: list[subprocess.Popen], logs: list, timeout: float) -> l
     return results
 
 
-def check(results: list[Rank]) -> None:
-    """Assert that every rank exited 0, showing the output of those that did not."""
+def check(results: list[Rank], *lines: str) -> None:
+    """Assert that every rank exited 0, showing the output of those that did not, and that every rank's output
+    holds each of `lines` (what the worker prints when a check passed)."""
     failed = [r for r in results if r.returncode != 0]
     report = "\n".join(f"--- rank {r.rank} exited {r.returncode} ---\n{r.output[-4000:]}" for r in failed)
     assert not failed, report
+    for result in results:
+        missing = [line for line in lines if line not in result.output]
+        assert not missing, f"rank {result.rank} lacks {missing}:\n{result.output[-3000:]}"

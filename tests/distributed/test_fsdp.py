@@ -11,17 +11,16 @@ pytestmark = launch.needs_storage_resize
 
 @launch.in_shared_launch
 def test_fsdp2_on_two_ranks_every_configuration_and_llama():
-    results = launch.shared("workers_fsdp.two_ranks")
-    launch.check(results)
-    for result in results:
-        for config in CONFIGS:
-            assert f"fsdp {config.name}: losses and parameters match" in result.output, result.output[-3000:]
-        assert "fsdp memory: resharding after forward frees" in result.output, result.output[-3000:]
-        assert "fsdp llama: losses and parameters match" in result.output, result.output[-3000:]
+    launch.check(
+        launch.shared("workers_fsdp.two_ranks"),
+        *(f"fsdp {config.name}: losses and parameters match" for config in CONFIGS),
+        "fsdp memory: resharding after forward frees",
+        "fsdp llama: losses and parameters match",
+    )
 
 
 @launch.in_shared_launch(4)
 def test_fsdp2_times_tensor_parallel_on_a_two_by_two_mesh():
-    results = launch.shared("workers_fsdp.four_ranks", nprocs=4)
-    launch.check(results)
-    assert all("fsdp 2-D (dp, tp) = (2, 2): losses and parameters match" in r.output for r in results)
+    launch.check(
+        launch.shared("workers_fsdp.four_ranks", nprocs=4), "fsdp 2-D (dp, tp) = (2, 2): losses and parameters match"
+    )

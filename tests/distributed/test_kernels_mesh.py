@@ -9,12 +9,9 @@ import pytest
 def test_jax_op_over_a_one_rank_device_mesh_and_over_every_rank(nprocs):
     worker = "workers_kernels.mesh_ops"
     results = launch.shared(worker) if nprocs == 2 else launch.launch(worker, nprocs=nprocs, timeout=150)
-    launch.check(results)
-    assert all("mesh jax_op checks passed" in r.output for r in results)
+    launch.check(results, "mesh jax_op checks passed")
 
 
 @launch.in_shared_launch(4)
 def test_jax_op_over_a_submesh_and_over_ranks_no_group_holds_checks_each_call():
-    results = launch.shared("workers_kernels.submeshes", nprocs=4)
-    launch.check(results)
-    assert all("mesh jax_op submesh checks passed" in r.output for r in results)
+    launch.check(launch.shared("workers_kernels.submeshes", nprocs=4), "mesh jax_op submesh checks passed")

@@ -3,6 +3,7 @@ routing as a pure function of (platform, shapes, dtypes, mask, dropout), the op'
 CPU host (the cuDNN custom calls in it, forward and backward), SDPA on a faked GPU platform tracing to the op, and
 the op's CPU kernel and autograd against PyTorch's math SDPA. No GPU runs here: the kernel itself is not executed."""
 
+import functools
 import types
 
 import jax
@@ -14,13 +15,13 @@ from jax import export
 from jax._src.cudnn import fused_attention_stablehlo
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from tests.helpers import meta
 from torch_tpu.kernels.prebuilt import cudnn, sdpa
 
 _CHECKS = [export.DisabledSafetyCheck.custom_call(target) for target in cudnn.CUSTOM_CALLS]
 
 
-def _meta(*shape, dtype=torch.bfloat16):
-    return torch.empty(shape, dtype=dtype, device="meta")
+_meta = functools.partial(meta, dtype=torch.bfloat16)  # cuDNN's dtype unless told
 
 
 def test_routing_on_gpu_by_dtype_head_dim_heads_mask_dropout_and_causal_lengths():

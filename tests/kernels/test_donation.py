@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import pathlib
 import subprocess
 import sys
 import warnings
@@ -12,10 +11,10 @@ import jax
 import pytest
 import torch
 
+from tests.helpers import ROOT
 from torch_tpu.testing.compare import EAGER_MODES as MODES
 from torch_tpu.testing.processes import child_env
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 _names = itertools.count()
 CONSUMED = r"donated to jax_op 'donation_test::axpy_\d+' \(argument 'x'\)"
 

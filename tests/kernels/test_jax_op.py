@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers import ROOT
 from torch_tpu.kernels.jax_op import KernelError
 from torch_tpu.testing.compare import EAGER_MODES as MODES
 from torch_tpu.testing.compare import float32_tolerance
@@ -23,7 +24,6 @@ from torch_tpu.testing.processes import child_env
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 _names = itertools.count()
 
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from jax import export
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from tests.helpers import meta
 from torch_tpu.kernels.prebuilt import pallas_gpu, sdpa
 from torch_tpu.testing.compare import assert_close
 from torch_tpu.testing.export import exported
@@ -23,17 +24,13 @@ from torch_tpu.testing.export import exported
 TOL = dict(rtol=2e-5, atol=2e-5)
 
 
-def _meta(*shape, dtype=torch.float32):
-    return torch.empty(shape, dtype=dtype, device="meta")
-
-
 def test_routing_on_gpu_takes_what_cudnn_does_not_where_the_tiles_fit():
-    single = _meta(2, 8, 1024, 64)
+    single = meta(2, 8, 1024, 64)
     assert sdpa.choose("gpu", single, single, single) == "pallas_gpu"
     assert sdpa.choose("gpu", single, single, single, is_causal=True) == "pallas_gpu"
-    half = _meta(2, 8, 1024, 64, dtype=torch.bfloat16)
+    half = meta(2, 8, 1024, 64, dtype=torch.bfloat16)
     assert sdpa.choose("gpu", half, half, half) == "cudnn"  # cuDNN first where it serves
-    odd = _meta(2, 8, 1024, 60, dtype=torch.bfloat16)
+    odd = meta(2, 8, 1024, 60, dtype=torch.bfloat16)
     assert sdpa.choose("gpu", odd, odd, odd) == "pallas_gpu"  # a head dim cuDNN refuses
     for length, path in (
         (64, "pallas_gpu"),
@@ -43,16 +40,16 @@ def test_routing_on_gpu_takes_what_cudnn_does_not_where_the_tiles_fit():
         (48, "xla"),
         (200, "xla"),
     ):  # tiles: 128 forward, 32 backward, clipped to the length
-        t = _meta(1, 4, length, 64)
+        t = meta(1, 4, length, 64)
         assert sdpa.choose("gpu", t, t, t) == path, length
     for dim, path in ((8, "xla"), (16, "pallas_gpu"), (100, "pallas_gpu"), (256, "pallas_gpu"), (512, "xla")):
-        t = _meta(1, 4, 128, dim)
+        t = meta(1, 4, 128, dim)
         assert sdpa.choose("gpu", t, t, t) == path, dim
-    gqa = _meta(2, 2, 1024, 64)
+    gqa = meta(2, 2, 1024, 64)
     assert sdpa.choose("gpu", single, gqa, gqa, enable_gqa=True) == "xla"  # the kernel takes equal heads
-    assert sdpa.choose("gpu", single, single, single, attn_mask=_meta(1024, 1024, dtype=torch.bool)) == "xla"
+    assert sdpa.choose("gpu", single, single, single, attn_mask=meta(1024, 1024, dtype=torch.bool)) == "xla"
     assert sdpa.choose("gpu", single, single, single, dropout_p=0.1) == "xla"
-    short, long = _meta(1, 4, 128, 64), _meta(1, 4, 256, 64)
+    short, long = meta(1, 4, 128, 64), meta(1, 4, 256, 64)
     assert sdpa.choose("gpu", short, long, long) == "pallas_gpu"
     assert sdpa.choose("gpu", short, long, long, is_causal=True) == "xla"  # causal only aligned (equal lengths)
     assert sdpa.choose("cpu", single, single, single) == "xla"

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers import meta
 from torch_tpu.kernels.prebuilt import sdpa
 from torch_tpu.runtime import platform
 from torch_tpu.testing.compare import TOLERANCES, assert_close
@@ -119,26 +120,22 @@ def test_splash_rejects_bad_arguments_naming_them(change, error, words):
         torch.tpu.ops.splash_sdpa(**tpu)
 
 
-def _meta(*shape, dtype=torch.float32):
-    return torch.empty(shape, dtype=dtype, device="meta")
-
-
 def test_routing_by_platform_shapes_dtype_mask_and_dropout():
-    q, kv = _meta(2, 8, 1024, 64, dtype=torch.bfloat16), _meta(2, 8, 1024, 64, dtype=torch.bfloat16)
-    gqa_kv = _meta(2, 2, 1024, 64, dtype=torch.bfloat16)
+    q, kv = meta(2, 8, 1024, 64, dtype=torch.bfloat16), meta(2, 8, 1024, 64, dtype=torch.bfloat16)
+    gqa_kv = meta(2, 2, 1024, 64, dtype=torch.bfloat16)
     assert sdpa.choose("tpu", q, kv, kv) == "splash"
     assert sdpa.choose("tpu", q, gqa_kv, gqa_kv, enable_gqa=True) == "splash"
-    q32 = _meta(2, 8, 1024, 64)
+    q32 = meta(2, 8, 1024, 64)
     assert sdpa.choose("tpu", q32, q32, q32) == "xla"  # float32 at PyTorch's default "highest": not splash's bf16 pass
     with torch.tpu.precision(torch.tpu.Precision.DEFAULT):
         assert sdpa.choose("tpu", q32, q32, q32) == "splash"
     assert sdpa.choose("tpu", q, gqa_kv, gqa_kv) == "xla"  # PyTorch's SDPA refuses unequal heads without enable_gqa
-    assert sdpa.choose("tpu", q, kv, kv, attn_mask=_meta(1024, 1024, dtype=torch.bool)) == "xla"
+    assert sdpa.choose("tpu", q, kv, kv, attn_mask=meta(1024, 1024, dtype=torch.bool)) == "xla"
     assert sdpa.choose("tpu", q, kv, kv, dropout_p=0.1) == "xla"
-    assert sdpa.choose("tpu", _meta(2, 8, 1000, 64), kv, kv) == "xla"  # not in 128 blocks
-    half = _meta(2, 8, 1024, 64, dtype=torch.float16)
+    assert sdpa.choose("tpu", meta(2, 8, 1000, 64), kv, kv) == "xla"  # not in 128 blocks
+    half = meta(2, 8, 1024, 64, dtype=torch.float16)
     assert sdpa.choose("tpu", half, half, half) == "xla"
-    assert sdpa.choose("tpu", _meta(8, 1024, 64), _meta(8, 1024, 64), _meta(8, 1024, 64)) == "xla"
+    assert sdpa.choose("tpu", meta(8, 1024, 64), meta(8, 1024, 64), meta(8, 1024, 64)) == "xla"
     assert sdpa.choose("cpu", q, kv, kv) == "xla"
     assert (
         sdpa.choose("gpu", q32, q32, q32) == "pallas_gpu"

@@ -7,21 +7,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers import meta
 from torch_tpu.kernels.prebuilt import sdpa, tokamax_attention
 from torch_tpu.testing.compare import assert_close
-
-
-def _meta(*shape, dtype=torch.float32):
-    return torch.empty(shape, dtype=dtype, device="meta")
 
 
 @pytest.mark.parametrize("installed", [True, False])
 def test_routing_takes_tokamax_for_what_splash_and_cudnn_do_not_only_where_installed(monkeypatch, installed):
     monkeypatch.setattr(tokamax_attention, "available", lambda: installed)
     tokamax = "tokamax" if installed else "xla"
-    q = kv = _meta(2, 8, 1024, 64)
-    bf16 = _meta(2, 8, 1024, 64, dtype=torch.bfloat16)
-    mask = _meta(1024, 1024, dtype=torch.bool)
+    q = kv = meta(2, 8, 1024, 64)
+    bf16 = meta(2, 8, 1024, 64, dtype=torch.bfloat16)
+    mask = meta(1024, 1024, dtype=torch.bool)
     assert sdpa.choose("tpu", q, kv, kv, attn_mask=mask) == "xla"  # float32 at "highest": no TPU kernel (one bf16 pass)
     with torch.tpu.precision(torch.tpu.Precision.DEFAULT):
         _tokamax_routes(q, kv, bf16, mask, tokamax, installed)
@@ -32,14 +29,14 @@ def _tokamax_routes(q, kv, bf16, mask, tokamax, installed):
     assert sdpa.choose("gpu", bf16, bf16, bf16) == "cudnn"
     assert sdpa.choose("tpu", q, kv, kv, attn_mask=mask) == tokamax
     assert sdpa.choose("gpu", q, kv, kv) == ("tokamax" if installed else "pallas_gpu")  # float32: not cuDNN's
-    assert sdpa.choose("tpu", _meta(2, 8, 1000, 64), _meta(2, 8, 1000, 64), _meta(2, 8, 1000, 64)) == tokamax
-    assert sdpa.choose("tpu", q, kv, kv, attn_mask=_meta(2, 1, 1024, 1024, dtype=torch.bool)) == tokamax
-    assert sdpa.choose("tpu", q, kv, kv, attn_mask=_meta(1024, 1024)) == "xla"  # an additive float mask
-    assert sdpa.choose("tpu", q, kv, kv, attn_mask=_meta(3, 1, 1024, 1024, dtype=torch.bool)) == "xla"  # no broadcast
+    assert sdpa.choose("tpu", meta(2, 8, 1000, 64), meta(2, 8, 1000, 64), meta(2, 8, 1000, 64)) == tokamax
+    assert sdpa.choose("tpu", q, kv, kv, attn_mask=meta(2, 1, 1024, 1024, dtype=torch.bool)) == tokamax
+    assert sdpa.choose("tpu", q, kv, kv, attn_mask=meta(1024, 1024)) == "xla"  # an additive float mask
+    assert sdpa.choose("tpu", q, kv, kv, attn_mask=meta(3, 1, 1024, 1024, dtype=torch.bool)) == "xla"  # no broadcast
     assert sdpa.choose("gpu", q, kv, kv, dropout_p=0.1) == "xla"
-    assert sdpa.choose("gpu", _meta(1, 4, 100, 64), _meta(1, 4, 300, 64), _meta(1, 4, 300, 64), is_causal=True) == "xla"
-    assert sdpa.choose("gpu", q, _meta(2, 2, 1024, 64), _meta(2, 2, 1024, 64)) == "xla"  # GQA needs enable_gqa
-    assert sdpa.choose("gpu", q, _meta(2, 2, 1024, 64), _meta(2, 2, 1024, 64), enable_gqa=True) == tokamax
+    assert sdpa.choose("gpu", meta(1, 4, 100, 64), meta(1, 4, 300, 64), meta(1, 4, 300, 64), is_causal=True) == "xla"
+    assert sdpa.choose("gpu", q, meta(2, 2, 1024, 64), meta(2, 2, 1024, 64)) == "xla"  # GQA needs enable_gqa
+    assert sdpa.choose("gpu", q, meta(2, 2, 1024, 64), meta(2, 2, 1024, 64), enable_gqa=True) == tokamax
     assert sdpa.choose("cpu", q, kv, kv, attn_mask=mask) == "xla"
     with sdpa.force("tokamax"):
         assert sdpa.choose("cpu", q, kv, kv, attn_mask=mask) == tokamax

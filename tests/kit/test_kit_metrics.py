@@ -3,7 +3,6 @@ dashboard queries of docs/operations.md naming only metrics that exist."""
 
 from __future__ import annotations
 
-import pathlib
 import re
 import socket
 import urllib.request
@@ -17,10 +16,11 @@ pytest.importorskip("starlette")
 
 from prometheus_client import generate_latest  # noqa: E402
 
+from tests.helpers import ROOT  # noqa: E402
 from tests.kit import kit_workloads  # noqa: E402
 from torch_tpu.kit import checks, cli, metrics, serve  # noqa: E402
 
-OPERATIONS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+OPERATIONS = ROOT / "docs" / "operations.md"
 # Metrics the docs use that other exporters provide: Prometheus itself and kube-state-metrics.
 EXTERNAL = {"up", "kube_pod_container_status_restarts_total", "kube_pod_status_phase", "kube_job_status_succeeded"}
 # PromQL words that look like metric names.

@@ -2,16 +2,14 @@
 
 import json
 import os
-import pathlib
 import shutil
 import stat
 import subprocess
 
 import pytest
 
+from tests.helpers import ROOT
 from torch_tpu.kit import cli, evaluate
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _run(stable=True, p99=9.5, throughput=800.0, spread=0.4, **extra):

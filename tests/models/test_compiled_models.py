@@ -15,16 +15,10 @@ from tests.models.conftest import assert_steps_match, train
 transformers = pytest.importorskip("transformers")
 from tests.models import test_transformers as hf  # noqa: E402  (needs transformers)
 
-pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+# tpu_device: the device part of the suite (bench/device_run.sh); each test compiles afresh
+pytestmark = [pytest.mark.tpu_device, pytest.mark.usefixtures("fresh_dynamo")]
 
 STEPS = 3
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 def check_compiled_training(model, batches, forward, make_optimizer):

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers import random_tensor
 from torch_tpu.testing.compare import check_op, to_tpu
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
@@ -15,13 +16,8 @@ SHAPE = (3, 4)
 
 
 def make(dtype=FLOAT, low=-3.0, high=3.0, shape=SHAPE, grad=False, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.rand(shape, generator=generator) > 0.5
-    if not dtype.is_floating_point:
-        return torch.randint(int(low), int(high) + 1, shape, generator=generator, dtype=dtype)
-    x = (torch.rand(shape, generator=generator) * (high - low) + low).to(dtype)
-    return x.requires_grad_(grad)
+    """A random tensor (tests/helpers.py) uniform in [low, high], from a generator seeded `seed`."""
+    return random_tensor(*shape, dtype=dtype, grad=grad, seed=seed, low=low, high=high, uniform=True)
 
 
 # name -> (function, low, high); inputs are drawn from [low, high] so every value is in the op's domain.

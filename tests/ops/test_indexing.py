@@ -1,10 +1,12 @@
 """Indexing, gather/scatter, masks, sorting/selection, searching and counting against CPU PyTorch."""
 
+import functools
 import warnings
 
 import pytest
 import torch
 
+from tests.helpers import random_tensor
 from torch_tpu.testing.compare import check_op
 
 # Data movement is dtype-blind past the element width; bfloat16 runs where values are combined or compared.
@@ -14,13 +16,8 @@ BF16_WRITES = ["index_put_accumulate", "scatter_add", "index_add", "put_accumula
 MASK = torch.tensor([[True, False, True, False], [False, False, True, True], [True, True, False, False]])
 
 
-def make(*shape, dtype=torch.float32, grad=False, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.rand(shape, generator=generator) > 0.5
-    if not dtype.is_floating_point:
-        return torch.randint(-5, 6, shape, generator=generator, dtype=dtype)
-    return torch.randn(shape, generator=generator).to(dtype).requires_grad_(grad)
+# Each call its own generator seeded 0 (tests/helpers.py): the same tensor whatever ran before
+make = functools.partial(random_tensor, seed=0)
 
 
 def idx(*values):

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from tests.helpers import random_tensor
 from torch_tpu.runtime import compat
 from torch_tpu.testing.compare import assert_close, check_op
 
@@ -13,9 +14,8 @@ aten = torch.ops.aten
 
 
 def make(*shape, dtype=FLOAT):
-    if dtype == INT:
-        return torch.randint(-4, 5, shape)
-    return torch.randn(shape).to(dtype).requires_grad_(dtype == FLOAT)
+    """A random tensor (tests/helpers.py): integers in [-4, 4]; float32 ones require grad."""
+    return random_tensor(*shape, dtype=dtype, grad=dtype == FLOAT, low=-4, high=4)
 
 
 # (id, fn, input shapes, dtypes)

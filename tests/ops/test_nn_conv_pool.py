@@ -1,9 +1,12 @@
 """Convolution, unfold/fold and pooling on `tpu` against CPU PyTorch (outputs, indices and input gradients)."""
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers import random_tensor
 from torch_tpu.testing.compare import check_op
 
 FLOAT, BF16 = torch.float32, torch.bfloat16
@@ -11,8 +14,8 @@ FLOAT, BF16 = torch.float32, torch.bfloat16
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")
 
 
-def make(*shape, dtype=FLOAT, grad=True):
-    return torch.randn(shape).to(dtype).requires_grad_(grad)
+# Normal floats requiring grad (tests/helpers.py)
+make = functools.partial(random_tensor, grad=True)
 
 
 # (id, functional, input shape, weight shape, bias?, kwargs)

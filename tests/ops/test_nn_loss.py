@@ -1,17 +1,20 @@
 """Softmax family and loss functions on `tpu` against CPU PyTorch (outputs and input gradients)."""
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers import random_tensor
 from torch_tpu.testing.compare import check_op
 
 FLOAT, BF16 = torch.float32, torch.bfloat16
 aten = torch.ops.aten
 
 
-def make(*shape, dtype=FLOAT, grad=True):
-    return torch.randn(shape).to(dtype).requires_grad_(grad)
+# Normal floats requiring grad (tests/helpers.py)
+make = functools.partial(random_tensor, grad=True)
 
 
 SOFTMAXES = [

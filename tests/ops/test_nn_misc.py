@@ -1,16 +1,19 @@
 """Embedding, dropout, upsampling, pixel shuffle and attention on `tpu` against CPU PyTorch."""
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers import random_tensor
 from torch_tpu.testing.compare import check_op
 
 FLOAT, BF16 = torch.float32, torch.bfloat16
 
 
-def make(*shape, dtype=FLOAT, grad=True):
-    return torch.randn(shape).to(dtype).requires_grad_(grad)
+# Normal floats requiring grad (tests/helpers.py)
+make = functools.partial(random_tensor, grad=True)
 
 
 INDICES = torch.tensor([[0, 1, 2], [2, 2, 4]])

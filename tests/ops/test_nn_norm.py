@@ -1,19 +1,21 @@
 """Batch, instance, layer and group normalization on `tpu` against CPU PyTorch, running statistics included."""
 
 import copy
+import functools
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers import random_tensor
 from torch_tpu.testing.compare import assert_close, check_op, to_tpu
 
 FLOAT, BF16 = torch.float32, torch.bfloat16
 aten = torch.ops.aten
 
 
-def make(*shape, dtype=FLOAT, grad=True):
-    return torch.randn(shape).to(dtype).requires_grad_(grad)
+# Normal floats requiring grad (tests/helpers.py)
+make = functools.partial(random_tensor, grad=True)
 
 
 def stats(channels):

@@ -1,18 +1,21 @@
 """Recurrent cells and layers on `tpu` against CPU PyTorch: the fused LSTM/GRU cells (reached through
 lstm_cell / gru_cell / lstm / gru), plain RNN cells, packed sequences; float32 and bfloat16, with gradients."""
 
+import functools
+
 import pytest
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from tests.helpers import random_tensor
 from torch_tpu.testing.compare import assert_close, check_op, to_tpu
 
 FLOAT, BF16 = torch.float32, torch.bfloat16
 
 
-def make(*shape, dtype=FLOAT):
-    return torch.randn(shape).to(dtype).requires_grad_()
+# Normal floats requiring grad (tests/helpers.py)
+make = functools.partial(random_tensor, grad=True)
 
 
 def cell_args(gates, bias, dtype, states):

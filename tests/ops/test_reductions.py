@@ -5,18 +5,15 @@ import math
 import pytest
 import torch
 
+from tests.helpers import random_tensor
 from torch_tpu.testing.compare import check_op, has_derivative
 
 FLOAT, BF16, INT, BOOL = torch.float32, torch.bfloat16, torch.int64, torch.bool
 
 
 def make(shape, dtype, grad=False):
-    if dtype == BOOL:
-        return torch.rand(shape) > 0.5
-    if dtype == INT:
-        return torch.randint(-4, 5, shape)
-    x = torch.randn(shape).to(dtype)
-    return x.requires_grad_(grad and dtype == FLOAT)
+    """A random tensor (tests/helpers.py): integers in [-4, 4]; gradients for float32 only."""
+    return random_tensor(*shape, dtype=dtype, grad=grad and dtype == FLOAT, low=-4, high=4)
 
 
 # (id, fn, dtypes)

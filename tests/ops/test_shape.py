@@ -1,21 +1,19 @@
 """Copying shape ops and the view-backward scatters against CPU PyTorch, with gradients."""
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers import random_tensor
 from torch_tpu.testing.compare import check_op, has_derivative
 
 DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
 
 
-def make(*shape, dtype=torch.float32, grad=False, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.rand(shape, generator=generator) > 0.5
-    if not dtype.is_floating_point:
-        return torch.randint(-5, 6, shape, generator=generator, dtype=dtype)
-    return torch.randn(shape, generator=generator).to(dtype).requires_grad_(grad)
+# Each call its own generator seeded 0 (tests/helpers.py): the same tensor whatever ran before
+make = functools.partial(random_tensor, seed=0)
 
 
 # name -> (function, input shapes); every op runs for every dtype in DTYPES.

@@ -4,7 +4,7 @@ XLA's TPU backend emulates float64 with pairs of float32s. Measured on a v5e (be
 float64, docs/numerics.md), its arithmetic, comparisons, `exp`, `log`, `atan`, `floor` and `round` keep float64
 accuracy, but its own `pow`, `atan2` and `prod` (a multiply reduction) come back at float32 accuracy: a silent wrong
 number. The lowerings call these formulations for float64 on a TPU (`applies`) and keep XLA's ops elsewhere; they
-are plain JAX, so tests/test_float64_policy.py checks them on any platform against CPU PyTorch."""
+are plain JAX, so tests/runtime/test_float64_policy.py checks them on any platform against CPU PyTorch."""
 
 from __future__ import annotations
 

@@ -128,8 +128,8 @@ def _bessel_i(self, fn):
     return jnp.where(jnp.isinf(x), jnp.nan, fn(x))
 
 
-# special_bessel_j0 stays unlowered: tests/test_fallback.py and tests/test_compile.py use it as the example of
-# an op without a lowering (`_bessel_j(self, 0)` would be its lowering).
+# special_bessel_j0 stays unlowered: tests/eager/test_fallback.py and tests/compile/test_compile.py use it as the
+# example of an op without a lowering (`_bessel_j(self, 0)` would be its lowering).
 _BESSEL = {
     aten.special_bessel_j1.default: lambda self: _bessel_j(self, 1),
     aten.special_bessel_y0.default: lambda self: _bessel_y(self, 0),

@@ -28,7 +28,7 @@ Two shapes of XSpace are read:
   `DoEnqueueProgram`), the execution named after the executable whose Execute event is open around it on its
   line; else (no such event) the launch is the host's next unclaimed call of that module, as for XLA:CPU's waiting
   executions. The GPU shape is tested on synthetic XSpaces shaped after XProf's names, not on a GPU; the TPU
-  shape on one shaped after the v5e capture (tests/test_profiler_xspace.py).
+  shape on one shaped after the v5e capture (tests/profiler/test_profiler_xspace.py).
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def _factory(original: Callable) -> Callable:
     return factory
 
 
-# The public `torch` functions whose ATen schema takes `pin_memory` (tests/test_pinned.py checks the list is
+# The public `torch` functions whose ATen schema takes `pin_memory` (tests/runtime/test_pinned.py checks the list is
 # complete), and `torch.tensor`, whose Python binding takes it too.
 FACTORIES = (
     "arange", "bartlett_window", "blackman_window", "empty", "empty_like", "empty_permuted", "empty_quantized",

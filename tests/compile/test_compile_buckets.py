@@ -14,16 +14,10 @@ import torch.nn.functional as F
 from torch_tpu.eager.cache import executables
 from torch_tpu.testing.compare import assert_close
 
-pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+# tpu_device: the device part of the suite (bench/device_run.sh); each test compiles afresh
+pytestmark = [pytest.mark.tpu_device, pytest.mark.usefixtures("fresh_dynamo")]
 
 OPTIONS = {"num_dynamic_buckets": 4, "bucket_size": 8}
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 def _dynamic(*tensors):

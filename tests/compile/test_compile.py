@@ -2,8 +2,6 @@
 
 import copy
 import json
-import os
-import pathlib
 import subprocess
 import sys
 
@@ -12,17 +10,12 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu
+from tests.helpers import needs_smoke, run_smoke
 
-pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+# tpu_device: the device part of the suite (bench/device_run.sh); each test compiles afresh
+pytestmark = [pytest.mark.tpu_device, pytest.mark.usefixtures("fresh_dynamo")]
 
 RTOL, ATOL = 1e-4, 1e-5  # fp32 over several optimizer steps
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 def mlp():
@@ -216,16 +209,9 @@ def test_unknown_option_is_refused():
         torch.compile(lambda x: x + 1, backend="tpu", options={"fast": True})(torch.ones(2, device="tpu"))
 
 
-SMOKE = pathlib.Path(__file__).resolve().parents[2] / "shared" / "seeds" / "smoke.py"
-
-
-@pytest.mark.skipif(not SMOKE.exists(), reason="../shared/seeds/smoke.py is not beside this checkout")
+@needs_smoke
 def test_seed_smoke_compiled():
-    env = dict(os.environ, EXECUTION_MODE="compiled")
-    out = subprocess.run([sys.executable, str(SMOKE)], capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert report["finite"] is True and report["mode"] == "compiled"
+    run_smoke("compiled")
 
 
 # A forward hook whose eager ops (`.tolist()` breaks the graph) run inside the compiled region: Dynamo must not

@@ -164,7 +164,7 @@ def test_storage_constructors_on_tpu():
         with pytest.raises(NotImplementedError, match=r"resize_ of a tpu storage needs torch >= 2\.12"):
             storage.resize_(100)
         return
-    storage.resize_(100)  # in place, keeping its bytes (tests/test_storage_resize.py)
+    storage.resize_(100)  # in place, keeping its bytes (test_storage_resize.py)
     assert storage.nbytes() == 100 and storage.tolist()[:16] == kept
 
 

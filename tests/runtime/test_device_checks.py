@@ -3,7 +3,6 @@ host read and `synchronize()` — from a flag the op's own executable computed; 
 switch (TORCH_TPU_CHECK_INDICES, torch_tpu.set_index_checks) turns them off and is part of the cache keys."""
 
 import gc
-import os
 import subprocess
 import sys
 
@@ -12,6 +11,7 @@ import torch
 from torch.func import grad, vmap
 
 import torch_tpu
+from tests.helpers import ROOT
 from torch_tpu.eager.cache import executables
 from torch_tpu.runtime import checks
 from torch_tpu.testing.processes import child_env
@@ -124,10 +124,9 @@ def test_switch_off_and_on_again_recompiles():
 
 def test_switch_off_through_the_environment():
     script = "import torch; print(torch.arange(5.0, device='tpu')[torch.tensor([10], device='tpu')].tolist())"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = child_env(root=root, TORCH_TPU_CHECK_INDICES="0")
+    env = child_env(root=ROOT, TORCH_TPU_CHECK_INDICES="0")
     done = subprocess.run(
-        [sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0 and done.stdout.strip() == "[4.0]", done.stderr[-3000:]
 
@@ -184,15 +183,14 @@ except IndexError as error:
 
 
 def test_compiled_graph_loaded_by_a_warm_process_keeps_its_checks(tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = child_env(
-        root=root,
+        root=ROOT,
         TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=str(tmp_path / "xla"),
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
     )
     for hits in (0, 1):  # cold, then warm: the executable comes from the graph index without tracing
         done = subprocess.run(
-            [sys.executable, "-c", _WARM_SCRIPT], env=env, cwd=root, capture_output=True, text=True, timeout=300
+            [sys.executable, "-c", _WARM_SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
         )
         expected = f"raised: index out of range in self graph hits: {hits}"
         assert done.returncode == 0 and done.stdout.strip() == expected, (done.stdout, done.stderr[-3000:])

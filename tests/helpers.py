@@ -1,0 +1,60 @@
+"""What several test files share: the checkout's path, random and meta tensors of a shape, the seed's smoke test.
+
+Imported as `from tests.helpers import ...` (the checkout is on the path: pyproject.toml's pytest `pythonpath`).
+Fixtures live in tests/conftest.py instead (`fresh_dynamo`)."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]  # the checkout
+SMOKE = ROOT.parent / "shared" / "seeds" / "smoke.py"  # the seed article's smoke test, beside the checkout
+needs_smoke = pytest.mark.skipif(not SMOKE.exists(), reason="../shared/seeds/smoke.py is not beside this checkout")
+
+
+def random_tensor(
+    *shape: int,
+    dtype: torch.dtype = torch.float32,
+    grad: bool = False,
+    seed: int | None = None,
+    low: float = -5,
+    high: float = 5,
+    uniform: bool = False,
+) -> torch.Tensor:
+    """A random CPU tensor of `shape` and `dtype`, the input of a test comparing an op on `tpu` with CPU.
+
+    bool: fair coin flips. Integers: uniform in [low, high] (low raised to the dtype's minimum). Floating and
+    complex: standard normal floats (with `uniform`: uniform in [low, high)) cast to `dtype`, requiring grad with
+    `grad`. Drawn from PyTorch's global generator (seeded per test by tests/conftest.py), or with `seed` from a
+    generator of its own, so that a call makes the same tensor whatever ran before it."""
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=generator) > 0.5
+    if not (dtype.is_floating_point or dtype.is_complex):
+        low = max(int(low), torch.iinfo(dtype).min)
+        return torch.randint(low, int(high) + 1, shape, generator=generator, dtype=dtype)
+    if uniform:
+        x = torch.rand(shape, generator=generator) * (high - low) + low
+    else:
+        x = torch.randn(shape, generator=generator)
+    return x.to(dtype).requires_grad_(grad)
+
+
+def meta(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An empty tensor on the meta device: shape and dtype only (what a routing decision reads)."""
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def run_smoke(mode: str) -> dict:
+    """Run the seed's smoke.py with EXECUTION_MODE=`mode` in a fresh process; its report (the last line's JSON)."""
+    env = dict(os.environ, EXECUTION_MODE=mode)
+    out = subprocess.run([sys.executable, str(SMOKE)], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["finite"] is True and report["mode"] == mode
+    return report
