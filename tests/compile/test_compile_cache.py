@@ -219,6 +219,30 @@ def test_entries_are_keyed_to_the_environment(tmp_path, monkeypatch):
     assert not from_disk
 
 
+def test_eager_compile_effort_is_applied_and_keyed(tmp_path, monkeypatch):
+    """TORCH_TPU_EAGER_COMPILE_EFFORT reaches an eager op's compile options (only an eager op's) and its key: an
+    executable compiled at another effort is not taken from disk, and the op computes what CPU does."""
+    import jax
+
+    from torch_tpu.runtime import persistent as cache
+
+    monkeypatch.setenv("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", str(tmp_path))
+    lowered = jax.jit(lambda a: a * 3).lower(jax.numpy.ones(4))
+    seen, original = [], type(lowered).compile
+    monkeypatch.setattr(
+        type(lowered), "compile", lambda self, options=None: seen.append(options) or original(self, options)
+    )
+    cache.compile_lowered(lowered, eager=True)
+    monkeypatch.setattr(cache, "EAGER_OPTIONS", {"exec_time_optimization_effort": -1.0})
+    _, from_disk = cache.compile_lowered(lowered)  # not an eager op: the options it was stored under
+    assert from_disk
+    _, from_disk = cache.compile_lowered(lowered, eager=True)
+    assert not from_disk and seen[-1]["exec_time_optimization_effort"] == -1.0
+    assert "exec_time_optimization_effort" not in seen[0]
+    result, _ = run(tmp_path / "child", TORCH_TPU_EAGER_COMPILE_EFFORT="-1")
+    assert result["eager"] == [16.0, 48.0, 80.0]
+
+
 def test_cache_can_be_disabled(tmp_path, monkeypatch):
     from torch_tpu.runtime import persistent as cache
 
