@@ -400,9 +400,29 @@ def _forget_in_child() -> None:
         _watchdog = None
 
 
+class CollectiveClock:
+    """Seconds spent inside tpu_dist collectives and their count (every kernel runs through `guarded`; on XLA:CPU
+    a collective runs synchronously in its caller, so this is the time the caller waited for communication)."""
+
+    def __init__(self) -> None:
+        self.seconds, self.calls = 0.0, 0
+
+
+clock = CollectiveClock()
+
+
 def guarded(name: str, ranks: tuple[int, ...], function: Callable[..., Any], *args: Any) -> Any:
-    """`function(*args)`: collective `name` over global `ranks`, tracked for peers' diagnoses, its failure explained
-    (a plain call, not a context manager: it is on every collective's path)."""
+    """`function(*args)`: collective `name` over global `ranks`, timed (`clock`), tracked for peers' diagnoses, its
+    failure explained (a plain call, not a context manager: it is on every collective's path)."""
+    start = time.monotonic()
+    try:
+        return _watched(name, ranks, function, *args)
+    finally:
+        clock.seconds += time.monotonic() - start
+        clock.calls += 1
+
+
+def _watched(name: str, ranks: tuple[int, ...], function: Callable[..., Any], *args: Any) -> Any:
     watchdog = _watchdog
     if watchdog is None:
         return function(*args)

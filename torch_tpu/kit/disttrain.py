@@ -66,27 +66,6 @@ class BatchStream:
         self.position = int(state["position"])
 
 
-class CollectiveClock:
-    """Seconds spent inside tpu_dist collectives (every kernel runs through `watchdog.guarded`; on XLA:CPU a
-    collective runs synchronously in its caller, so this is the time the step waited for communication)."""
-
-    def __init__(self) -> None:
-        from torch_tpu.distributed import watchdog
-
-        self.seconds, self.calls = 0.0, 0
-        original = watchdog.guarded
-
-        def timed(*args: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return original(*args)
-            finally:
-                self.seconds += time.perf_counter() - start
-                self.calls += 1
-
-        watchdog.guarded = timed
-
-
 def _digest(tensor: torch.Tensor) -> str:
     return hashlib.sha256(tensor.cpu().numpy().tobytes()).hexdigest()[:16]
 
@@ -213,7 +192,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if distributed:
         torch.tpu.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group("tpu_dist", timeout=datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S))
-        clock = CollectiveClock()
+        from torch_tpu.distributed import watchdog
+
+        clock = watchdog.clock  # the collectives' time; none ran before the group
     model = _wrap(work.make_model(0).to(device="tpu", dtype=shape.torch_dtype), args.strategy, work, world)
     optimizer = work.optimizer(model)
     scheduler = work.scheduler(optimizer)
