@@ -57,10 +57,10 @@ CHANGES: tuple[Change, ...] = (
         "aten kernels for PrivateUse1 and AutogradPrivateUse1: every registry lowering",
         "torch_tpu.eager.register:install",
     ),
+    Change("hooks.eager_state, record, flush (Fused eager's recorder)", "torch_tpu.eager.fused:install"),
     Change(
-        "torch.optim's global step pre/post hooks (Fused eager cuts a cluster at each step); "
-        "hooks.eager_state, record, flush",
-        "torch_tpu.eager.fused:install",
+        "torch.optim's global step pre/post hooks: a step is one program (Strict records it, Fused cuts around it)",
+        "torch_tpu.eager.steps:install",
     ),
     Change(
         "torch.accelerator.synchronize and the calls PrivateUse1 lacks route to torch.tpu", f"{__name__}:accelerator"

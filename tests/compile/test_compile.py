@@ -60,7 +60,7 @@ def _train(device, compiled, model, data, make_optimizer):
 
 
 def test_compiled_optimizer_step_breaks_only_where_torch_optim_does():
-    """Fused mode's step hooks (`eager.fused._step_boundary`, under torch_tpu's skipped frames) are traced, not a
+    """Fused mode's step hooks (`eager.steps`, under torch_tpu's skipped frames) are traced, not a
     graph break of their own: the only breaks are the two `torch.optim` puts around every step."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2).to("tpu")

@@ -13,8 +13,8 @@
    cacheable, names them.
 
 3. Functions of ours that Dynamo meets in user code and must trace rather than break the graph on (`_TRACED`):
-   Fused mode's optimizer step hooks (`eager.fused._step_boundary`, run by every `optimizer.step()`) do nothing
-   under compilation, and a skipped frame would split every compiled optimizer step in two graphs.
+   the optimizer step hooks (`eager.steps`, run by every `optimizer.step()`) do nothing under compilation, and a
+   skipped frame would split every compiled optimizer step in two graphs.
 
 Importing Dynamo or Inductor's config costs seconds, so torch_tpu imports neither: `install()` registers at once
 with a module already loaded, else when it is (a one-shot post-import hook, removed once it has run).
@@ -34,7 +34,7 @@ from collections.abc import Callable
 import torch
 
 _SKIPPED = ("torch_tpu", "jax", "jaxlib", "ml_dtypes", "opt_einsum")
-_TRACED = ("torch_tpu.eager.fused._step_boundary",)
+_TRACED = ("torch_tpu.eager.steps._step_begins", "torch_tpu.eager.steps._step_ends")
 _TRACE_RULES = "torch._dynamo.trace_rules"
 _INDUCTOR_CONFIG = "torch._inductor.config"
 

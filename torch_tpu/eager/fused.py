@@ -3,7 +3,8 @@
 A storage's buffer may hold a `Pending` value (`runtime.deferred`: shape and dtype known, data not computed yet).
 When data is needed on the host (`.item()`, `.cpu()`, `print`, `torch.save`, Python control flow on values), at
 `torch.tpu.synchronize()`, on leaving the mode, before a compiled graph or a data-dependent op runs, before and
-after every `optimizer.step()`, or past `TORCH_TPU_FUSED_MAX_OPS` ops, the recorded cluster runs as one executable.
+after every `optimizer.step()` (`eager.steps`), or past `TORCH_TPU_FUSED_MAX_OPS` ops, the recorded cluster runs
+as one executable.
 A cluster's fingerprint — the op sequence with shapes, dtypes and static arguments, and which values live storages
 still hold — is built while recording and keys the executable cache; scalars and PRNG keys are run-time inputs, so
 a training loop's steady state replays the same cached executables every step. Values no live storage holds are
@@ -29,8 +30,6 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
-import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from torch_tpu import metrics
 from torch_tpu.eager import modes
@@ -210,21 +209,8 @@ def _run(plan: list[int], leaves: list, out_refs: tuple, ranks: tuple[int, ...] 
     return results
 
 
-def _step_boundary(optimizer: torch.optim.Optimizer, *args: Any) -> None:
-    """An optimizer step pre- and post-hook: run what is recorded so far (asynchronously) in Fused mode."""
-    if torch.compiler.is_compiling():  # a compiled optimizer step is a graph of its own
-        return
-    if modes.state.fused:
-        flush()
-
-
 def install() -> None:
-    """Cut clusters at every optimizer step (torch.optim's global step hooks, once) and record the storage helpers'
-    computations (`runtime.hooks`: `eager_state`, `record`, `flush`)."""
-    if hooks.record is _record_helper:
-        return
-    register_optimizer_step_pre_hook(_step_boundary)
-    register_optimizer_step_post_hook(_step_boundary)
+    """Record the storage helpers' computations (`runtime.hooks`: `eager_state`, `record`, `flush`)."""
     hooks.eager_state, hooks.record, hooks.flush = modes.state, _record_helper, flush
 
 

@@ -1,0 +1,97 @@
+"""An eager optimizer step is one program in Strict eager (`eager.steps`): one cached executable per step, the
+parameters and state equal to CPU's after several steps, the user's mode untouched, and the op-by-op path kept
+where it must be (Debug eager, a closure, a step that raised)."""
+
+import copy
+
+import pytest
+import torch
+
+from torch_tpu.eager import steps
+from torch_tpu.testing.compare import float32_tolerance
+
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
+OPTIMIZERS = {
+    "adamw_foreach": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, foreach=True),
+    "adam_for_loop": lambda p: torch.optim.Adam(p, lr=1e-2, foreach=False),
+    "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
+    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=1e-2, foreach=True),
+}
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def _backward(model: torch.nn.Module, device: str, step: int) -> None:
+    generator = torch.Generator().manual_seed(step)
+    x, y = torch.randn(5, 8, generator=generator), torch.randn(5, 3, generator=generator)
+    model.zero_grad()
+    torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
+
+
+def _reads() -> dict[str, int]:
+    torch.tpu.synchronize()
+    return {e["name"] + str(i): e["read_count"] for i, e in enumerate(torch.tpu._get_cache_stats()["per_entry_stats"])}
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_a_strict_step_is_one_cached_program_and_equals_cpu(name):
+    cpu_model = _model()
+    tpu_model = copy.deepcopy(cpu_model).to("tpu")
+    cpu_opt, tpu_opt = OPTIMIZERS[name](cpu_model.parameters()), OPTIMIZERS[name](tpu_model.parameters())
+    assert torch.tpu.eager_mode is torch.tpu.EagerMode.DEFER_NEVER
+    for step in range(4):
+        _backward(cpu_model, "cpu", step)
+        _backward(tpu_model, "tpu", step)
+        cpu_opt.step()
+        before = _reads()
+        tpu_opt.step()
+        after = _reads()
+        assert torch.tpu.eager_mode is torch.tpu.EagerMode.DEFER_NEVER and not steps.scope.optimizer
+        if step >= 2:  # the first steps compile (Adam's state appears at the first): later ones replay
+            read = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+            assert len(read) == 1 and next(iter(read)).startswith("fused cluster") and set(read.values()) == {1}
+    rtol, atol = float32_tolerance(1e-5, 1e-6)
+    for ours, theirs in zip(tpu_model.parameters(), cpu_model.parameters(), strict=True):
+        torch.testing.assert_close(ours.detach().cpu(), theirs.detach(), rtol=rtol, atol=atol)
+    for ours, theirs in zip(tpu_opt.state.values(), cpu_opt.state.values(), strict=True):
+        for key, value in theirs.items():
+            torch.testing.assert_close(ours[key].cpu(), value, rtol=rtol, atol=atol)
+
+
+def test_debug_mode_a_closure_and_the_switch_keep_the_step_op_by_op(monkeypatch):
+    model = _model().to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    recorded = []
+    original = steps.fused.flush
+    monkeypatch.setattr(steps.fused, "flush", lambda *a: recorded.append(steps.fused.recorder.plan[:]) or original(*a))
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING):
+        _backward(model, "tpu", 0)
+        optimizer.step()
+    _backward(model, "tpu", 1)
+    optimizer.step(lambda: None)
+    monkeypatch.setattr(steps, "FUSE_OPTIMIZER_STEP", False)
+    _backward(model, "tpu", 2)
+    optimizer.step()
+    assert not any(recorded)  # nothing was recorded: every op ran at once
+    monkeypatch.setattr(steps, "FUSE_OPTIMIZER_STEP", True)
+    optimizer.step()
+    assert any(recorded)
+
+
+def test_a_step_that_raises_leaves_strict_eager_at_the_next_step():
+    model = _model().to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    _backward(model, "tpu", 0)
+    hook = optimizer.register_step_pre_hook(lambda *args: (_ for _ in ()).throw(ValueError("in the step")))
+    with pytest.raises(ValueError, match="in the step"):
+        optimizer.step()
+    hook.remove()
+    expected = [p.detach().cpu() - 0.1 * p.grad.cpu() for p in model.parameters()]
+    optimizer.step()  # the raised step's scope ends here, before this one records
+    assert not steps.scope.optimizer and not steps.modes.state.fused
+    for got, want in zip(model.parameters(), expected, strict=True):
+        torch.testing.assert_close(got.detach().cpu(), want)
