@@ -152,8 +152,9 @@ tpu_step() {
 }
 
 part_perf() {
-    step warmup 150 "$PYTHON" bench/tpu_warmup.py --json "$OUT/warmup.json"
-    tpu_step small 360
+    step warmup 200 "$PYTHON" bench/tpu_warmup.py --json "$OUT/warmup.json" \
+        --variants jax,jax_effort,ours,ours_effort,ours_warm
+    tpu_step small 300
     local eager_size=(--rounds 5 --steps 10 --warmup 3)
     [ "$SMALL" = 1 ] && eager_size=(--rounds 1 --steps 2 --warmup 1)
     step eager_modes 120 "$PYTHON" bench/eager_modes.py "${eager_size[@]}"

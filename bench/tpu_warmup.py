@@ -143,10 +143,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tpu_warmup_") as cache:  # ours then ours_warm share it
         for variant in args.variants.split(","):
             results[variant] = _child(variant, cache)
+            if args.json:  # after each variant: a run cut short by its step's timeout keeps what it measured
+                with open(args.json, "w") as out:
+                    json.dump(results, out, indent=1)
     _report(results)
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(results, out, indent=1)
     sys.exit(1 if any("error" in r for v, r in results.items() if v != "jax_effort") else 0)
 
 
