@@ -181,6 +181,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train `args.steps` steps (from a checkpoint with --resume), writing progress and the final result."""
     import torch.distributed as dist
 
+    from torch_tpu.distributed import watchdog
+
     distributed = args.strategy != "single"
     rank = int(os.environ.get("RANK", 0)) if distributed else 0
     world = int(os.environ.get("WORLD_SIZE", 1)) if distributed else 1
@@ -188,13 +190,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     work = workload_mod.load(args.workload)
     shape = work.shapes[0]
-    clock = None
     if distributed:
         torch.tpu.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group("tpu_dist", timeout=datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S))
-        from torch_tpu.distributed import watchdog
-
-        clock = watchdog.clock  # the collectives' time; none ran before the group
+    clock = watchdog.clock  # the collectives' time (none without a group)
     model = _wrap(work.make_model(0).to(device="tpu", dtype=shape.torch_dtype), args.strategy, work, world)
     optimizer = work.optimizer(model)
     scheduler = work.scheduler(optimizer)
@@ -206,7 +205,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     progress = open(out / f"rank{rank}.jsonl", "a")  # closed below; lines are flushed as written
     checkpoints = []
     for step in range(start_step + 1, args.steps + 1):
-        started, in_collectives = time.perf_counter(), clock.seconds if clock else 0.0
+        started, in_collectives = time.perf_counter(), clock.seconds
         inputs, target = stream.next()
         optimizer.zero_grad()
         loss = work.loss(model(inputs), target)
@@ -219,7 +218,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "step": step,
             "loss": value,
             "seconds": time.perf_counter() - started,
-            "collective_seconds": (clock.seconds if clock else 0.0) - in_collectives,
+            "collective_seconds": clock.seconds - in_collectives,
             "time": time.time(),
             "position": stream.position,
             "lr": scheduler.get_last_lr()[0],
@@ -247,7 +246,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "peak_memory_bytes": torch.tpu.max_memory_allocated(),
         "quality": quality,
         "meets_contract": work.meets_contract(quality),
-        "collective_calls": clock.calls if clock else 0,
+        "collective_calls": clock.calls,
         "checkpoints": checkpoints,
         "resumed_from_step": start_step if args.resume else None,
     }
