@@ -35,8 +35,12 @@ class _State:
     def __init__(self) -> None:
         self._mode = from_environment()
         self._debug_nans = os.environ.get("TORCH_TPU_DEBUG_NANS") == "1"
+        self._recording_step = False
         self.blocking = self._is_blocking()
-        self.fused = self._mode is EagerMode.DEFER_AND_FUSE
+        self.fused = self._is_fused()
+
+    def _is_fused(self) -> bool:
+        return self._mode is EagerMode.DEFER_AND_FUSE or self._recording_step
 
     def _is_blocking(self) -> bool:
         return self._mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING or self._debug_nans
@@ -51,7 +55,13 @@ class _State:
             hooks.flush([])  # eager.fused's: the cluster recorded so far runs
         self._mode = mode
         self.blocking = self._is_blocking()
-        self.fused = mode is EagerMode.DEFER_AND_FUSE
+        self.fused = self._is_fused()
+
+    def record_step(self, recording: bool) -> None:
+        """Record ops (True) whatever the mode, or go back to the mode's way: Strict eager's optimizer step as one
+        cluster (`eager.steps`); the mode stays what the user set."""
+        self._recording_step = recording
+        self.fused = self._is_fused()
 
     @property
     def debug_nans(self) -> bool:

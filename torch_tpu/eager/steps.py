@@ -42,7 +42,7 @@ def _step_begins(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) ->
         fused.flush()
     elif FUSE_OPTIMIZER_STEP and not state.blocking and _without_closure(args, kwargs) and _on_tpu(optimizer):
         scope.optimizer = optimizer
-        state.fused = True  # the dispatcher records; the mode the user set stays Strict
+        state.record_step(True)
 
 
 def _step_ends(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
@@ -60,7 +60,7 @@ def _end_scope() -> None:
         return
     scope.optimizer = None
     fused.flush()
-    modes.state.fused = modes.state.mode is modes.EagerMode.DEFER_AND_FUSE
+    modes.state.record_step(False)
 
 
 def _without_closure(args: tuple, kwargs: dict) -> bool:
