@@ -8,6 +8,7 @@ from tests.helpers import needs_smoke, run_smoke
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
 
+@pytest.mark.children
 @needs_smoke
 def test_seed_smoke_eager():
     report = run_smoke("eager")

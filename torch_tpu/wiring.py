@@ -50,6 +50,16 @@ CHANGES: tuple[Change, ...] = (
         "torch_tpu.compile.skips:install",
     ),
     Change(
+        "Dynamo's optimizer tracing: a param group all on tpu takes the capturable path, as CUDA's does",
+        "torch_tpu.compile.capturable:install",
+        ("torch_tpu.runtime.late_imports",),
+    ),
+    Change(
+        "ops.registry: Inductor's prims.fma (Dynamo's addcmul_/addcdiv_ with a value) once Inductor is imported",
+        "torch_tpu.ops.elementwise:lower_inductor_prims",
+        ("torch_tpu.runtime.late_imports",),
+    ),
+    Change(
         "torch._C's setters of the default dtype and fp32 matmul precision refresh the trace context",
         "torch_tpu.runtime.trace_context:install",
     ),

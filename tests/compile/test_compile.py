@@ -31,6 +31,32 @@ def test_forward_matches_cpu():
     torch.testing.assert_close(out.cpu(), model(x), rtol=1.3e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_multiply_adds_dynamo_writes_match_cpu(dtype):
+    """Dynamo writes `addcmul_`/`addcdiv_` with a value and `add_` with a tensor alpha as Inductor's prims.fma."""
+
+    def fn(x, a, b, alpha):
+        y = x.clone()
+        y.addcmul_(a, b, value=0.5)
+        y.addcdiv_(a, b.abs() + 1, value=-2.0)
+        y.add_(a, alpha=alpha)
+        return y
+
+    torch.manual_seed(0)
+    args = [torch.randn(4, 8, dtype=dtype) for _ in range(3)] + [torch.tensor(0.25, dtype=dtype)]
+    out = torch.compile(fn, backend="tpu")(*(t.to("tpu") for t in args))
+    expected = fn(*args)
+    if dtype == torch.float32:  # one rounding of each multiply-add against CPU's two: a few ulp
+        torch.testing.assert_close(out.cpu(), expected, rtol=1e-6, atol=1e-6)
+        return
+    # bfloat16: each side rounds the running sum and the products to bfloat16 at different points (Dynamo's
+    # decomposition rounds a * b before its fma; CPU's addcmul_ does not): eight roundings at most between them,
+    # each within half a bfloat16 ulp (2^-9 relative) of a value no larger than the sum of the terms' magnitudes
+    x, a, b, alpha = (t.float() for t in args)
+    terms = x.abs() + (0.5 * a * b).abs() + (2 * a / (b.abs() + 1)).abs() + (alpha * a).abs()
+    assert ((out.cpu().float() - expected.float()).abs() <= 8 * 2**-9 * terms).all()
+
+
 def test_forward_and_backward_match_cpu():
     torch.manual_seed(0)
     model, x = mlp(), torch.randn(8, 16)
@@ -209,6 +235,7 @@ def test_unknown_option_is_refused():
         torch.compile(lambda x: x + 1, backend="tpu", options={"fast": True})(torch.ones(2, device="tpu"))
 
 
+@pytest.mark.children
 @needs_smoke
 def test_seed_smoke_compiled():
     run_smoke("compiled")
@@ -238,6 +265,7 @@ print(json.dumps(results | {"cpu": run("cpu", None)}))
 """
 
 
+@pytest.mark.children
 def test_dynamo_skips_torch_tpu_frames_under_every_backend():
     done = subprocess.run([sys.executable, "-c", HOOKED], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

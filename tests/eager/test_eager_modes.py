@@ -214,6 +214,7 @@ def test_fused_dead_intermediates_are_not_kept():
         assert x.cpu().tolist() == [2047.0] * 4
 
 
+@pytest.mark.children
 def test_fused_environment_variable():
     import subprocess
     import sys

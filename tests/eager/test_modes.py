@@ -32,6 +32,7 @@ def test_property_and_context_manager():
         torch.tpu.eager_mode = "fast"
 
 
+@pytest.mark.children
 def test_launch_blocking_environment_variable():
     code = "import torch; torch.ones(1, device='tpu'); print(torch.tpu.eager_mode.name)"
     env = child_env(clean=True, TORCH_TPU_LAUNCH_BLOCKING="1")

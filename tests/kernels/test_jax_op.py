@@ -292,6 +292,7 @@ def _run_kernel(tmp_path: pathlib.Path, body: str, grad: bool = False) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.children
 def test_changed_kernel_computes_with_its_new_body_in_a_later_process(tmp_path):
     first = _run_kernel(tmp_path, "x * 2")
     assert first["eager"] == first["compiled"] == [[2.0] * 4] * 2
@@ -299,6 +300,7 @@ def test_changed_kernel_computes_with_its_new_body_in_a_later_process(tmp_path):
     assert changed["eager"] == changed["compiled"] == [[3.0] * 4] * 2
 
 
+@pytest.mark.children
 @pytest.mark.slow
 def test_kernel_with_a_new_output_shape_misses_every_warm_layer(tmp_path):
     first = _run_kernel(tmp_path, "x * 2", grad=True)

@@ -12,18 +12,20 @@ from torch_tpu.testing.processes import child_env
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
 
+@pytest.mark.children
 def test_import_torch_alone_registers_tpu():
     code = "import torch; x = torch.ones(3, device='tpu'); print(type(x).__name__, x.device, (x * 2).cpu().tolist())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["Tensor", "tpu:0", "[2.0,", "2.0,", "2.0]"]
 
 
+@pytest.mark.children
 def test_import_torch_loads_no_compiler():
     """Autoloading us must not cost a CPU-only `import torch` Dynamo's seconds: the compile backend loads when
     `torch.compile` asks for it (the entry point), the distributed layer's graph hook sits outside it."""
     code = "import sys, torch; print(sorted(m for m in sys.modules if m.startswith(('torch._dynamo', 'torch_tpu.co'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['torch_tpu.compile', 'torch_tpu.compile.skips']"
+    assert out.strip() == "['torch_tpu.compile', 'torch_tpu.compile.capturable', 'torch_tpu.compile.skips']"
 
 
 def test_tensor_is_plain_and_on_tpu():
@@ -75,6 +77,7 @@ def test_platform_variable_is_checked(monkeypatch):
     assert platform.requested() == "cpu"
 
 
+@pytest.mark.children
 def test_platform_cpu_selected_in_fresh_process():
     code = "import torch; torch.ones(1, device='tpu'); print(torch.tpu.get_device_properties().platform)"
     env = child_env(clean=True, TORCH_TPU_PLATFORM="cpu")

@@ -122,6 +122,7 @@ def test_switch_off_and_on_again_recompiles():
         torch.tpu.synchronize()
 
 
+@pytest.mark.children
 def test_switch_off_through_the_environment():
     script = "import torch; print(torch.arange(5.0, device='tpu')[torch.tensor([10], device='tpu')].tolist())"
     env = child_env(root=ROOT, TORCH_TPU_CHECK_INDICES="0")
@@ -182,6 +183,7 @@ except IndexError as error:
 """
 
 
+@pytest.mark.children
 def test_compiled_graph_loaded_by_a_warm_process_keeps_its_checks(tmp_path):
     env = child_env(
         root=ROOT,

@@ -23,15 +23,12 @@ with a module already loaded, else when it is (a one-shot post-import hook, remo
 from __future__ import annotations
 
 import hashlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import pathlib
-import sys
 import types
-from collections.abc import Callable
 
 import torch
+
+from torch_tpu.runtime.late_imports import after_import
 
 _SKIPPED = ("torch_tpu", "jax", "jaxlib", "ml_dtypes", "opt_einsum")
 _TRACED = ("torch_tpu.eager.steps._step_begins", "torch_tpu.eager.steps._step_ends")
@@ -66,41 +63,8 @@ def _mark_cacheable(config: types.ModuleType) -> None:
     config.unsafe_marked_cacheable_functions = {**config.unsafe_marked_cacheable_functions, **_cacheable_factories()}
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when `name` is first imported, it wraps its loader so that `then(module)` runs once
-    the module has executed, and takes itself off `sys.meta_path`."""
-
-    def __init__(self, name: str, then: Callable[[types.ModuleType], None]) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(
-        self, fullname: str, path: object = None, target: object = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        execute = spec.loader.exec_module
-
-        def exec_module(module: types.ModuleType) -> None:
-            execute(module)
-            self.then(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-def _after_import(name: str, then: Callable[[types.ModuleType], None]) -> None:
-    if name in sys.modules:
-        then(sys.modules[name])
-    elif not any(isinstance(finder, _AfterImport) and finder.name == name for finder in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(name, then))
-
-
 def install() -> None:
     """Keep Dynamo out of torch_tpu's and JAX's frames and mark the wrapped factories cacheable (once per
     process; torch_tpu's import calls it)."""
-    _after_import(_TRACE_RULES, _add_skips)
-    _after_import(_INDUCTOR_CONFIG, _mark_cacheable)
+    after_import(_TRACE_RULES, _add_skips)
+    after_import(_INDUCTOR_CONFIG, _mark_cacheable)

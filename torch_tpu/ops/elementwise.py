@@ -5,15 +5,18 @@ float32 for bfloat16/float16, as PyTorch's CPU kernels do; the dispatcher then c
 meta kernel reports.
 """
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 from jax.scipy import special
 
 from torch_tpu.ops import emulated
-from torch_tpu.ops.registry import aten, lower
-from torch_tpu.runtime import checks, deprecation, dtypes
+from torch_tpu.ops.registry import LOWERINGS, aten, lower
+from torch_tpu.runtime import checks, deprecation, dtypes, late_imports
 
 
 def _is_integral(x) -> bool:
@@ -207,6 +210,24 @@ def addcmul(self, tensor1, tensor2, *, value=1):
 def addcdiv(self, tensor1, tensor2, *, value=1):
     a, b, c = dtypes.common(self, tensor1, tensor2)
     return a + true_divide(jnp.asarray(value, a.dtype) * b, c)
+
+
+def fused_multiply_add(a, b, c):
+    """Inductor's `prims.fma(a, b, c)`, a * b + c, which Dynamo writes for `addcmul_`/`addcdiv_` with a value and
+    `add_` with a tensor alpha (a compiled for-loop Adam step holds it); XLA contracts it where the chip has an FMA."""
+    a, b, c = dtypes.common(a, b, c)
+    return a * b + c
+
+
+def _lower_inductor_prims(module: types.ModuleType) -> None:
+    fma = torch.ops.prims.fma.default
+    if fma not in LOWERINGS:
+        lower(fma)(fused_multiply_add)
+
+
+def lower_inductor_prims() -> None:
+    """The lowerings of the prims Inductor defines, once it is imported (importing it costs a second)."""
+    late_imports.after_import("torch._inductor.inductor_prims", _lower_inductor_prims)
 
 
 # ---------------------------------------------------------------- binary tables
