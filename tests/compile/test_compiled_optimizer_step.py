@@ -125,3 +125,44 @@ def test_a_cpu_optimizer_is_left_as_pytorch_leaves_it():
 
     step(torch.randn(4, 6))
     assert not any(group["capturable"] for group in optimizer.param_groups)
+
+
+def test_a_compiled_step_updates_parameters_and_state_in_their_own_memory():
+    """The graph's write-backs are donated: each parameter's and moment's new value lies in the device memory that
+    held the old one (XLA aliases the donated input to its output), so a step needs no second copy of the model."""
+    model = _model().to("tpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    @torch.compile(backend="tpu")
+    def step(x, y):
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    x, y = torch.randn(8, 6, device="tpu"), torch.randint(0, 3, (8,), device="tpu")
+    step(x, y)
+    state = [optimizer.state[p][name] for p in model.parameters() for name in ("exp_avg", "exp_avg_sq", "step")]
+    updated = [*model.parameters(), *state]
+    expected = [t.detach().cpu() for t in updated]
+    # addresses, not the arrays: a reference held here would make the graph take a copy
+    before = [storage.whole_array(t).unsafe_buffer_pointer() for t in updated]
+    step(x, y)
+    assert [storage.whole_array(t).unsafe_buffer_pointer() for t in updated] == before
+    assert not any(torch.equal(t.detach().cpu(), e) for t, e in zip(updated, expected, strict=True))
+
+
+def test_an_array_held_elsewhere_is_copied_not_consumed():
+    """A tensor whose array the user also holds (torch_tpu.to_jax) keeps that array: the graph gets a copy."""
+    import torch_tpu
+
+    weights = torch.zeros(4, device="tpu")
+    held = torch_tpu.to_jax(weights)
+
+    @torch.compile(backend="tpu")
+    def bump(t):
+        t.add_(1)
+
+    bump(weights)
+    bump(weights)
+    assert not held.is_deleted() and held.tolist() == [0.0] * 4
+    assert weights.tolist() == [2.0] * 4

@@ -4,11 +4,13 @@ lowerings as eager -> one `jax.jit` per graph -> StableHLO -> an XLA executable.
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
@@ -51,6 +53,7 @@ class CompiledGraph:
         self.fn, self.mutations = graph.to_jax(gm)
         self.opaque = set(graph.opaque_inputs(gm))
         self.spmd = hooks.spmd_plan(gm) if hooks.spmd_plan is not None else None
+        self.donated = self._donated(gm) if self.spmd is None and self.plan is None else []
         output_node = next(n for n in gm.graph.nodes if n.op == "output")
         self.host_outputs = [
             isinstance(v := getattr(o, "meta", {}).get("val"), torch.Tensor) and v.device.type == "cpu"
@@ -58,6 +61,28 @@ class CompiledGraph:
         ]
         self.debug_callback = debug_callback
         self.gm = gm
+
+    def _donated(self, gm: torch.fx.GraphModule) -> list[tuple[int, int]]:
+        """(argument index, position among the executable's inputs) of each input the graph writes back: its
+        memory may hold the new value (donate_argnums), as an optimizer step updates parameters and state in
+        place, so the step needs no second copy of them."""
+        count = sum(1 for node in gm.graph.nodes if node.op == "placeholder")
+        positions = {index: position for position, index in enumerate(i for i in range(count) if i not in self.opaque)}
+        return [(index, positions[index]) for index, _ in self.mutations if index in positions]
+
+    def _owned_or_copied(self, args: Sequence[Any], inputs: list[Any]) -> None:
+        """Each donated input as an array the executable may consume: one only the written tensor's storage (and
+        `inputs`) holds, which the write-back then replaces; an array held elsewhere too (another tensor's
+        storage, a cache, the user's JAX code, a second position of `inputs`) is passed as a copy."""
+        for index, position in self.donated:
+            array = inputs[position]
+            if not isinstance(array, jax.Array):
+                continue
+            # references: `inputs`, `array`, getrefcount's argument, and the storage when the tensor is all of it
+            tensor = args[index]
+            owners = 3 + (tensor.device.type == "tpu" and storage.whole_array(tensor) is array)
+            if sys.getrefcount(array) > owners:
+                inputs[position] = jnp.copy(array)
 
     def _compile(self, key: Any, inputs: list[Any]) -> tuple[Any, Entry]:
         """Trace (afresh: the precision in force is read while tracing), compile or load, and run once.
@@ -73,7 +98,8 @@ class CompiledGraph:
 
         def lower() -> jax.stages.Lowered:
             if self.spmd is None:
-                lowered = jax.jit(fresh, static_argnums=sizes).lower(key, *inputs)
+                donate = tuple(position + 1 for _, position in self.donated)  # after the RNG key
+                lowered = jax.jit(fresh, static_argnums=sizes, donate_argnums=donate).lower(key, *inputs)
             else:
                 lowered = self.spmd.lower(fresh, [key, *inputs])
             if self.debug_callback is not None:
@@ -112,6 +138,7 @@ class CompiledGraph:
     def __call__(self, *args: Any) -> list[Any]:
         key = tpu_random.next_key()
         inputs = self._inputs(args)
+        self._owned_or_copied(args, inputs)
         if self.plan is None:
             shape_key = tuple(value for value in inputs if isinstance(value, int))
         else:

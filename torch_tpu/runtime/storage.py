@@ -331,6 +331,15 @@ def value(tensor: torch.Tensor) -> jax.Array:
     return array
 
 
+def whole_array(tensor: torch.Tensor) -> Any:
+    """The storage's array when `tensor` is all of it, as is (so that `write` of a value of its shape and dtype
+    replaces the array), else None."""
+    buffer = buffer_of(tensor)
+    if tensor.is_conj() or tensor.is_neg() or classify(tensor, buffer, tensor.shape, tensor.dtype) is not WHOLE_BUFFER:
+        return None
+    return buffer._array
+
+
 def write(tensor: torch.Tensor, value: jax.Array) -> None:
     """Store `value` (broadcast and cast to the tensor) through `tensor` into its storage, as CPU would."""
     buffer = buffer_of(tensor)
