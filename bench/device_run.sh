@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # The device run: torch_tpu on a real chip, in parts that each fit one 10-minute command of a borrowed machine.
 #
-#   bench/device_run.sh PART [PART ...]      PART: correctness | ops | models | perf | perf_large | all
+#   bench/device_run.sh PART [PART ...]      PART: correctness | ops | models | numerics | perf | perf_large | all
 #
 # On the TPU machine (../shared/tpu/pack.sh here, then remote.sh setup there), from the project root:
 #   source /tmp/tpu/env.sh ours && bench/device_run.sh correctness     (then `ops`, then `models`: three calls give
-#   the correctness verdict; `perf` and `perf_large` measure speed)
-# correctness  the platform report, the seed's smoke test eager and compiled, the device part of the test suite
-#              (pytest -m tpu_device over tests/ but tests/ops and the models part's files: tests/runtime
-#              (device, views, dtypes, precision, memory, DLPack), tests/eager (modes, AMP), tests/compile (buckets),
-#              tests/kernels, tests/profiler, tests/test_on_chip.py), the persistent cache across two processes
-# ops          the op tests' device part (tests/ops: elementwise, random, float32 lowerings), the numerics figures
-#              (bench/tpu_numerics.py: docs/numerics.md), and the kit: `torch-tpu smoke`, `torch-tpu evaluate`
-# models       the seven models' tests, eager and compiled, OpInfo, optimizers and training, and
-#              bench/tpu_compiled_numerics.py (where compiled and eager numbers part, node by node)
+#   the correctness verdict; `numerics` remeasures docs/numerics.md; `perf` and `perf_large` measure speed)
+# The device part of the suite is `pytest -m "tpu_device and not children"`: a test's child processes run on the
+# XLA CPU platform while pytest holds the chip (tests/conftest.py), so those tests prove nothing there.
+# correctness  the platform report, the seed's smoke test eager and compiled, the persistent cache across two
+#              processes, the device suite over tests/ but tests/ops and the models part's files: tests/runtime
+#              (device, views, dtypes, precision, memory, DLPack), tests/eager (modes, AMP), tests/compile,
+#              tests/kernels, tests/profiler, tests/test_on_chip.py
+# ops          the op tests' device part (tests/ops: elementwise, random, float32 lowerings), float64 on the chip
+#              for a dozen ops (bench/tpu_numerics.py), and `torch-tpu smoke`
+# models       the seven models' tests, eager and compiled, OpInfo, optimizers and training, and `torch-tpu
+#              evaluate` of the tiny LM against CPU (its report)
+# numerics     the figures of docs/numerics.md (bench/tpu_numerics.py: matmul and conv precision levels,
+#              transcendentals, subnormals, bf16) and bench/tpu_compiled_numerics.py (where compiled and eager
+#              numbers part, node by node, for GPT-2 and Llama)
 # perf         bench/tpu_warmup.py (each op's first call: ours cold, warm and uncached against plain JAX's),
-#              bench/tpu_step.py small (fp32 GPT step: plain JAX, ours in every mode, Google's TorchTPU where staged
+#              bench/eager_overhead.py (a Strict op against the jitted-call floor), bench/tpu_step.py small (fp32 GPT step: plain JAX, ours in every mode, Google's TorchTPU where staged
 #              with pack.sh --google), bench/eager_modes.py (MLP steps, the per-op chain)
 # perf_large   bench/tpu_step.py large (the ~136M-parameter bf16 GPT step)
 # Every step runs under its own timeout (SIGINT first: pytest then writes its report), cut to what is left of
@@ -117,24 +122,30 @@ part_correctness() {
 }
 
 part_ops() {
-    # float64 for a dozen ops (all of tests/test_opinfo.py's list takes minutes: --sections float64 alone)
-    step numerics 150 "$PYTHON" bench/tpu_numerics.py --json "$OUT/numerics.json" \
+    pytest_part ops_suite 330 "test_binary and add" tests/ops
+    # float64 for a dozen ops (all of tests/test_opinfo.py's list takes minutes: `numerics` part)
+    step numerics 150 "$PYTHON" bench/tpu_numerics.py --json "$OUT/numerics.json" --sections float64 \
         --float64-ops pow,atan2,prod,exp,log,tan,sum,mm,cumprod,linalg.det,div.floor_rounding,logsumexp
     step kit_smoke 60 "$PYTHON" -m torch_tpu.kit.cli smoke
+}
+
+part_models() {
+    pytest_part models_suite 380 "lstm and not compiled" tests/models tests/test_opinfo.py tests/test_optimizers.py \
+        tests/test_training.py
     local evaluate_size=()
     [ "$SMALL" = 1 ] && evaluate_size=(--modes eager --iterations 5)
     step kit_evaluate 180 "$PYTHON" -m torch_tpu.kit.cli evaluate examples.workloads:tiny_lm --reference cpu \
         --prices torch_tpu/kit/example_prices.json --out "$WORK/report" "${evaluate_size[@]}"
     [ -f "$WORK/report/report.json" ] && cp "$WORK/report/report.json" "$OUT/evaluate-report.json"
-    pytest_part ops_suite 540 "test_binary and add" tests/ops
 }
 
-part_models() {
-    pytest_part models_suite 330 "lstm and not compiled" tests/models tests/test_opinfo.py tests/test_optimizers.py \
-        tests/test_training.py
+part_numerics() {
+    local sections=matmul,transcendental,subnormal,bf16
+    [ "$SMALL" = 1 ] && sections=subnormal,bf16
+    step numerics_tables 200 "$PYTHON" bench/tpu_numerics.py --json "$OUT/numerics_tables.json" --sections "$sections"
     local models=(--models gpt2,llama)
     [ "$SMALL" = 1 ] && models=(--models gpt2 --max-graphs 1)
-    step compiled_numerics 240 "$PYTHON" bench/tpu_compiled_numerics.py "${models[@]}" \
+    step compiled_numerics 300 "$PYTHON" bench/tpu_compiled_numerics.py "${models[@]}" \
         --json "$OUT/compiled_numerics.json"
 }
 
@@ -152,8 +163,10 @@ tpu_step() {
 }
 
 part_perf() {
-    step warmup 200 "$PYTHON" bench/tpu_warmup.py --json "$OUT/warmup.json" \
-        --variants jax,jax_effort,ours,ours_effort,ours_warm
+    step warmup 120 "$PYTHON" bench/tpu_warmup.py --json "$OUT/warmup.json" --variants jax,ours,ours_effort,ours_warm
+    local overhead_size=(--repeats 7)
+    [ "$SMALL" = 1 ] && overhead_size=(--ops 40 --repeats 2)
+    step eager_overhead 60 "$PYTHON" bench/eager_overhead.py "${overhead_size[@]}"
     tpu_step small 300
     local eager_size=(--rounds 5 --steps 10 --warmup 3)
     [ "$SMALL" = 1 ] && eager_size=(--rounds 1 --steps 2 --warmup 1)
@@ -166,11 +179,14 @@ part_perf_large() {
 
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(correctness)
-[ "${PARTS[*]}" = all ] && PARTS=(correctness ops models perf perf_large)
+[ "${PARTS[*]}" = all ] && PARTS=(correctness ops models numerics perf perf_large)
 for PART in "${PARTS[@]}"; do
     case $PART in
-    correctness | ops | models | perf | perf_large) ;;
-    *) echo "device_run.sh: unknown part '$PART' (correctness, ops, models, perf, perf_large or all)" >&2 && exit 2 ;;
+    correctness | ops | models | numerics | perf | perf_large) ;;
+    *)
+        echo "device_run.sh: unknown part '$PART' (correctness, ops, models, numerics, perf, perf_large or all)" >&2
+        exit 2
+        ;;
     esac
 done
 for PART in "${PARTS[@]}"; do

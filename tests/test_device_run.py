@@ -12,15 +12,17 @@ from tests.helpers import ROOT
 
 STEPS = {
     "correctness": ["platform", "smoke_eager", "smoke_compiled", "device_suite", "cache_two_processes"],
-    "ops": ["ops_suite", "numerics", "kit_smoke", "kit_evaluate"],
-    "models": ["models_suite", "compiled_numerics"],
-    "perf": ["warmup", "tpu_step_small", "eager_modes"],
+    "ops": ["ops_suite", "numerics", "kit_smoke"],
+    "models": ["models_suite", "kit_evaluate"],
+    "numerics": ["numerics_tables", "compiled_numerics"],
+    "perf": ["warmup", "eager_overhead", "tpu_step_small", "eager_modes"],
     "perf_large": ["tpu_step_large"],
 }
 FILES = {
     "correctness": ["correctness.log", "correctness-junit.xml"],
-    "ops": ["ops.log", "ops-junit.xml", "numerics.json", "evaluate-report.json"],
-    "models": ["models.log", "models-junit.xml", "compiled_numerics.json"],
+    "ops": ["ops.log", "ops-junit.xml", "numerics.json"],
+    "models": ["models.log", "models-junit.xml", "evaluate-report.json"],
+    "numerics": ["numerics.log", "numerics_tables.json", "compiled_numerics.json"],
     "perf": ["perf.log", "tpu_step_small.json", "warmup.json"],
     "perf_large": ["perf_large.log", "tpu_step_large.json"],
 }
@@ -44,7 +46,8 @@ def _dry_run(tmp_path: Path, part: str) -> str:
 
 @pytest.mark.parametrize(
     "part",
-    ["correctness", "ops", "models"] + [pytest.param(p, marks=pytest.mark.slow) for p in ("perf", "perf_large")],
+    ["correctness", "ops", "models"]
+    + [pytest.param(p, marks=pytest.mark.slow) for p in ("numerics", "perf", "perf_large")],
 )
 def test_each_part_passes_every_step_on_the_cpu_platform(tmp_path, part):
     summary = _dry_run(tmp_path, part)
@@ -62,4 +65,4 @@ def test_an_unknown_part_is_refused_naming_the_parts(tmp_path):
     out = subprocess.run(
         ["bash", str(ROOT / "bench" / "device_run.sh"), "speed"], capture_output=True, text=True, env=env
     )
-    assert out.returncode == 2 and "correctness, ops, models, perf, perf_large" in out.stderr
+    assert out.returncode == 2 and "correctness, ops, models, numerics, perf, perf_large" in out.stderr
