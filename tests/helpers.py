@@ -8,6 +8,7 @@ import os
 import pathlib
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -15,6 +16,20 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]  # the checkout
 SMOKE = ROOT.parent / "shared" / "seeds" / "smoke.py"  # the seed article's smoke test, beside the checkout
 needs_smoke = pytest.mark.skipif(not SMOKE.exists(), reason="../shared/seeds/smoke.py is not beside this checkout")
+
+
+def cross_entropy_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Callable:
+    """A training step as users write it, `step(x, y) -> loss`: zero_grad, a cross-entropy forward, backward and
+    `optimizer.step()` (the function the tests compile whole, or run eagerly as the reference)."""
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
 
 
 def random_tensor(

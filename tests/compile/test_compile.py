@@ -7,10 +7,9 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import torch_tpu
-from tests.helpers import needs_smoke, run_smoke
+from tests.helpers import cross_entropy_step, needs_smoke, run_smoke
 
 # tpu_device: the device part of the suite (bench/device_run.sh); each test compiles afresh
 pytestmark = [pytest.mark.tpu_device, pytest.mark.usefixtures("fresh_dynamo")]
@@ -72,13 +71,7 @@ def _train(device, compiled, model, data, make_optimizer):
     model = copy.deepcopy(model).to(device)
     optimizer = make_optimizer(model.parameters())
 
-    def step(x, y):
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        return loss
-
+    step = cross_entropy_step(model, optimizer)
     if compiled:
         step = torch.compile(step, backend="tpu")
     losses = [step(x.to(device), y.to(device)).detach().cpu() for x, y in data]

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers import cross_entropy_step
 from torch_tpu.eager.cache import executables
 from torch_tpu.testing.compare import assert_close
 
@@ -86,13 +87,7 @@ def test_whole_adamw_training_step_compiled_with_buckets_matches_cpu():
         m = copy.deepcopy(model).to(device)
         optimizer = torch.optim.AdamW(m.parameters(), lr=1e-2)
 
-        def step(x, y):
-            optimizer.zero_grad()
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            optimizer.step()
-            return loss
-
+        step = cross_entropy_step(m, optimizer)
         if device == "tpu":
             step = torch.compile(step, backend="tpu", options=dict(OPTIONS, name="adamw"))
         losses = [step(*(_dynamic(x, y) if device == "tpu" else (x, y))).detach().cpu() for x, y in data]

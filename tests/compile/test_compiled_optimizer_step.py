@@ -6,8 +6,9 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 
+import torch_tpu
+from tests.helpers import cross_entropy_step
 from torch_tpu.runtime import storage
 from torch_tpu.testing.compare import assert_close
 
@@ -30,13 +31,7 @@ def _train(device, make_optimizer, batches, compiled, on_step=None):
     model = _model().to(device)
     optimizer = make_optimizer(model.parameters())
 
-    def step(x, y):
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        return loss
-
+    step = cross_entropy_step(model, optimizer)
     if compiled:
         step = torch.compile(step, backend="tpu")
     losses = []
@@ -95,14 +90,7 @@ def test_an_optimizer_with_state_moves_its_step_counters_to_the_device_and_steps
     cpu_model, _, cpu_losses = _train("cpu", OPTIMIZERS["adamw"], batches, compiled=False)
     model = _model().to("tpu")
     optimizer = OPTIMIZERS["adamw"](model.parameters())
-
-    def step(x, y):
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        return loss
-
+    step = cross_entropy_step(model, optimizer)
     compiled = torch.compile(step, backend="tpu")
     runs = [step, compiled, compiled, step]
     losses = [run(*(t.to("tpu") for t in batch)).detach() for run, batch in zip(runs, batches, strict=True)]
@@ -133,28 +121,21 @@ def test_a_compiled_step_updates_parameters_and_state_in_their_own_memory():
     model = _model().to("tpu")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 
-    @torch.compile(backend="tpu")
-    def step(x, y):
-        optimizer.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        optimizer.step()
-
+    step = torch.compile(cross_entropy_step(model, optimizer), backend="tpu")
     x, y = torch.randn(8, 6, device="tpu"), torch.randint(0, 3, (8,), device="tpu")
     step(x, y)
     state = [optimizer.state[p][name] for p in model.parameters() for name in ("exp_avg", "exp_avg_sq", "step")]
     updated = [*model.parameters(), *state]
     expected = [t.detach().cpu() for t in updated]
     # addresses, not the arrays: a reference held here would make the graph take a copy
-    before = [storage.whole_array(t).unsafe_buffer_pointer() for t in updated]
+    before = [torch_tpu.to_jax(t).unsafe_buffer_pointer() for t in updated]
     step(x, y)
-    assert [storage.whole_array(t).unsafe_buffer_pointer() for t in updated] == before
+    assert [torch_tpu.to_jax(t).unsafe_buffer_pointer() for t in updated] == before
     assert not any(torch.equal(t.detach().cpu(), e) for t, e in zip(updated, expected, strict=True))
 
 
 def test_an_array_held_elsewhere_is_copied_not_consumed():
     """A tensor whose array the user also holds (torch_tpu.to_jax) keeps that array: the graph gets a copy."""
-    import torch_tpu
-
     weights = torch.zeros(4, device="tpu")
     held = torch_tpu.to_jax(weights)
 

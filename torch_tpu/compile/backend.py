@@ -80,7 +80,7 @@ class CompiledGraph:
                 continue
             # references: `inputs`, `array`, getrefcount's argument, and the storage when the tensor is all of it
             tensor = args[index]
-            owners = 3 + (tensor.device.type == "tpu" and storage.whole_array(tensor) is array)
+            owners = 3 + (tensor.device.type == "tpu" and storage.holds(tensor, array))
             if sys.getrefcount(array) > owners:
                 inputs[position] = jnp.copy(array)
 

@@ -331,13 +331,10 @@ def value(tensor: torch.Tensor) -> jax.Array:
     return array
 
 
-def whole_array(tensor: torch.Tensor) -> Any:
-    """The storage's array when `tensor` is all of it, as is (so that `write` of a value of its shape and dtype
-    replaces the array), else None."""
-    buffer = buffer_of(tensor)
-    if tensor.is_conj() or tensor.is_neg() or classify(tensor, buffer, tensor.shape, tensor.dtype) is not WHOLE_BUFFER:
-        return None
-    return buffer._array
+def holds(tensor: torch.Tensor, array: Any) -> bool:
+    """Whether `tensor`'s storage holds `array` itself: what `read` gives for a tensor that is all of its storage,
+    so that `write` of a value of its shape and dtype replaces that array."""
+    return buffer_of(tensor)._array is array
 
 
 def write(tensor: torch.Tensor, value: jax.Array) -> None:
