@@ -146,12 +146,24 @@ def bf16() -> None:
     _record("bf16", "sum of 2^20 values in [0.5,1.5) rel err", f"tpu {errors[0]:.2e}, cpu {errors[1]:.2e}")
 
 
-def _classify(error: float) -> str:
+def _classify(error: float, expected: Any) -> str:
     if error < 1e-13:
         return "exact"
     if error < 1e-9:
         return "double-float"
+    if _beyond_float32_range(expected):  # the emulation has float32's exponent range: inf or 0 there, not accuracy
+        return "beyond float32's range"
     return "float32"
+
+
+def _beyond_float32_range(expected: Any) -> bool:
+    tiny, huge = torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).max
+    for t in torch.utils._pytree.tree_leaves(expected):
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            magnitude = t.detach().abs()[torch.isfinite(t.detach()) & (t.detach() != 0)]
+            if magnitude.numel() and (magnitude.min() < tiny or magnitude.max() > huge):
+                return True
+    return False
 
 
 def _compare64(actual: Any, expected: Any) -> float:
@@ -203,13 +215,16 @@ def float64() -> None:
         expected = op(*args, **kwargs)
         try:
             moved = torch.utils._pytree.tree_map(lambda t: t.to("tpu") if isinstance(t, torch.Tensor) else t, args)
-            verdict = _classify(_compare64(op(*moved, **kwargs), expected))
+            error = _compare64(op(*moved, **kwargs), expected)
+            verdict = _classify(error, expected)
+            RESULTS.setdefault("float64_errors", {})[name] = error
         except Exception as error:  # what the device refuses is the finding
             verdict = f"raised {type(error).__name__}: {str(error).splitlines()[0][:100]}"
         classes.setdefault(verdict.split(":")[0], []).append(name)
         RESULTS.setdefault("float64_ops", {})[name] = verdict
     for verdict, names in classes.items():
         _record("float64", f"{verdict} ({len(names)})", " ".join(names))
+    _float64_by_rank()
     for label, fn in (("1e300 * 10", lambda t: t * 10), ("1e-300 * 1e-10", lambda t: t * 1e-10)):
         base = torch.tensor([1e300 if "e300 " in label else 1e-300], dtype=torch.float64)
         try:
@@ -223,6 +238,22 @@ def float64() -> None:
         _record("float64", "1/3 error", f"{_compare64((third.to('tpu') / 3).cpu(), third / 3):.2e}")
     except Exception as error:
         _record("float64", "1/3", f"raised {type(error).__name__}: {str(error)[:100]}")
+
+
+def _float64_by_rank() -> None:
+    """The same values as 0-d tensors and as one 1-d tensor: the third device run found `pow` and `atan2` of 0-d
+    float64 tensors float32-accurate while 1-d ones were float64-accurate (tests/test_on_chip.py)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(8, generator=generator, dtype=torch.float64) * 4 + 0.5
+    y = torch.rand(8, generator=generator, dtype=torch.float64) * 2 - 1
+    cases = {"pow": torch.pow, "atan2": torch.atan2, "mul": torch.mul, "div": torch.div}
+    cases |= {"exp": lambda a, b: torch.exp(b), "log": lambda a, b: torch.log(a), "atan": lambda a, b: torch.atan(b)}
+    for name, fn in cases.items():
+        expected = fn(x, y)
+        whole = float(((fn(x.to("tpu"), y.to("tpu")).cpu() - expected).abs() / expected.abs()).max())
+        one_by_one = torch.stack([fn(a.to("tpu"), b.to("tpu")).cpu() for a, b in zip(x, y, strict=True)])
+        single = float(((one_by_one - expected).abs() / expected.abs()).max())
+        _record("float64", f"{name} relative error, 1-d / 0-d", f"{whole:.2e} / {single:.2e}")
 
 
 SECTIONS = {

@@ -26,8 +26,11 @@ def _double_backward(device: str) -> tuple:
 def _conv_double_backward(device: str, dtype: torch.dtype = torch.float32) -> tuple:
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(1, 2, 5, 5, generator=generator).to(device, dtype).requires_grad_()
-    w = torch.randn(3, 2, 3, 3, generator=generator).to(device, dtype).requires_grad_()
-    gx, gw = torch.autograd.grad(F.conv2d(x, w).tanh().sum(), (x, w), create_graph=True)
+    w = (torch.randn(3, 2, 3, 3, generator=generator) / 4).to(device, dtype).requires_grad_()
+    # A cube, not tanh: with unscaled weights the conv's outputs (std ~4) saturated tanh, whose 1 - tanh^2 turned
+    # the chip's float32 tanh error (docs/numerics.md) into a 60% error in the second derivative (measured on a v5e);
+    # a polynomial keeps the test about the convolutions' double backward, the weights' scale its values near 1.
+    gx, gw = torch.autograd.grad(F.conv2d(x, w).pow(3).sum(), (x, w), create_graph=True)
     return torch.autograd.grad(gx.pow(2).sum() + gw.pow(2).sum(), (x, w))
 
 

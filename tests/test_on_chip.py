@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch_tpu.kernels import examples
 from torch_tpu.kernels.prebuilt import sdpa
 from torch_tpu.runtime import platform
-from torch_tpu.testing.compare import TOLERANCES, tolerance
+from torch_tpu.testing.compare import tolerance
 
 pytestmark = [
     pytest.mark.tpu_device,
@@ -35,46 +35,51 @@ def test_a_pallas_kernel_is_compiled_by_mosaic_and_matches_cpu():
     torch.testing.assert_close(soft, x.softmax(-1), rtol=1e-5, atol=1e-6)
 
 
-def _attention(dtype, is_causal, kv_heads):
-    """One SDPA call forward and backward on CPU (float64, the reference) and on the chip (in `dtype`)."""
+def _attention(device, dtype, is_causal, kv_heads):
+    """One SDPA call forward and backward on `device` in `dtype`: its output and the gradients of q, k and v."""
     torch.manual_seed(0)
     q = torch.randn(2, 4, 256, 64)
     k, v = torch.randn(2, kv_heads, 256, 64), torch.randn(2, kv_heads, 256, 64)
-    options = dict(is_causal=is_causal, enable_gqa=kv_heads != 4)
-    leaves = [t.double().requires_grad_() for t in (q, k, v)]
-    expected = F.scaled_dot_product_attention(*leaves, **options)
-    expected.backward(torch.ones_like(expected))
-    ours = [t.to("tpu", dtype).requires_grad_() for t in (q, k, v)]
-    out = F.scaled_dot_product_attention(*ours, **options)
+    leaves = [t.to(device, dtype).requires_grad_() for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(*leaves, is_causal=is_causal, enable_gqa=kv_heads != 4)
     out.backward(torch.ones_like(out))
-    return out, ours, expected, leaves
+    return [t.detach().cpu().double() for t in (out, *(leaf.grad for leaf in leaves))]
 
 
-def _assert_attention_close(out, ours, expected, leaves, rtol, atol):
-    torch.testing.assert_close(out.detach().cpu().double(), expected.detach(), rtol=rtol, atol=atol)
-    for got, want in zip(ours, leaves, strict=True):
-        torch.testing.assert_close(got.grad.cpu().double(), want.grad, rtol=rtol, atol=atol)
+def _worst_errors(results, exact):
+    return [float((got - want).abs().max()) for got, want in zip(results, exact, strict=True)]
+
+
+def _assert_as_accurate_as_cpu_bfloat16(results, is_causal, kv_heads):
+    """Output and gradients no further from float64 than twice CPU PyTorch's bfloat16 SDPA is, tensor by tensor.
+    A fixed elementwise tolerance does not hold for attention's gradients: each is a sum over 256 keys of products
+    rounded to bfloat16 (splash rounds the probabilities and dS to bfloat16 for its matmuls, as CPU's kernel does),
+    so its error grows with the sum's terms, not with its value (one element in 1.3e5 missed bf16's elementwise
+    rtol 1.6e-2 / atol 1e-2 on a v5e: 0.0136 off at 0.161)."""
+    exact = _attention("cpu", torch.float64, is_causal, kv_heads)
+    cpu = _worst_errors(_attention("cpu", torch.bfloat16, is_causal, kv_heads), exact)
+    ours = _worst_errors(results, exact)
+    assert all(o <= 2 * c for o, c in zip(ours, cpu, strict=True)), f"worst errors {ours}, CPU bfloat16's {cpu}"
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
 @pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
 def test_sdpa_takes_splash_for_bfloat16_and_for_float32_at_default_precision(is_causal, kv_heads):
     chosen = sdpa.choices["splash"]
-    out, ours, expected, leaves = _attention(torch.bfloat16, is_causal, kv_heads)
-    rtol, atol = TOLERANCES[torch.bfloat16]  # bf16 inputs and outputs, float32 accumulation inside the kernel
-    _assert_attention_close(out, ours, expected, leaves, rtol, atol)
-    with torch.tpu.precision(torch.tpu.Precision.DEFAULT):  # float32 products as one bf16 pass: bf16's tolerance
-        out, ours, expected, leaves = _attention(torch.float32, is_causal, kv_heads)
-    _assert_attention_close(out, ours, expected, leaves, rtol, atol)
+    _assert_as_accurate_as_cpu_bfloat16(_attention("tpu", torch.bfloat16, is_causal, kv_heads), is_causal, kv_heads)
+    with torch.tpu.precision(torch.tpu.Precision.DEFAULT):  # float32 products as one bf16 pass: as bf16 inputs
+        results = _attention("tpu", torch.float32, is_causal, kv_heads)
+    _assert_as_accurate_as_cpu_bfloat16(results, is_causal, kv_heads)
     assert sdpa.choices["splash"] == chosen + 2
 
 
 def test_float32_sdpa_at_pytorchs_default_precision_keeps_full_float32_off_splash():
     chosen = dict(sdpa.choices)
-    out, ours, expected, leaves = _attention(torch.float32, True, 2)
+    results = _attention("tpu", torch.float32, True, 2)
     assert sdpa.choices["splash"] == chosen.get("splash", 0) and sdpa.choices["xla"] == chosen.get("xla", 0) + 1
     rtol, atol = tolerance(torch.float32)  # HIGHEST products; softmax's exp at the chip's float32 accuracy
-    _assert_attention_close(out, ours, expected, leaves, rtol, atol)
+    for got, want in zip(results, _attention("cpu", torch.float64, True, 2), strict=True):
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
 
 
 def test_ragged_dot_on_the_chip_matches_a_float64_grouped_matmul():
@@ -145,5 +150,6 @@ def test_float64_runs_emulated_and_refuses_what_the_chip_cannot_compute():
     torch.testing.assert_close(on_chip.sum().cpu(), x.sum(), rtol=1e-12, atol=0)
     # XLA's own pow, atan2 and prod are float32-accurate there: torch_tpu/ops/emulated.py writes them out
     torch.testing.assert_close((on_chip**2.7).cpu(), x**2.7, rtol=1e-12, atol=0)
-    torch.testing.assert_close(torch.atan2(on_chip - 1, on_chip).cpu(), torch.atan2(x - 1, x), rtol=1e-12, atol=0)
+    # the emulation's arctan errs absolutely, not relatively, near 0: 1.8e-15 at a result of 1.4e-3 (a v5e)
+    torch.testing.assert_close(torch.atan2(on_chip - 1, on_chip).cpu(), torch.atan2(x - 1, x), rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(on_chip[:100].prod().cpu(), x[:100].prod(), rtol=1e-12, atol=0)

@@ -72,11 +72,20 @@ def _tpu_dlpack(tensor: torch.Tensor, kwargs: dict[str, Any]) -> Any:
         kwargs.pop("stream")
     try:
         return to_jax(tensor).__dlpack__(**kwargs)
-    except BufferError as error:  # JAX's TPU arrays have no DLPack capsule
-        raise BufferError(
-            f"torch_tpu: a tpu tensor has no DLPack capsule on the {platform.platform()} platform ({error}); "
-            "torch_tpu.to_jax(tensor) gives its jax.Array without a copy"
-        ) from error
+    except BufferError as error:
+        raise _no_capsule(error) from error
+    except jax.errors.JaxRuntimeError as error:  # measured on a v5e: "TPU_0 cannot be used as a DLPack device"
+        if "dlpack" not in str(error).lower():
+            raise
+        raise _no_capsule(error) from error
+
+
+def _no_capsule(error: Exception) -> BufferError:
+    """JAX's refusal to export a TPU array through DLPack, as a BufferError that names the zero-copy way."""
+    return BufferError(
+        f"torch_tpu: a tpu tensor has no DLPack capsule on the {platform.platform()} platform "
+        f"({str(error).splitlines()[0]}); torch_tpu.to_jax(tensor) gives its jax.Array without a copy"
+    )
 
 
 def _dunder_dlpack(original: Callable) -> Callable:
@@ -93,7 +102,10 @@ def _dunder_dlpack_device(original: Callable) -> Callable:
     @functools.wraps(original)
     def __dlpack_device__(self: torch.Tensor) -> tuple:
         if self.device.type == "tpu":
-            return to_jax(self).__dlpack_device__()
+            try:
+                return to_jax(self).__dlpack_device__()
+            except BufferError as error:  # JAX's TPU arrays: the error names the zero-copy way
+                raise _no_capsule(error) from error
         if self.device.type == "cpu" and pinned.is_marked(self):  # ordinary host memory, not CUDA host memory
             return torch.utils.dlpack.DLDeviceType.kDLCPU, 0
         return original(self)

@@ -2,9 +2,13 @@
 
 import math
 
+import jax
+import jax.extend.core
+import jax.numpy as jnp
 import pytest
 import torch
 
+from torch_tpu.ops import special
 from torch_tpu.testing.compare import check_op
 
 S = torch.special
@@ -89,6 +93,24 @@ def test_polygamma():
     for n in range(5):
         check_op(lambda t, n=n: torch.polygamma(n, t), x)
     check_op(lambda t: torch.polygamma(1, t), points(edges=False).requires_grad_(), grad=True)
+
+
+def test_polygamma_in_float64_and_without_a_transcendental_power():
+    """float64 polygamma equal to CPU's to float64 precision; its zeta sums integer powers in one loop: on a TPU
+    XLA's float64 `pow` is float32-accurate, and 64 unrolled ones kept the chip's compiler busy for minutes."""
+    x = torch.cat([points(edges=False).double(), torch.tensor([-2.5, -7.95, -60.25, 0.0, 1e-8, math.inf, -math.inf])])
+    for n in range(1, 5):
+        check_op(lambda t, n=n: torch.polygamma(n, t), x)
+    program = jax.make_jaxpr(lambda t: special.polygamma(2, t))(jnp.ones(8, jnp.float32))
+    primitives = {str(equation.primitive) for equation in _equations(program.jaxpr)}
+    assert "pow" not in primitives and "while" in primitives, primitives
+
+
+def _equations(jaxpr):
+    for equation in jaxpr.eqns:
+        yield equation
+        for inner in jax.extend.core.jaxprs_in_params(equation.params):
+            yield from _equations(inner)
 
 
 def test_incomplete_gamma_and_zeta():

@@ -15,6 +15,9 @@ pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/devic
 ON_CPU = pytest.mark.skipif(platform.platform() != "cpu", reason="the XLA CPU platform's DLPack device is kDLCPU")
 
 
+_NO_CAPSULE = r"no DLPack capsule .* torch_tpu\.to_jax\(tensor\) gives its jax\.Array without a copy"
+
+
 def _pointer(value):
     return value.unsafe_buffer_pointer()
 
@@ -84,13 +87,42 @@ def test_jax_consumes_tpu_tensors_through_dlpack_without_a_copy():
     tensor = torch.randn(3, 4).to("tpu") - 1
     buffer = torch_tpu.to_jax(tensor)
     if platform.platform() == "tpu":  # JAX exports no DLPack capsule of a TPU array: the error says what does
-        with pytest.raises(BufferError, match=r"torch_tpu\.to_jax\(tensor\) gives its jax\.Array without a copy"):
-            tensor.__dlpack__()
+        for export in (tensor.__dlpack__, tensor.__dlpack_device__, lambda: jnp.from_dlpack(tensor)):
+            with pytest.raises(BufferError, match=_NO_CAPSULE):
+                export()
         return
     for consume in (jnp.from_dlpack, jax.dlpack.from_dlpack):
         imported = consume(tensor)
         np.testing.assert_array_equal(np.asarray(imported), tensor.cpu().numpy())
         assert _pointer(imported) == _pointer(buffer)
+
+
+class _TpuArray:
+    """What JAX hands back for an array on a TPU (measured on a v5e): no DLPack device, no capsule."""
+
+    def __dlpack_device__(self):
+        raise BufferError("__dlpack__ device only supported for CPU and GPU, got platform: tpu")
+
+    def __dlpack__(self, **kwargs):
+        raise jax.errors.JaxRuntimeError("INVALID_ARGUMENT: Device TPU_0 cannot be used as a DLPack device.")
+
+
+def test_the_tpu_platforms_refusal_names_the_zero_copy_way(monkeypatch):
+    tensor = torch.ones(3, device="tpu")
+    monkeypatch.setattr(torch_tpu.interop, "to_jax", lambda t: _TpuArray())
+    for export in (tensor.__dlpack__, tensor.__dlpack_device__, lambda: torch.utils.dlpack.to_dlpack(tensor)):
+        with pytest.raises(BufferError, match=_NO_CAPSULE):
+            export()
+
+
+def test_another_runtime_error_of_the_export_is_not_renamed(monkeypatch):
+    class Deleted(_TpuArray):
+        def __dlpack__(self, **kwargs):
+            raise jax.errors.JaxRuntimeError("INVALID_ARGUMENT: buffer has been deleted or donated")
+
+    monkeypatch.setattr(torch_tpu.interop, "to_jax", lambda t: Deleted())
+    with pytest.raises(jax.errors.JaxRuntimeError, match="deleted or donated"):
+        torch.ones(3, device="tpu").__dlpack__()
 
 
 @ON_CPU
