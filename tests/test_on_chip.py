@@ -153,3 +153,9 @@ def test_float64_runs_emulated_and_refuses_what_the_chip_cannot_compute():
     # the emulation's arctan errs absolutely, not relatively, near 0: 1.8e-15 at a result of 1.4e-3 (a v5e)
     torch.testing.assert_close(torch.atan2(on_chip - 1, on_chip).cpu(), torch.atan2(x - 1, x), rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(on_chip[:100].prod().cpu(), x[:100].prod(), rtol=1e-12, atol=0)
+    # 0-d tensors too: the numerics bench's 0-d samples of pow and atan2 came out float32-accurate on a v5e
+    base, exponent = x[3], x[7] * 2 - 1
+    on_chip_power = base.to("tpu") ** exponent.to("tpu")
+    torch.testing.assert_close(on_chip_power.cpu(), base**exponent, rtol=1e-12, atol=0)
+    on_chip_angle = torch.atan2(exponent.to("tpu"), base.to("tpu"))
+    torch.testing.assert_close(on_chip_angle.cpu(), torch.atan2(exponent, base), rtol=1e-12, atol=1e-14)
