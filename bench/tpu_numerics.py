@@ -160,7 +160,8 @@ def _beyond_float32_range(expected: Any) -> bool:
     tiny, huge = torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).max
     for t in torch.utils._pytree.tree_leaves(expected):
         if isinstance(t, torch.Tensor) and t.is_floating_point():
-            magnitude = t.detach().abs()[torch.isfinite(t.detach()) & (t.detach() != 0)]
+            t = t.detach()
+            magnitude = t.abs()[torch.isfinite(t) & (t != 0)]
             if magnitude.numel() and (magnitude.min() < tiny or magnitude.max() > huge):
                 return True
     return False
@@ -241,8 +242,9 @@ def float64() -> None:
 
 
 def _float64_by_rank() -> None:
-    """The same values as 0-d tensors and as one 1-d tensor: the third device run found `pow` and `atan2` of 0-d
-    float64 tensors float32-accurate while 1-d ones were float64-accurate (tests/test_on_chip.py)."""
+    """The same values as 0-d tensors and as one 1-d tensor: on the fourth device run the float64 section put `pow`
+    and `atan2`, whose OpInfo samples are 0-d, among the float32-accurate, while tests/test_on_chip.py found 1-d
+    ones float64-accurate; these lines tell whether the rank is the cause."""
     generator = torch.Generator().manual_seed(0)
     x = torch.rand(8, generator=generator, dtype=torch.float64) * 4 + 0.5
     y = torch.rand(8, generator=generator, dtype=torch.float64) * 2 - 1

@@ -1,4 +1,5 @@
-"""What several test files share: the checkout's path, random and meta tensors of a shape, the seed's smoke test.
+"""What several test files share: the checkout's path, random and meta tensors of a shape, the seed's smoke test,
+the equations of a traced program.
 
 Imported as `from tests.helpers import ...` (the checkout is on the path: pyproject.toml's pytest `pythonpath`).
 Fixtures live in tests/conftest.py instead (`fresh_dynamo`)."""
@@ -8,8 +9,9 @@ import os
 import pathlib
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import jax.extend.core
 import pytest
 import torch
 
@@ -30,6 +32,14 @@ def cross_entropy_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer)
         return loss
 
     return step
+
+
+def jaxpr_equations(jaxpr: jax.extend.core.Jaxpr) -> Iterator[jax.extend.core.JaxprEqn]:
+    """Every equation of `jaxpr`, those of its sub-programs (loop bodies, branches, ...) included."""
+    for equation in jaxpr.eqns:
+        yield equation
+        for inner in jax.extend.core.jaxprs_in_params(equation.params):
+            yield from jaxpr_equations(inner)
 
 
 def random_tensor(

@@ -7,12 +7,12 @@ included. One OpInfo sample per op keeps it fast.
 """
 
 import jax
-import jax.extend.core
 import numpy as np
 import pytest
 import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
+from tests.helpers import jaxpr_equations
 from torch_tpu.eager import dispatch
 from torch_tpu.eager.cache import executables
 from torch_tpu.testing.compare import to_tpu
@@ -51,15 +51,12 @@ _WIDE = (np.dtype(np.float64), np.dtype(np.complex128))
 def _wide_arrays(jaxpr):
     """The primitives of `jaxpr` (sub-jaxprs included) that produce float64/complex128 arrays (scalars aside: a
     Python number's arithmetic is scalar)."""
-    found = set()
-    for eqn in jaxpr.eqns:
-        for var in eqn.outvars:
-            aval = var.aval
-            if getattr(aval, "dtype", None) in _WIDE and aval.shape != ():
-                found.add(str(eqn.primitive))
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            found |= _wide_arrays(sub)
-    return found
+    return {
+        str(eqn.primitive)
+        for eqn in jaxpr_equations(jaxpr)
+        for var in eqn.outvars
+        if getattr(var.aval, "dtype", None) in _WIDE and var.aval.shape != ()
+    }
 
 
 @pytest.fixture

@@ -3,11 +3,11 @@
 import math
 
 import jax
-import jax.extend.core
 import jax.numpy as jnp
 import pytest
 import torch
 
+from tests.helpers import jaxpr_equations
 from torch_tpu.ops import special
 from torch_tpu.testing.compare import check_op
 
@@ -102,15 +102,8 @@ def test_polygamma_in_float64_and_without_a_transcendental_power():
     for n in range(1, 5):
         check_op(lambda t, n=n: torch.polygamma(n, t), x)
     program = jax.make_jaxpr(lambda t: special.polygamma(2, t))(jnp.ones(8, jnp.float32))
-    primitives = {str(equation.primitive) for equation in _equations(program.jaxpr)}
+    primitives = {str(equation.primitive) for equation in jaxpr_equations(program.jaxpr)}
     assert "pow" not in primitives and "while" in primitives, primitives
-
-
-def _equations(jaxpr):
-    for equation in jaxpr.eqns:
-        yield equation
-        for inner in jax.extend.core.jaxprs_in_params(equation.params):
-            yield from _equations(inner)
 
 
 def test_incomplete_gamma_and_zeta():
