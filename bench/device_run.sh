@@ -42,7 +42,7 @@ SMALL=${DEVICE_RUN_SMALL:-0}
 SCALE=${DEVICE_RUN_TIMEOUT_SCALE:-1}
 WORK=$(mktemp -d -t torch_tpu_device_work_XXXXXX) # scratch that does not come back (caches, reports)
 mkdir -p "$OUT"
-FAILED=0
+FAILED=0 STEP_STATUS=0
 # Several processes run one after another: JAX must not take 75% of the device's memory in each.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 # DEVICE_RUN_CACHE=DIR keeps the compiled programs between calls (e.g. /tmp/tpu/cache on the TPU machine, whose /tmp
@@ -61,6 +61,7 @@ step() {
     local left=$((BUDGET - (SECONDS - PART_START) - 5))
     if ((left < 15)); then
         echo "SKIP  $PART/$name (the part's budget of ${BUDGET} s is spent)" >>"$OUT/summary.txt"
+        STEP_STATUS=0
         : >"$WORK/step.log"
         return
     fi
@@ -69,6 +70,7 @@ step() {
     TORCH_TPU_TEST_DEADLINE=$(($(date +%s) + limit - 25)) \
         timeout --signal=INT --kill-after=15 "$limit" "$@" >"$WORK/step.log" 2>&1
     local status=$? took=$((SECONDS - began))
+    STEP_STATUS=$status
     cat "$WORK/step.log" >>"$LOG"
     tail -n 15 "$WORK/step.log"
     local line="PASS  $PART/$name (${took} s)"
@@ -83,23 +85,47 @@ step() {
 
 # pytest_part NAME CAP SMALL_K PATHS...: the device part of the suite under PATHS, in this one process (one process
 # holds the chip); the dry run takes only the tests SMALL_K (a -k expression) selects.
-# The summary gets pytest's counts; a suite cut at the deadline (`step`) is INCOMPLETE, not a pass.
+# The summary gets pytest's counts; a suite cut at the deadline (`step`) is INCOMPLETE, not a pass. A process that
+# dies in a test (XLA's compiler aborts it on what it cannot compile) is started again, at most 3 times, after that
+# test, which the summary names as CRASH (the journal: torch_tpu/testing/journal.py); then the failures' texts,
+# which the dead process's report lost, go to the log.
 pytest_part() {
     local name=$1 cap=$2 small_k=$3
     shift 3
     local select=(-m "tpu_device and not children") # a test's children would run on the CPU platform (conftest)
     [ "$SMALL" = 1 ] && select=(-m "tpu_device and not children and not slow" -k "$small_k")
-    step "$name" "$cap" "$PYTHON" -m pytest -v -p no:cacheprovider -rfEs --tb=short --durations=15 "${select[@]}" \
-        --junitxml="$OUT/$PART-junit.xml" "$@"
+    export TORCH_TPU_TEST_JOURNAL="$WORK/$name.journal"
+    : >"$TORCH_TPU_TEST_JOURNAL"
+    local restarts=0 crashed
+    while :; do
+        step "$name" "$cap" "$PYTHON" -m pytest -v -p no:cacheprovider -rfEs --tb=short --durations=15 \
+            "${select[@]}" --junitxml="$OUT/$PART-junit.xml" "$@"
+        pytest_counts "$name"
+        crashed=$(awk '/^start /{n[++i]=substr($0,7)} /^end /{e[substr($0,5)]=1} END{for(j=1;j<=i;j++) if(!(n[j] in e)) print n[j]}' \
+            "$TORCH_TPU_TEST_JOURNAL" | tail -n 1)
+        ((STEP_STATUS > 128 && STEP_STATUS != 137)) && [ -n "$crashed" ] && ((restarts < 3)) || break
+        echo "CRASH  $PART/$name: $crashed (exit status $STEP_STATUS: the process died in it; resumed after it)" |
+            tee -a "$LOG" >>"$OUT/summary.txt"
+        restarts=$((restarts + 1))
+    done
+    if ((restarts > 0)); then
+        echo "== $PART/$name: the failures, from the journal" >>"$LOG"
+        grep -v -E "^(start|end) " "$TORCH_TPU_TEST_JOURNAL" >>"$LOG"
+    fi
+    unset TORCH_TPU_TEST_JOURNAL
+}
+
+# pytest_counts NAME: the summary line of the last pytest step's counts (INCOMPLETE when cut at the deadline).
+pytest_counts() {
     local counts spent
     counts=$(grep -E "^=+ .*(passed|failed|error|skipped).* in [0-9.]+s" "$WORK/step.log" | tail -n 1 | tr -d '=')
     spent=$(grep -E "^SKIPPED \[[0-9]+\].*TORCH_TPU_TEST_DEADLINE" "$WORK/step.log" | sed -E 's/^SKIPPED \[([0-9]+)\].*/\1/')
     [ -z "$counts" ] && return
     if ((${spent:-0} > 0)); then # not a pass: part of the suite did not run
         FAILED=$((FAILED + 1))
-        echo "INCOMPLETE  $PART/$name:${counts}(${spent} of them skipped at the deadline)" >>"$OUT/summary.txt"
+        echo "INCOMPLETE  $PART/$1:${counts}(${spent} of them skipped at the deadline)" >>"$OUT/summary.txt"
     else
-        echo "      $PART/$name:${counts}" >>"$OUT/summary.txt"
+        echo "      $PART/$1:${counts}" >>"$OUT/summary.txt"
     fi
 }
 

@@ -32,9 +32,14 @@ def pytest_runtest_setup(item):
 def pytest_configure(config):
     """Tests compile cold: a private, per-run persistent cache, and PyTorch's cache directory (AOTAutograd's
     entries) too (tests of the cache set their own). A pytest-xdist worker inherits the controller's directories
-    and takes a subdirectory of each: workers run at once and must not see each other's entries."""
+    and takes a subdirectory of each: workers run at once and must not see each other's entries. The journal
+    (torch_tpu/testing/journal.py) lets a run survive its process dying, where TORCH_TPU_TEST_JOURNAL asks."""
     import os
     import tempfile
+
+    from torch_tpu.testing import journal
+
+    config.pluginmanager.register(journal, "torch_tpu_journal")
 
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     for variable, prefix in (

@@ -66,3 +66,19 @@ def test_an_unknown_part_is_refused_naming_the_parts(tmp_path):
         ["bash", str(ROOT / "bench" / "device_run.sh"), "speed"], capture_output=True, text=True, env=env
     )
     assert out.returncode == 2 and "correctness, ops, models, numerics, perf, perf_large" in out.stderr
+
+
+def test_a_suite_whose_process_dies_in_a_test_resumes_after_it(tmp_path):
+    """On the chip XLA's compiler aborted the process in one test, which took the rest of the suite and its report
+    with it: the step starts again after that test, names it, and the failures' texts reach the log."""
+    crashing = "test_binary[dtype1-logaddexp]"
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable, TORCH_TPU_PLATFORM="cpu", DEVICE_RUN_SMALL="1")
+    env.update(DEVICE_RUN_BUDGET_S="1200", DEVICE_RUN_TIMEOUT_SCALE="4", TORCH_TPU_TEST_ABORT=crashing)
+    script = ROOT / "bench" / "device_run.sh"
+    out = subprocess.run(["bash", str(script), "ops"], capture_output=True, text=True, env=env)
+    summary = (tmp_path / "summary.txt").read_text()
+    assert out.returncode == 1, summary
+    assert f"CRASH  ops/ops_suite: tests/ops/test_elementwise.py::{crashing} (exit status 134" in summary, summary
+    assert "FAIL  ops/ops_suite (exit status 134" in summary and "PASS  ops/ops_suite " in summary, summary
+    assert "passed" in summary.split("CRASH  ops/ops_suite")[1], summary  # the resumed run's counts
+    assert "the failures, from the journal" in (tmp_path / "ops.log").read_text()

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+from torch_tpu.eager import encoding
 from torch_tpu.ops import emulated
-from torch_tpu.runtime import float64, platform, storage
+from torch_tpu.runtime import float64, persistent, platform, storage
 
 F64, C128, F32 = np.dtype(np.float64), np.dtype(np.complex128), np.dtype(np.float32)
 SPECIAL = [0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 3.0, -3.0, 0.5, -0.5, 2.5, -2.5, 1 / 3, 0.9, -0.9, 1e-3, 7.0, -7.0]
@@ -24,9 +25,10 @@ SPECIAL += [63.0, -63.0, 64.0, -64.0, 100.0, math.inf, -math.inf, math.nan]
 
 @pytest.fixture
 def on_a_tpu(monkeypatch):
-    tpu = types.SimpleNamespace(platform=lambda: "tpu")
+    tpu = types.SimpleNamespace(platform=lambda: "tpu", devices=platform.devices)
     monkeypatch.setattr(float64, "platform", tpu)
     monkeypatch.setattr(emulated, "platform", tpu)
+    monkeypatch.setattr(encoding, "platform", tpu)
 
 
 def _jax(fn, *tensors):
@@ -150,7 +152,7 @@ def test_complex128_is_refused_on_transfer_to_a_tpu(monkeypatch):
 def test_a_64_bit_scalar_in_a_32_bit_op_is_not_the_policys_business(on_a_tpu, mode):
     """A Python scalar reaches an op as a 0-d 64-bit value (autograd's `exponent - 1` in pow's backward, a CPU
     scalar tensor); the op computes at its tensors' width, so nothing is refused (on the chip, Llama's and the
-    double-backward tests' float32 steps were)."""
+    double-backward tests' float32 steps were). A complex128 one travels as complex64 (next test)."""
     modes = {"strict": torch.tpu.EagerMode.DEFER_NEVER, "fused": torch.tpu.EagerMode.DEFER_AND_FUSE}
     z = torch.randn(3, 5, dtype=torch.complex64)
     x = torch.rand(3, 5, requires_grad=True)
@@ -170,3 +172,37 @@ def test_an_invalid_call_gets_cpus_error_before_the_policys(on_a_tpu, mode):
     with torch.tpu.set_eager_mode(modes[mode]):
         with pytest.raises(RuntimeError, match="Expected object of scalar type Float but got scalar type Double"):
             torch.complex(torch.ones(2, device="tpu"), torch.ones(2, dtype=torch.float64, device="tpu")).cpu()
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_complex_scalars_reach_a_tpu_program_as_complex64(on_a_tpu, monkeypatch, mode):
+    """JAX makes a Python complex a complex128 input, and XLA's TPU compiler aborted the process converting it to
+    complex64 (`z * (2 - 1j)`, `add(..., alpha=1j)` on the chip): on a TPU it is a weakly typed complex64, as are
+    0-d complex128 CPU tensors, so no program has a complex128 input; the values stay CPU's."""
+    inputs = []
+
+    def spy(lowered, **kwargs):
+        inputs.append(lowered.in_avals)
+        return compile_lowered(lowered, **kwargs)
+
+    compile_lowered = persistent.compile_lowered
+    monkeypatch.setattr(persistent, "compile_lowered", spy)
+    modes = {"strict": torch.tpu.EagerMode.DEFER_NEVER, "fused": torch.tpu.EagerMode.DEFER_AND_FUSE}
+    z, i = torch.randn(3, 7, dtype=torch.complex64), torch.arange(21).reshape(3, 7)
+    calls = [
+        lambda t, n: t * (2 - 1j),
+        lambda t, n: torch.add(n, t, alpha=1j),
+        lambda t, n: t.real * 0.5j,
+        lambda t, n: (t == (1 + 1j)) | (t != 0.25j),
+        lambda t, n: t + torch.tensor(1 + 2j, dtype=torch.complex128),
+        lambda t, n: torch.full((3, 7), 1.5 - 2j, device=t.device) * t,
+    ]
+    with torch.tpu.set_eager_mode(modes[mode]):
+        for call in calls:
+            for _ in range(2):  # a recurring value is cached as a device array
+                got = call(z.to("tpu"), i.to("tpu")).cpu()
+                torch.testing.assert_close(got, call(z, i), rtol=2e-7, atol=1e-6)
+    wide = [aval for avals in inputs for aval in jax.tree.leaves(avals) if aval.dtype == np.complex128]
+    assert inputs and not wide, wide
+    with pytest.raises(NotImplementedError, match="on complex128"):  # computed in complex128: refused, named
+        (torch.ones(3, 7, dtype=torch.float64, device="tpu") == 1j).cpu()

@@ -241,10 +241,21 @@ def _device_scalar(value: Any) -> Any:
         key = value.hex()  # tells -0.0 from 0.0
     elif value_type is int or value_type is bool:
         key = (value_type, value)
+    elif value_type is complex and platform.platform() == "tpu":
+        found = _recurring((complex, value.real.hex(), value.imag.hex()), _complex64, value)
+        return _complex64(value) if found is None else found
     else:
         return value
     found = _recurring(key, _scalar_array, value)
     return value if found is None else found
+
+
+def _complex64(value: complex) -> jax.Array:
+    """A Python complex on a TPU, as a weakly typed complex64 array: JAX makes it a complex128 input, which XLA's
+    TPU compiler aborts the process on (seen converting one to complex64), and the op computes with the scalar at
+    its own width, as PyTorch does; a TPU holds no complex128 (a complex128 result is refused: runtime/float64.py)."""
+    platform.devices()
+    return compat.convert_element_type(jnp.asarray(value, jnp.complex64), weak_type=True)
 
 
 def _scalar_array(value: bool | int | float) -> Any:
@@ -258,6 +269,8 @@ def _scalar_array(value: bool | int | float) -> Any:
 def _host_scalar(value: torch.Tensor) -> jax.Array:
     """A 0-dim CPU tensor (a loss scale, a `torch.tensor(2.0)` in user code) on the device, cached by dtype and
     value once the value recurs, as a Python scalar is: each transfer costs a hundred small ops."""
+    if value.dtype == torch.complex128 and platform.platform() == "tpu":  # see `_complex64`: at the op's width
+        value = value.to(torch.complex64)
     number = value.item()
     if isinstance(number, complex):
         number = (number.real.hex(), number.imag.hex())

@@ -35,9 +35,17 @@ def counted(inputs: Iterable[object], out_dtypes: object) -> list:
     """The dtypes the policy looks at for a call: its outputs' (`out_dtypes`: one, or a list or tuple) and its
     inputs' (arrays or tensors), but for 0-d inputs, which count only through the outputs: a Python scalar arrives
     as a 0-d float64 value (autograd's `exponent - 1` in pow's backward), and a float32 op with it computes in
-    float32."""
+    float32; but a complex scalar beside float64 makes the call complex128."""
+    inputs = list(inputs)
     outputs = list(out_dtypes) if isinstance(out_dtypes, (list, tuple)) else [out_dtypes]
-    return [getattr(x, "dtype", None) for x in inputs if getattr(x, "ndim", 0) > 0] + outputs
+    found = [getattr(x, "dtype", None) for x in inputs if getattr(x, "ndim", 0) > 0] + outputs
+    if any(_complex_scalar(x) for x in inputs) and any(d is not None and np.dtype(d) in WIDE for d in found):
+        found.append(COMPLEX128)  # a complex scalar beside float64 (`x == 1j`) computes in complex128
+    return found
+
+
+def _complex_scalar(x: object) -> bool:
+    return isinstance(x, complex) or getattr(x, "ndim", 1) == 0 and np.issubdtype(x.dtype, np.complexfloating)
 
 
 def applies(array_dtypes: Iterable[object]) -> bool:
