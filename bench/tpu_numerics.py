@@ -256,6 +256,34 @@ def _float64_by_rank() -> None:
         one_by_one = torch.stack([fn(a.to("tpu"), b.to("tpu")).cpu() for a, b in zip(x, y, strict=True)])
         single = float(((one_by_one - expected).abs() / expected.abs()).max())
         _record("float64", f"{name} relative error, 1-d / 0-d", f"{whole:.2e} / {single:.2e}")
+    _float64_scalar_exp(x)
+
+
+def _float64_scalar_exp(x: torch.Tensor) -> None:
+    """Where a 0-d float64 `exp` loses accuracy (the fifth run: 4.7e-8 at 0-d, 5e-15 at 1-d, while
+    tests/test_on_chip.py's 0-d `pow`, built on `exp`, was float64-accurate): plain JAX at 0-d, (1,) and (8,), a 0-d
+    value reshaped to (1,) inside the program, and ours in Strict and Fused eager, each one value at a time."""
+    import jax
+    import jax.numpy as jnp
+
+    expected = torch.exp(x)
+
+    def worst(results: list) -> str:
+        got = torch.tensor([float(np.asarray(r).reshape(-1)[0]) for r in results], dtype=torch.float64)
+        return f"{float(((got - expected).abs() / expected).max()):.2e}"
+
+    values = [jnp.asarray(float(v), jnp.float64) for v in x]
+    exp = jax.jit(jnp.exp)
+    _record("float64", "jax exp 0-d", worst([exp(v) for v in values]))
+    _record("float64", "jax exp (1,)", worst([exp(v.reshape(1)) for v in values]))
+    _record("float64", "jax exp (8,)", worst(list(np.asarray(exp(jnp.asarray(x.numpy()))).reshape(8, 1))))
+    inside = jax.jit(lambda v: jnp.exp(v.reshape(1)).reshape(()))
+    _record("float64", "jax exp 0-d as (1,) inside", worst([inside(v) for v in values]))
+    for mode in (torch.tpu.EagerMode.DEFER_NEVER, torch.tpu.EagerMode.DEFER_AND_FUSE):
+        with torch.tpu.set_eager_mode(mode):
+            _record("float64", f"ours exp 0-d {mode.name}", worst([torch.exp(v.to("tpu")).cpu() for v in x]))
+    indexed = [torch.exp(x[i].to("tpu")).cpu() for i in range(len(x))]  # as tests/test_on_chip.py takes them
+    _record("float64", "ours exp x[i]", worst(indexed))
 
 
 SECTIONS = {
