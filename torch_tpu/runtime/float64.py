@@ -45,7 +45,13 @@ def counted(inputs: Iterable[object], out_dtypes: object) -> list:
 
 
 def _complex_scalar(x: object) -> bool:
-    return isinstance(x, complex) or getattr(x, "ndim", 1) == 0 and np.issubdtype(x.dtype, np.complexfloating)
+    """A Python complex, or a 0-d complex array or tensor (a torch dtype says `is_complex`, a NumPy one does not)."""
+    if isinstance(x, complex):
+        return True
+    if getattr(x, "ndim", 1) != 0:
+        return False
+    is_complex = getattr(x.dtype, "is_complex", None)
+    return is_complex if is_complex is not None else np.issubdtype(x.dtype, np.complexfloating)
 
 
 def applies(array_dtypes: Iterable[object]) -> bool:
