@@ -2,6 +2,7 @@
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -237,3 +238,28 @@ def test_mode_change_inside_compiled_region_raises(monkeypatch):
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     with pytest.raises(RuntimeError, match="cannot change inside a torch.compile region"):
         torch.tpu.eager_mode = torch.tpu.EagerMode.DEFER_AND_FUSE
+
+
+def _fused_donations() -> dict[str, int]:
+    """The inputs each cached Fused cluster consumes (donates), by the cluster's name and position."""
+    stats = torch.tpu._get_cache_stats()["per_entry_stats"]
+    return {f"{i}: {e['name']}": e["donated"] for i, e in enumerate(stats) if e["source"] == "fused"}
+
+
+def test_a_fused_cluster_consumes_old_values_nothing_holds_and_copies_one_the_user_holds():
+    """An in-place update's old value is donated to the cluster (JAX deletes it; XLA may write the new value into
+    its memory); the cached program consumes the same input every run, so when the user holds that value it gets
+    a copy instead of a recompile, and the user's array stays whole."""
+    import torch_tpu
+    from torch_tpu.eager.cache import executables
+
+    executables.clear()  # this test's clusters only
+    x = torch.arange(64.0).to("tpu")
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        for step in range(3):
+            held = torch_tpu.to_jax(x) if step == 2 else None
+            x.mul_(2).add_(1)
+            torch.tpu.synchronize()
+    assert list(_fused_donations().values()) == [1]  # one program for the three runs, consuming x's old value
+    assert not held.is_deleted() and torch.equal(torch.from_numpy(np.array(held)), (torch.arange(64.0) * 4 + 3))
+    torch.testing.assert_close(x.cpu(), torch.arange(64.0) * 8 + 7)

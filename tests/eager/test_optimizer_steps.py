@@ -7,8 +7,10 @@ import copy
 import pytest
 import torch
 
+import torch_tpu
 from torch_tpu.eager import steps
-from torch_tpu.testing.compare import float32_tolerance
+from torch_tpu.eager.cache import executables
+from torch_tpu.testing.compare import EAGER_MODES, float32_tolerance
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
@@ -95,3 +97,41 @@ def test_a_step_that_raises_leaves_strict_eager_at_the_next_step():
     assert not steps.scope.optimizer and not steps.modes.state.fused
     for got, want in zip(model.parameters(), expected, strict=True):
         torch.testing.assert_close(got.detach().cpu(), want)
+
+
+def _updated(optimizer: torch.optim.Optimizer) -> int:
+    """How many device tensors a step updates: the parameters and their optimizer state (not the CPU counters)."""
+    tensors = [p for group in optimizer.param_groups for p in group["params"]]
+    return len(tensors) + sum(v.device.type == "tpu" for state in optimizer.state.values() for v in state.values())
+
+
+# Steps that write only the parameters and their state (Nesterov SGD also adds into the gradients, which `.grad`
+# holds: they are not consumed).
+IN_PLACE = {**OPTIMIZERS, "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)}
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("name", IN_PLACE)
+def test_a_step_consumes_the_old_parameters_and_state(name, mode):
+    """The step's program consumes (donates) the old values, so XLA can write the new ones into their memory: no
+    second copy of the model and its state. One old value the user holds is copied instead, and survives."""
+    cpu_model = _model()
+    tpu_model = copy.deepcopy(cpu_model).to("tpu")
+    cpu_opt, tpu_opt = IN_PLACE[name](cpu_model.parameters()), IN_PLACE[name](tpu_model.parameters())
+    executables.clear()  # this test's programs only
+    with torch.tpu.set_eager_mode(EAGER_MODES[mode]):
+        for step in range(3):
+            _backward(cpu_model, "cpu", step)
+            _backward(tpu_model, "tpu", step)
+            cpu_opt.step()
+            torch.tpu.synchronize()
+            held = torch_tpu.to_jax(tpu_model[0].bias)  # the user holds this array: it must survive the step
+            expected = held.copy()
+            tpu_opt.step()
+            torch.tpu.synchronize()
+            assert not held.is_deleted() and bool((held == expected).all())
+    donated = [e["donated"] for e in torch.tpu._get_cache_stats()["per_entry_stats"] if e["source"] == "fused"]
+    assert _updated(tpu_opt) - 1 in donated, donated  # the steps after the first: all but the one the user holds
+    rtol, atol = float32_tolerance(1e-5, 1e-6)
+    for ours, theirs in zip(tpu_model.parameters(), cpu_model.parameters(), strict=True):
+        torch.testing.assert_close(ours.detach().cpu(), theirs.detach(), rtol=rtol, atol=atol)

@@ -38,6 +38,7 @@ class Entry:
     last_read: float = 0.0
     layout: Any = None  # a single tensor output's storage layout (`storage.layout`), for the eager fast path
     nbytes: int = 0  # the size estimate the byte bound counts (set on insert)
+    donated: tuple[int, ...] = ()  # the inputs a Fused cluster's executable consumes (`fused._donatable`)
 
 
 def _limit(name: str, default: int) -> int:
@@ -123,6 +124,7 @@ class ExecutableCache:
                     "last_read": e.last_read,
                     "source": e.source,
                     "nbytes": e.nbytes,
+                    "donated": len(e.donated),
                 }
                 for e in self.entries.values()
             ],

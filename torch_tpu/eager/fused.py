@@ -24,8 +24,11 @@ int, which makes the cluster's fingerprint a tuple of ints.
 from __future__ import annotations
 
 import os
+import sys
 import time
+import warnings
 import weakref
+from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -70,6 +73,7 @@ class _Recorder:
     def __init__(self) -> None:
         self.plan: list[int] = []
         self.leaves: list[Any] = []
+        self.positions: dict[int, int] = {}  # a device array's position in `leaves`, by id (it is there once)
         self.buffers: dict[int, weakref.ref] = deferred.buffers
         self.traces: dict[Hashable, Trace] = {}
         self.nodes: dict[tuple, int] = {}
@@ -81,6 +85,7 @@ class _Recorder:
     def reset(self) -> tuple[list, list, list, list, tuple[int, ...] | None]:
         taken = self.plan, self.leaves, list(self.buffers.values()), self.checks, self.ranks
         self.plan, self.leaves, self.checks, self.ranks = [], [], [], None
+        self.positions.clear()
         self.buffers.clear()
         return taken
 
@@ -134,6 +139,11 @@ def record(trace: Trace, inputs: list) -> Any:
                 refs.append(x.ref)
                 continue
             x = x.value
+        if getattr(x, "ndim", 0):  # an array: once among the leaves, which lets the cluster consume it (donation)
+            position = rec.positions.setdefault(id(x), len(leaves))
+            if position < len(leaves):
+                refs.append(position)  # the leaf at `position` again
+                continue
         refs.append(None)  # a leaf: its aval is fixed by the trace's key
         leaves.append(x)
     node = (trace.id, *refs)
@@ -167,7 +177,7 @@ def flush(extra: list[Pending] = ()) -> None:
     if wanted:
         out_refs = tuple(sorted(wanted))
         try:
-            results = _run(plan, leaves, out_refs, ranks)
+            results = _run(plan, leaves, out_refs, ranks, [wanted[ref].aval for ref in out_refs])
         except jax.errors.JaxRuntimeError as error:
             if memory.is_oom(error):
                 pending = sum(b.nbytes for b in buffers if is_pending(b._array))
@@ -188,22 +198,77 @@ def flush(extra: list[Pending] = ()) -> None:
             buffer._array = buffer._array.value
 
 
-def _run(plan: list[int], leaves: list, out_refs: tuple, ranks: tuple[int, ...] | None) -> Any:
+def _donatable(leaves: list, out_avals: list) -> tuple[int, ...]:
+    """The positions of leaves a cluster's new executable will consume (`donate_argnums`): device arrays nothing
+    but `leaves` holds — an in-place op's old value, which its storage has already let go of (a parameter, an
+    optimizer's moment) — each with an output of its shape and dtype whose memory it can become, so that an
+    optimizer step updates its state in place instead of holding two copies."""
+    free = Counter((aval.shape, aval.dtype) for aval in out_avals)
+    donated, alone = [], _alone()
+    for position in range(len(leaves)):
+        leaf = leaves[position]
+        if _owned(leaf, alone) and free[(leaf.shape, leaf.dtype)] > 0:
+            free[(leaf.shape, leaf.dtype)] -= 1
+            donated.append(position)
+    return tuple(donated)
+
+
+def _owned(leaf: Any, alone: int) -> bool:
+    """Whether `leaf` is a device array only its one place in a cluster's leaves holds: no storage, view, cache,
+    Pending or user's `to_jax`. The caller holds it in one variable, as `_alone` counts (`alone`)."""
+    return isinstance(leaf, jax.Array) and sys.getrefcount(leaf) == alone
+
+
+def _alone() -> int:
+    """The count `_owned` sees for an object a list and one caller's variable hold, measured now: interpreters
+    differ in the references they count for frames and arguments, and so does one process once Dynamo's frame
+    evaluation hook has been installed (one more)."""
+
+    def count(leaf: Any) -> int:  # a frame like `_owned`'s
+        return sys.getrefcount(leaf)
+
+    leaves = [object()]
+    leaf = leaves[0]
+    return count(leaf)
+
+
+def _copy_held(leaves: list, donated: tuple[int, ...]) -> None:
+    """A cached executable consumes the same positions every run: one whose array is held elsewhere this time
+    gets a copy, so that the donation never deletes a live value and the fingerprint never depends on it (the
+    positions only grow: `_run` recompiles once when more are free than when it compiled)."""
+    alone = _alone()
+    for position in donated:
+        leaf = leaves[position]
+        if not _owned(leaf, alone):
+            leaves[position] = jax.numpy.copy(leaf)
+
+
+def _run(plan: list[int], leaves: list, out_refs: tuple, ranks: tuple[int, ...] | None, out_avals: list) -> Any:
     """The cluster's results: its cached executable, else compiled (or loaded) and cached."""
     fingerprint = ("fused", tuple(plan), out_refs, trace_context.cache_token(), ranks)
     entry = executables.lookup(fingerprint)
+    donated = () if ranks is not None else _donatable(leaves, out_avals)
     if entry is not None:
-        return entry.executable(*leaves)
+        if set(donated) <= set(entry.donated):
+            _copy_held(leaves, entry.donated)
+            return entry.executable(*leaves)
+        # more to consume than when it was compiled (an array held then is free now): once more, consuming both
+        donated = tuple(sorted({*donated, *entry.donated}))
+        _copy_held(leaves, donated)
     start = time.perf_counter()
     replay = _replay([recorder.node_table[n] for n in plan], out_refs)
     from_disk = False
     if ranks is None:  # compiled as every executable is: XLA options (excess precision), persistent tier
-        executable, from_disk = persistent.compile_lowered(jax.jit(replay).lower(*leaves))
+        with warnings.catch_warnings():  # a donated buffer no output could reuse: consumed all the same
+            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+            lowered = jax.jit(replay, donate_argnums=donated).lower(*leaves)
+            executable, from_disk = persistent.compile_lowered(lowered)
         executable = persistent.fast_call(executable)
     else:
         executable = hooks.spmd_cluster(ranks).compile(replay, leaves)
     results = jax.block_until_ready(executable(*leaves))
     entry = Entry(f"fused cluster of {len(plan)} ops", executable, time.perf_counter() - start, "fused")
+    entry.donated = donated
     executables.insert(fingerprint, entry)
     metrics.compiled("fused", "disk" if from_disk else "compiled", entry.compilation_duration)
     return results
@@ -222,13 +287,14 @@ def _live(nodes: list[tuple[Callable, list]], out_refs: tuple) -> list[bool]:
         node = stack.pop()
         if not live[node]:
             live[node] = True
-            stack.extend(ref[0] for ref in nodes[node][1] if ref is not None)
+            stack.extend(ref[0] for ref in nodes[node][1] if type(ref) is tuple)
     return live
 
 
 def _replay(nodes: list[tuple[Callable, list]], out_refs: tuple) -> Callable:
     """The cluster as one function of all its leaves (unused ones are dropped by `jax.jit`); `nodes` holds each
-    node's function and inputs: (node, index) of a recorded value, None for the next leaf."""
+    node's function and inputs: (node, index) of a recorded value, None for the next leaf, an int for the leaf at
+    that position again."""
     live = _live(nodes, out_refs)
 
     def cluster(*leaves: Any) -> tuple:
@@ -239,7 +305,10 @@ def _replay(nodes: list[tuple[Callable, list]], out_refs: tuple) -> Callable:
             if not needed:
                 results.append(None)
                 continue
-            args = [a if r is None else results[r[0]][r[1]] for a, r in zip(args, refs, strict=True)]
+            args = [
+                a if r is None else leaves[r] if type(r) is int else results[r[0]][r[1]]
+                for a, r in zip(args, refs, strict=True)
+            ]
             with jax.named_scope(getattr(fn, "__name__", "op")):  # per op in the HLO's metadata (traced once)
                 results.append(jax.tree_util.tree_leaves(fn(*args)))
         return tuple(results[node][index] for node, index in out_refs)
