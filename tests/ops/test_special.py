@@ -106,6 +106,18 @@ def test_polygamma_in_float64_and_without_a_transcendental_power():
     assert "pow" not in primitives and "while" in primitives, primitives
 
 
+def test_zeta_in_float64_sums_its_head_in_one_loop():
+    """Hurwitz zeta with negative q sums (q + k)^-x for its first terms: float64 equal to CPU's, in one loop with
+    one power in it (64 unrolled float64 powers: minutes of a TPU's compiler, as polygamma's did)."""
+    generator = torch.Generator().manual_seed(3)
+    power = torch.rand(200, generator=generator, dtype=torch.float64) * 6 + 1.5
+    shift = torch.rand(200, generator=generator, dtype=torch.float64) * 40 - 30
+    check_op(S.zeta, power, shift)
+    program = jax.make_jaxpr(special._zeta)(jnp.ones(8, jnp.float64), jnp.ones(8, jnp.float64))
+    primitives = [str(equation.primitive) for equation in jaxpr_equations(program.jaxpr)]
+    assert primitives.count("pow") <= 1 and "while" in primitives, primitives
+
+
 def test_incomplete_gamma_and_zeta():
     generator = torch.Generator().manual_seed(2)
     a = torch.cat([torch.rand(300, generator=generator) * 10, torch.tensor([0.0, 1.0, 0.0, -1.0, 2.0])])

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy import special
 
+from torch_tpu.ops import emulated
 from torch_tpu.ops.elementwise import copysign
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.runtime import dtypes
@@ -348,12 +349,18 @@ def special_zeta(self, other):
 
 
 def _zeta(x, q):
-    """Hurwitz zeta(x, q) = sum_k (k + q)^-x; a negative q sums its first terms directly (as Cephes does)."""
+    """Hurwitz zeta(x, q) = sum_k (k + q)^-x; a negative q sums its first terms directly (as Cephes does), in one
+    loop of as many steps as the most negative q needs (64 unrolled float64 powers would keep a TPU's compiler busy
+    for minutes), with the float64-accurate power there (ops/emulated.py)."""
     x, q = jnp.broadcast_arrays(x, q)
     shifts = jnp.clip(jnp.ceil(-q), 0, 64)
-    head = jnp.zeros_like(q)
-    for k in range(64):
-        head = head + jnp.where(k < shifts, (q + k) ** -x, 0.0)
+    power = emulated.pow if emulated.applies(q.dtype) else jnp.power
+
+    def add_term(k, head):
+        return head + jnp.where(k < shifts, power(q + k, -x), 0.0)
+
+    steps = jnp.max(shifts, initial=0).astype(jnp.int32)
+    head = jax.lax.fori_loop(0, steps, add_term, jnp.zeros_like(q))
     value = head + special.zeta(x, q + shifts)
     pole = (q <= 0) & (q == jnp.floor(q))
     value = jnp.where(pole, jnp.inf, jnp.where((q < 0) & (x != jnp.floor(x)), jnp.nan, value))
