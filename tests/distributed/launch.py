@@ -25,6 +25,7 @@ import pytest
 import run_shared
 import torch
 
+from torch_tpu.distributed import launch_env
 from torch_tpu.runtime import compat
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -60,8 +61,7 @@ class Rank:
 
 
 def free_port() -> int:
-    with contextlib.ExitStack() as probes:
-        return _bound(probes)
+    return launch_env.free_port()
 
 
 def _bound(probes: contextlib.ExitStack) -> int:

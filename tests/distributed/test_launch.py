@@ -109,3 +109,19 @@ def test_set_device_accepts_the_local_rank_only(clean_environment):
         assert torch.tpu.current_device() == 0
     with pytest.raises(RuntimeError, match=r"one tpu device per process, tpu:0 or tpu:3 \(LOCAL_RANK\); cannot"):
         torch.tpu.set_device(2)
+
+
+def test_a_free_port_is_below_the_ephemeral_range_and_bindable():
+    """A launcher's port for a server not yet started: outside the range the kernel hands to port-0 binds and to
+    outgoing connections, so nothing takes it in between; a server can listen on it."""
+    import socket
+
+    from torch_tpu.distributed import launch_env
+
+    low = launch_env._ephemeral_low()
+    for _ in range(20):
+        port = launch_env.free_port()
+        assert 1024 <= port < low, (port, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+            server.bind(("127.0.0.1", port))
+            server.listen()

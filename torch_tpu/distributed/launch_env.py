@@ -12,10 +12,39 @@ rank (one process per host, or LOCAL_RANK already set by a launcher), RANK and L
 from __future__ import annotations
 
 import os
+import random
+import socket
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's
 # What torchrun reads from PET_<name> when its flag is not given.
 _TORCHRUN = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port on `host` nothing is bound to, for a server a process about to start will bind, below the kernel's
+    ephemeral range: a port from that range, free when probed, can be taken before the server binds it, by any
+    socket bound to port 0 and by a client's own connection (a launch's rendezvous once failed on a TCPStore
+    "Connection reset by peer" at such a port)."""
+    low = _ephemeral_low()
+    for port in random.sample(range(max(1024, low - 16384), low), 64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # a crowded range: the kernel's choice
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _integer(name: str, value: str) -> int:

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo
 
+from torch_tpu.distributed import launch_env
 from torch_tpu.runtime import compat
 
 NAME = "tpu_dist"
@@ -115,12 +116,6 @@ def _backend_initialized() -> bool:
     return compat.jax_backends_initialized()
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
-
-
 def _host() -> str:
     return os.environ.get("MASTER_ADDR") or socket.gethostname()
 
@@ -129,7 +124,7 @@ def _coordinator(store: dist.Store, rank: int) -> str:
     """Rank 0 picks the address (MASTER_PORT is torch's store; JAX needs a port of its own) and publishes it."""
     if rank == 0:
         host = _host()
-        address = f"{host}:{_free_port(host if host != 'localhost' else '127.0.0.1')}"
+        address = f"{host}:{launch_env.free_port(host if host != 'localhost' else '127.0.0.1')}"
         store.set(_COORDINATOR_KEY, address)
         return address
     return store.get(_COORDINATOR_KEY).decode()
