@@ -29,6 +29,7 @@
 # (PART-junit.xml), the figures' JSON, and summary.txt with one line per step; at most 8 files for a part, as the
 # device tool brings back. Exit status 0 when every step passed.
 #   DEVICE_RUN_SMALL=1 TORCH_TPU_PLATFORM=cpu bench/device_run.sh all     the dry run (tests/test_device_run.py)
+# DEVICE_RUN_SKIP="STEP ..." leaves those steps out (e.g. "numerics kit_smoke": the ops suite alone in one call).
 # DEVICE_RUN_TIMEOUT_SCALE=N gives a slow machine more time; DEVICE_RUN_SMOKE=PATH names the seed's smoke.py;
 # PEAK_TFLOPS_BF16 is the chip's peak for the MFU column (default 197, a v5e); DEVICE_RUN_GOOGLE_ENV the shell
 # commands that set up Google's TorchTPU (default: /tmp/tpu/env.sh google where it is staged).
@@ -59,6 +60,12 @@ step() {
     local name=$1 cap=$(($2 * SCALE))
     shift 2
     local left=$((BUDGET - (SECONDS - PART_START) - 5))
+    if [[ " ${DEVICE_RUN_SKIP:-} " == *" $name "* ]]; then
+        echo "SKIP  $PART/$name (DEVICE_RUN_SKIP)" >>"$OUT/summary.txt"
+        STEP_STATUS=0
+        : >"$WORK/step.log"
+        return
+    fi
     if ((left < 15)); then
         echo "SKIP  $PART/$name (the part's budget of ${BUDGET} s is spent)" >>"$OUT/summary.txt"
         STEP_STATUS=0

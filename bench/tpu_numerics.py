@@ -9,7 +9,8 @@ Sections (all by default; `--sections matmul,float64`):
   float64         every op of the OpInfo subset (tests/test_opinfo.py's FORWARD list) in float64 on `tpu`
                   against CPU float64: "exact" (relative error < 1e-13), "double-float" (< 1e-9: emulated with a
                   pair of float32s), "float32" (worse: a silent float32 result), or the error it raised; plus
-                  float64's range on the device (1e300 * 10, 1e-300 * 1e-10)
+                  float64's range on the device (1e300 * 10, 1e-300 * 1e-10), and float64_rank's figures
+  float64_rank    a few float64 ops on 0-d and on 1-d values, and where a 0-d float64 `exp` loses accuracy
 Prints one line per figure and, with --json, writes them all.
 
     python bench/tpu_numerics.py [--sections ...] [--json numerics.json]
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -225,7 +227,7 @@ def float64() -> None:
         RESULTS.setdefault("float64_ops", {})[name] = verdict
     for verdict, names in classes.items():
         _record("float64", f"{verdict} ({len(names)})", " ".join(names))
-    _float64_by_rank()
+    float64_rank()
     for label, fn in (("1e300 * 10", lambda t: t * 10), ("1e-300 * 1e-10", lambda t: t * 1e-10)):
         base = torch.tensor([1e300 if "e300 " in label else 1e-300], dtype=torch.float64)
         try:
@@ -241,7 +243,7 @@ def float64() -> None:
         _record("float64", "1/3", f"raised {type(error).__name__}: {str(error)[:100]}")
 
 
-def _float64_by_rank() -> None:
+def float64_rank() -> None:
     """The same values as 0-d tensors and as one 1-d tensor: on the fourth device run the float64 section put `pow`
     and `atan2`, whose OpInfo samples are 0-d, among the float32-accurate, while tests/test_on_chip.py found 1-d
     ones float64-accurate; these lines tell whether the rank is the cause."""
@@ -262,9 +264,12 @@ def _float64_by_rank() -> None:
 def _float64_scalar_exp(x: torch.Tensor) -> None:
     """Where a 0-d float64 `exp` loses accuracy (the fifth run: 4.7e-8 at 0-d, 5e-15 at 1-d, while
     tests/test_on_chip.py's 0-d `pow`, built on `exp`, was float64-accurate): plain JAX at 0-d, (1,) and (8,), a 0-d
-    value reshaped to (1,) inside the program, and ours in Strict and Fused eager, each one value at a time."""
+    value reshaped to (1,) inside the program (plain, behind an optimization barrier, broadcast to a vreg's
+    (8, 128)), a 0-d value beside a vector in one program, a scalar taken from a vector inside, and ours in Strict
+    and Fused eager, each one value at a time. With HLO_DIR set, the 0-d and (1,) programs' optimized HLO."""
     import jax
     import jax.numpy as jnp
+    from jax import lax
 
     expected = torch.exp(x)
 
@@ -273,17 +278,32 @@ def _float64_scalar_exp(x: torch.Tensor) -> None:
         return f"{float(((got - expected).abs() / expected).max()):.2e}"
 
     values = [jnp.asarray(float(v), jnp.float64) for v in x]
+    vector = jnp.asarray(x.numpy())
     exp = jax.jit(jnp.exp)
+    programs = {
+        "0-d as (1,) inside": lambda v: jnp.exp(v.reshape(1)).reshape(()),
+        "0-d as (1,) behind a barrier": lambda v: jnp.exp(lax.optimization_barrier(v.reshape(1))).reshape(()),
+        "0-d broadcast to (8, 128)": lambda v: jnp.exp(jnp.broadcast_to(v, (8, 128)))[0, 0],
+    }
     _record("float64", "jax exp 0-d", worst([exp(v) for v in values]))
     _record("float64", "jax exp (1,)", worst([exp(v.reshape(1)) for v in values]))
-    _record("float64", "jax exp (8,)", worst(list(np.asarray(exp(jnp.asarray(x.numpy()))).reshape(8, 1))))
-    inside = jax.jit(lambda v: jnp.exp(v.reshape(1)).reshape(()))
-    _record("float64", "jax exp 0-d as (1,) inside", worst([inside(v) for v in values]))
+    _record("float64", "jax exp (8,)", worst(list(np.asarray(exp(vector)).reshape(8, 1))))
+    for name, program in programs.items():
+        _record("float64", f"jax exp {name}", worst([jax.jit(program)(v) for v in values]))
+    beside = jax.jit(lambda v, w: (jnp.exp(v), w * 2))
+    _record("float64", "jax exp 0-d beside a vector", worst([beside(v, vector)[0] for v in values]))
+    taken = jax.jit(lambda w, i: jnp.exp(w[i]))
+    _record("float64", "jax exp of a vector's element", worst([taken(vector, i) for i in range(len(values))]))
     for mode in (torch.tpu.EagerMode.DEFER_NEVER, torch.tpu.EagerMode.DEFER_AND_FUSE):
         with torch.tpu.set_eager_mode(mode):
             _record("float64", f"ours exp 0-d {mode.name}", worst([torch.exp(v.to("tpu")).cpu() for v in x]))
     indexed = [torch.exp(x[i].to("tpu")).cpu() for i in range(len(x))]  # as tests/test_on_chip.py takes them
     _record("float64", "ours exp x[i]", worst(indexed))
+    hlo_dir = os.environ.get("HLO_DIR")
+    if hlo_dir:
+        for label, value in (("0d", values[0]), ("1", values[0].reshape(1))):
+            text = exp.lower(value).compile().as_text()
+            Path(hlo_dir, f"exp_float64_{label}.hlo.txt").write_text(text or "")
 
 
 SECTIONS = {
@@ -292,6 +312,7 @@ SECTIONS = {
     "subnormal": subnormal,
     "bf16": bf16,
     "float64": float64,
+    "float64_rank": float64_rank,
 }
 
 

@@ -70,10 +70,12 @@ def test_an_unknown_part_is_refused_naming_the_parts(tmp_path):
 
 def test_a_suite_whose_process_dies_in_a_test_resumes_after_it(tmp_path):
     """On the chip XLA's compiler aborted the process in one test, which took the rest of the suite and its report
-    with it: the step starts again after that test, names it, and the failures' texts reach the log."""
+    with it: the step starts again after that test, names it, and the failures' texts reach the log. The part's
+    other steps are left out by name (DEVICE_RUN_SKIP), as a call that runs the ops suite alone does."""
     crashing = "test_binary[dtype1-logaddexp]"
     env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable, TORCH_TPU_PLATFORM="cpu", DEVICE_RUN_SMALL="1")
     env.update(DEVICE_RUN_BUDGET_S="1200", DEVICE_RUN_TIMEOUT_SCALE="4", TORCH_TPU_TEST_ABORT=crashing)
+    env.update(DEVICE_RUN_SKIP="numerics kit_smoke")
     script = ROOT / "bench" / "device_run.sh"
     out = subprocess.run(["bash", str(script), "ops"], capture_output=True, text=True, env=env)
     summary = (tmp_path / "summary.txt").read_text()
@@ -82,3 +84,5 @@ def test_a_suite_whose_process_dies_in_a_test_resumes_after_it(tmp_path):
     assert "FAIL  ops/ops_suite (exit status 134" in summary and "PASS  ops/ops_suite " in summary, summary
     assert "passed" in summary.split("CRASH  ops/ops_suite")[1], summary  # the resumed run's counts
     assert "the failures, from the journal" in (tmp_path / "ops.log").read_text()
+    assert "SKIP  ops/numerics (DEVICE_RUN_SKIP)" in summary and "SKIP  ops/kit_smoke (DEVICE_RUN_SKIP)" in summary
+    assert not (tmp_path / "numerics.json").exists()
