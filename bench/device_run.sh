@@ -108,8 +108,7 @@ pytest_part() {
         step "$name" "$cap" "$PYTHON" -m pytest -v -p no:cacheprovider -rfEs --tb=short --durations=15 \
             "${select[@]}" --junitxml="$OUT/$PART-junit.xml" "$@"
         pytest_counts "$name"
-        crashed=$(awk '/^start /{n[++i]=substr($0,7)} /^end /{e[substr($0,5)]=1} END{for(j=1;j<=i;j++) if(!(n[j] in e)) print n[j]}' \
-            "$TORCH_TPU_TEST_JOURNAL" | tail -n 1)
+        crashed=$("$PYTHON" torch_tpu/testing/journal.py "$TORCH_TPU_TEST_JOURNAL")
         ((STEP_STATUS > 128 && STEP_STATUS != 137)) && [ -n "$crashed" ] && ((restarts < 3)) || break
         echo "CRASH  $PART/$name: $crashed (exit status $STEP_STATUS: the process died in it; resumed after it)" |
             tee -a "$LOG" >>"$OUT/summary.txt"
@@ -117,7 +116,7 @@ pytest_part() {
     done
     if ((restarts > 0)); then
         echo "== $PART/$name: the failures, from the journal" >>"$LOG"
-        grep -v -E "^(start|end) " "$TORCH_TPU_TEST_JOURNAL" >>"$LOG"
+        "$PYTHON" torch_tpu/testing/journal.py "$TORCH_TPU_TEST_JOURNAL" --failures >>"$LOG"
     fi
     unset TORCH_TPU_TEST_JOURNAL
 }

@@ -8,12 +8,10 @@ outlives the test. The port is chosen free at run time; the persistent compile c
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -64,11 +62,14 @@ def free_port() -> int:
     return launch_env.free_port()
 
 
-def _bound(probes: contextlib.ExitStack) -> int:
-    """A free port on loopback, held by a socket until `probes` closes."""
-    probe = probes.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-    probe.bind(("127.0.0.1", 0))
-    return probe.getsockname()[1]
+def _distinct_ports(count: int) -> list[int]:
+    """`count` different free ports below the ephemeral range (`launch_env.free_port`)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = launch_env.free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
 def _kill(process: subprocess.Popen) -> None:
@@ -216,8 +217,7 @@ def stop_shared_launches() -> None:
 
 def _shared_launch(nprocs: int) -> tuple[Rank, ...]:
     workers = SHARED[nprocs]
-    with contextlib.ExitStack() as probes:  # held together: distinct ports
-        ports = [_bound(probes) for _ in workers]
+    ports = _distinct_ports(len(workers))
     arguments = ["-u", str(HERE / "run_shared.py")]
     arguments += [f"{name}:{seconds}:{port}" for (name, seconds), port in zip(workers.items(), ports, strict=True)]
     # The environment the session began with: this thread starts a launch while some test runs, and what that

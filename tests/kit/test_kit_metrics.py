@@ -4,7 +4,6 @@ dashboard queries of docs/operations.md naming only metrics that exist."""
 from __future__ import annotations
 
 import re
-import socket
 import urllib.request
 
 import pytest
@@ -18,6 +17,7 @@ from prometheus_client import generate_latest  # noqa: E402
 
 from tests.helpers import ROOT  # noqa: E402
 from tests.kit import kit_workloads  # noqa: E402
+from torch_tpu.distributed import launch_env  # noqa: E402
 from torch_tpu.kit import checks, cli, metrics, serve  # noqa: E402
 
 OPERATIONS = ROOT / "docs" / "operations.md"
@@ -51,12 +51,6 @@ def _value(samples: dict, name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """The kit's own training loop (checks.train) on tpu, with a checkpoint, as `evaluate` runs it."""
@@ -70,7 +64,7 @@ def trained(tmp_path_factory):
 
 def test_training_run_is_served_over_http(trained):
     """`evaluate --metrics-port`'s endpoint: steps, loss, checkpoint and progress ages, quality vs contract."""
-    port = _free_port()
+    port = launch_env.free_port()
     server = metrics.serve_http(port, "127.0.0.1")
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:

@@ -12,7 +12,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ pytest.importorskip("uvicorn")
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
 from tests.kit import kit_workloads  # noqa: E402
+from torch_tpu.distributed import launch_env  # noqa: E402
 from torch_tpu.kit import checks, serve  # noqa: E402
 from torch_tpu.testing.processes import child_env  # noqa: E402
 
@@ -239,7 +239,7 @@ def test_eager_mode_also_runs_only_catalogue_shapes():
 
 def test_sigterm_drains_in_flight_requests_then_exits_0():
     """A request waiting in the batcher (max wait of 10 minutes) when SIGTERM arrives is answered, then exit 0."""
-    port = _free_port()
+    port = launch_env.free_port()
     env = child_env(root=os.getcwd())
     command = [sys.executable, "-m", "torch_tpu.kit.cli", "serve", SPEC, "--host", "127.0.0.1", "--port", str(port)]
     command += ["--max-wait-ms", "600000"]
@@ -275,10 +275,3 @@ def _metric(port: int, name: str) -> float:
     return next(
         s.value for f in prometheus_parser.text_string_to_metric_families(text) for s in f.samples if s.name == name
     )
-
-
-def _free_port() -> int:
-    """A free loopback port, found at run time."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]

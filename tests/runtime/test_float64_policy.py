@@ -9,13 +9,14 @@ import math
 import types
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
 from torch_tpu.eager import encoding
-from torch_tpu.ops import emulated
+from torch_tpu.ops import emulated, registry
 from torch_tpu.runtime import float64, persistent, platform, storage
 
 F64, C128, F32 = np.dtype(np.float64), np.dtype(np.complex128), np.dtype(np.float32)
@@ -206,3 +207,89 @@ def test_complex_scalars_reach_a_tpu_program_as_complex64(on_a_tpu, monkeypatch,
     assert inputs and not wide, wide
     with pytest.raises(NotImplementedError, match="on complex128"):  # computed in complex128: refused, named
         (torch.ones(3, 7, dtype=torch.float64, device="tpu") == 1j).cpu()
+
+
+def _lowering(op):
+    return registry.LOWERINGS[op].fn
+
+
+def _barriers(jaxpr) -> list:
+    """The shapes the optimization barriers of a jaxpr (and its sub-jaxprs) hold."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "optimization_barrier":
+            found += [tuple(v.aval.shape) for v in eqn.outvars]
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found += _barriers(sub)
+    return found
+
+
+def test_a_single_float64_value_is_computed_among_copies_on_a_tpu(on_a_tpu):
+    """The sixth device run: a one-element float64 exp, tanh or atan is float32-accurate on a v5e, at two
+    elements or more float64-accurate; a pointwise lowering computes it among 8 copies, behind a barrier."""
+    platform.devices()
+    aten = torch.ops.aten
+    scalar, single = jnp.asarray(0.5, jnp.float64), jnp.full((1, 1), 0.5, jnp.float64)
+    exp = jax.make_jaxpr(_lowering(aten.exp.default))
+    assert _barriers(exp(scalar).jaxpr) == [(8,)] and exp(scalar).out_avals[0].shape == ()
+    assert _barriers(exp(single).jaxpr) == [(8, 1, 1)] and exp(single).out_avals[0].shape == (1, 1)
+    frexp = jax.make_jaxpr(_lowering(aten.frexp.Tensor))(scalar)
+    assert [a.shape for a in frexp.out_avals] == [(), ()]
+    add = _lowering(aten.add.Tensor)
+    # not lifted: float32, two elements, a 0-d tensor beside a (1,) one (lifting both would change PyTorch's
+    # promotion between them), a Python number's weakly typed value beside a 0-d tensor is lifted alone
+    assert _barriers(exp(jnp.asarray(0.5, jnp.float32)).jaxpr) == []
+    assert _barriers(exp(jnp.full(2, 0.5, jnp.float64)).jaxpr) == []
+    assert _barriers(jax.make_jaxpr(add)(jnp.ones(1, jnp.float32), scalar).jaxpr) == []
+    assert _barriers(jax.make_jaxpr(add)(scalar, jnp.asarray(2.0)).jaxpr) == [(8,)]
+
+
+_LIFTED_CALLS = {
+    "exp": (torch.ops.aten.exp.default, 1),
+    "tanh": (torch.ops.aten.tanh.default, 1),
+    "log": (torch.ops.aten.log.default, 1),
+    "digamma": (torch.ops.aten.digamma.default, 1),
+    "frexp": (torch.ops.aten.frexp.Tensor, 1),
+    "pow": (torch.ops.aten.pow.Tensor_Tensor, 2),
+    "atan2": (torch.ops.aten.atan2.default, 2),
+    "fmod": (torch.ops.aten.fmod.Tensor, 2),
+    "zeta": (torch.ops.aten.special_zeta.default, 2),
+    "where": (torch.ops.aten.where.self, 3),
+}
+
+
+@pytest.mark.parametrize("name", _LIFTED_CALLS)
+def test_a_lifted_lowering_computes_what_the_lowering_does(on_a_tpu, name):
+    """Lifting changes where a value is computed, not what: on the CPU platform, bit for bit the lowering's own
+    result at every special value (the chip's accuracy is tests/test_on_chip.py's)."""
+    platform.devices()
+    op, arity = _LIFTED_CALLS[name]
+    lifted, own = _lowering(op), _lowering(op).__wrapped__
+    values = [jnp.asarray(v, jnp.float64) for v in SPECIAL]
+    for combination in itertools.islice(itertools.product(values, repeat=arity), 0, None, 7 if arity > 1 else 1):
+        if name == "where":
+            combination = (combination[0] > 0, *combination[1:])
+        got, want = jax.jit(lifted)(*combination), jax.jit(own)(*combination)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            assert g.shape == w.shape and g.dtype == w.dtype
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_only_pointwise_lowerings_are_lifted():
+    aten = torch.ops.aten
+    assert all(hasattr(_lowering(op), "__wrapped__") for op in (aten.exp.default, aten.mul.Tensor, aten.where.self))
+    assert not any(hasattr(_lowering(op), "__wrapped__") for op in (aten.sum.default, aten.mm.default))
+
+
+def test_compiled_graphs_lift_single_float64_values_on_a_tpu(on_a_tpu, monkeypatch):
+    decisions = []
+    original = emulated._single_float64_values
+    monkeypatch.setattr(emulated, "_single_float64_values", lambda a: decisions.append(original(a)) or decisions[-1])
+    x = torch.tensor(0.7, dtype=torch.float64)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: (t.exp(), torch.atan2(t, t + 1), t.sum().tanh()), backend="tpu")
+    for got, want in zip(compiled(x.to("tpu")), (x.exp(), torch.atan2(x, x + 1), x.tanh()), strict=True):
+        assert got.shape == () and got.dtype == torch.float64
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-15, atol=0)
+    torch._dynamo.reset()
+    assert decisions.count(True) >= 3

@@ -198,13 +198,13 @@ def flush(extra: list[Pending] = ()) -> None:
             buffer._array = buffer._array.value
 
 
-def _donatable(leaves: list, out_avals: list) -> tuple[int, ...]:
+def _donatable(leaves: list, out_avals: list, alone: int) -> tuple[int, ...]:
     """The positions of leaves a cluster's new executable will consume (`donate_argnums`): device arrays nothing
     but `leaves` holds — an in-place op's old value, which its storage has already let go of (a parameter, an
     optimizer's moment) — each with an output of its shape and dtype whose memory it can become, so that an
-    optimizer step updates its state in place instead of holding two copies."""
+    optimizer step updates its state in place instead of holding two copies. `alone`: `_alone()`'s count."""
     free = Counter((aval.shape, aval.dtype) for aval in out_avals)
-    donated, alone = [], _alone()
+    donated = []
     for position in range(len(leaves)):
         leaf = leaves[position]
         if _owned(leaf, alone) and free[(leaf.shape, leaf.dtype)] > 0:
@@ -232,11 +232,10 @@ def _alone() -> int:
     return count(leaf)
 
 
-def _copy_held(leaves: list, donated: tuple[int, ...]) -> None:
+def _copy_held(leaves: list, donated: tuple[int, ...], alone: int) -> None:
     """A cached executable consumes the same positions every run: one whose array is held elsewhere this time
     gets a copy, so that the donation never deletes a live value and the fingerprint never depends on it (the
     positions only grow: `_run` recompiles once when more are free than when it compiled)."""
-    alone = _alone()
     for position in donated:
         leaf = leaves[position]
         if not _owned(leaf, alone):
@@ -247,14 +246,15 @@ def _run(plan: list[int], leaves: list, out_refs: tuple, ranks: tuple[int, ...] 
     """The cluster's results: its cached executable, else compiled (or loaded) and cached."""
     fingerprint = ("fused", tuple(plan), out_refs, trace_context.cache_token(), ranks)
     entry = executables.lookup(fingerprint)
-    donated = () if ranks is not None else _donatable(leaves, out_avals)
+    alone = _alone()
+    donated = () if ranks is not None else _donatable(leaves, out_avals, alone)
     if entry is not None:
         if set(donated) <= set(entry.donated):
-            _copy_held(leaves, entry.donated)
+            _copy_held(leaves, entry.donated, alone)
             return entry.executable(*leaves)
         # more to consume than when it was compiled (an array held then is free now): once more, consuming both
         donated = tuple(sorted({*donated, *entry.donated}))
-        _copy_held(leaves, donated)
+        _copy_held(leaves, donated, alone)
     start = time.perf_counter()
     replay = _replay([recorder.node_table[n] for n in plan], out_refs)
     from_disk = False

@@ -1,14 +1,24 @@
-"""float64 `pow`, `atan2` and `prod` for the TPU, written out from the ops its float64 emulation computes accurately.
+"""float64 on the TPU where XLA's emulation of it is float32-accurate: `pow`, `atan2`, `prod`, and single values.
 
 XLA's TPU backend emulates float64 with pairs of float32s. Measured on a v5e (bench/tpu_numerics.py --sections
 float64, docs/numerics.md), its arithmetic, comparisons, `exp`, `log`, `atan`, `floor` and `round` keep float64
 accuracy, but its own `pow`, `atan2` and `prod` (a multiply reduction) come back at float32 accuracy: a silent wrong
 number. The lowerings call these formulations for float64 on a TPU (`applies`) and keep XLA's ops elsewhere; they
-are plain JAX, so tests/runtime/test_float64_policy.py checks them on any platform against CPU PyTorch."""
+are plain JAX, so tests/runtime/test_float64_policy.py checks them on any platform against CPU PyTorch.
+
+A one-element float64 array is the other case (the sixth device run, bench/tpu_numerics.py --sections
+float64_rank): `exp`, `tanh` and `atan` of a 0-d or (1,) value err by ~4e-8, at every size from 2 up by ~1e-15, in
+plain JAX too, and also on a vector's element taken inside a program. The registry lifts pointwise lowerings whose
+operands are all single float64 values (`lifted`): each is broadcast to `_LIFT` elements behind an optimization
+barrier (without it XLA's simplifier moves the broadcast after the op, back to one element), and the first element
+of each result is the answer."""
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +26,9 @@ import numpy as np
 from jax import lax
 
 from torch_tpu.runtime import platform
+
+# The elements a single float64 value is computed among: on a v5e any count from 2 is accurate; 8 fills a sublane.
+_LIFT = 8
 
 # Integer exponents below this magnitude are raised by repeated multiplication (exact for small results, as CPU's
 # pow is), the others as exp(y log|x|); 2**_POWER_BITS bounds the squarings each element does.
@@ -84,3 +97,39 @@ def prod(x: jax.Array, axes: tuple[int, ...] | None, keepdims: bool) -> jax.Arra
         flat = flat[..., 0::2] * flat[..., 1::2]
     result = flat[..., 0] if flat.shape[-1] else jnp.ones(flat.shape[:-1], x.dtype)
     return jnp.expand_dims(result, axes) if keepdims else result
+
+
+def lifted(fn: Callable) -> Callable:
+    """`fn`, a pointwise lowering, computing a single float64 value on the TPU among `_LIFT` copies of itself
+    (see the module's docstring); any other call is `fn`'s own."""
+
+    @functools.wraps(fn)
+    def lowering(*args: Any, **kwargs: Any) -> Any:
+        arrays = [x for x in (*args, *kwargs.values()) if _array(x)]
+        if not _single_float64_values(arrays):
+            return fn(*args, **kwargs)
+        shape = (_LIFT, *arrays[0].shape)
+
+        def lift(x: Any) -> Any:
+            return lax.optimization_barrier(jnp.broadcast_to(x, shape)) if _array(x) else x
+
+        result = fn(*map(lift, args), **{name: lift(value) for name, value in kwargs.items()})
+        leaves = jax.tree.leaves(result)
+        if not leaves or any(getattr(leaf, "shape", None) != shape for leaf in leaves):
+            return fn(*args, **kwargs)  # a result not shaped as its operands: not one value per element
+        return jax.tree.map(lambda leaf: leaf[0], result)
+
+    return lowering
+
+
+def _array(x: object) -> bool:
+    """A tensor operand (traced or not): a Python number, traced as a weakly typed value, broadcasts as it is."""
+    return isinstance(x, jax.Array) and not x.weak_type
+
+
+def _single_float64_values(arrays: list) -> bool:
+    """Operands all of one element and one rank (so that lifting keeps PyTorch's promotion between dimensioned and
+    0-d tensors), one of them float64, on a TPU."""
+    if not arrays or any(x.size != 1 or x.ndim != arrays[0].ndim for x in arrays):
+        return False
+    return any(applies(x.dtype) for x in arrays)

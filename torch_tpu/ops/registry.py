@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch._ops import OpOverload
 
+from torch_tpu.ops import emulated
 from torch_tpu.runtime import compat
 
 aten = compat.aten  # torch.ops.aten, where an op this torch lacks registers nothing
@@ -90,14 +91,16 @@ def lower(
     writes = tuple(writes)
 
     def register(fn: Callable) -> Callable:
+        pointwise = emulated.lifted(fn)  # a single float64 value on the TPU, among copies (ops/emulated.py)
         for op in compat.present(ops):
             _check_new(op, composite)
             mutating = mutating_variant(op, writes) if writes else None
             if mutating is not None:
                 _check_new(mutating)
             statics, runtime = frozenset(static), frozenset(scalars)
+            lowered = pointwise if torch.Tag.pointwise in op.tags else fn
             LOWERINGS[op] = Lowering(
-                op, fn, statics, runtime, rng, jit, writes, mutating, eager_result, checks_empty, frozenset(donate)
+                op, lowered, statics, runtime, rng, jit, writes, mutating, eager_result, checks_empty, frozenset(donate)
             )
         return fn
 

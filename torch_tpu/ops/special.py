@@ -370,8 +370,9 @@ def _zeta(x, q):
 def _digamma(x):
     """digamma as PyTorch's CPU kernel computes it: reflected below 0 (psi(1 - x) - pi / tan(pi x), the tangent of
     x's fractional part), raised to 10 by the recurrence, then the asymptotic series; NaN at the negative integers,
-    -inf at +0 and +inf at -0. Written out rather than `lax.digamma`, whose float64 expansion XLA's TPU backend
-    cannot compile ("shift-right-arithmetic with different element types")."""
+    -inf at +0 and +inf at -0, +inf at +inf (which the TPU's float64 emulation made NaN: the sixth device run).
+    Written out rather than `lax.digamma`, whose float64 expansion XLA's TPU backend cannot compile
+    ("shift-right-arithmetic with different element types")."""
     reflected = x < 0
     fraction = x - jnp.trunc(x)  # as C's modf: exact, with x's sign
     correction = jnp.where(reflected, -math.pi / jnp.tan(math.pi * jnp.where(fraction == 0, 0.5, fraction)), 0.0)
@@ -383,7 +384,7 @@ def _digamma(x):
     z = 1 / (y * y)
     series = z * (1 / 12 - z * (1 / 120 - z * (1 / 252 - z * (1 / 240 - z * (1 / 132 - z * (691 / 32760 - z / 12))))))
     value = jnp.log(y) - 0.5 / y - series + correction
-    value = jnp.where((x < 0) & (fraction == 0), jnp.nan, value)
+    value = jnp.where((x < 0) & (fraction == 0), jnp.nan, jnp.where(x == jnp.inf, jnp.inf, value))
     return jnp.where(x == 0, copysign(jnp.full_like(x, jnp.inf), -x), value)
 
 

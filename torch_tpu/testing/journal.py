@@ -6,11 +6,16 @@ flushed line by line). A run started again with the same journal deselects every
 resumes after the one that killed the process, and reports that one as crashed. bench/device_run.sh restarts a
 pytest step that died this way. TORCH_TPU_TEST_ABORT=TEXT aborts the process in the tests whose id contains TEXT
 (the dry run of that restart). Without the variable nothing happens.
+
+    python torch_tpu/testing/journal.py PATH     the test the process died in (none: nothing printed)
+    python torch_tpu/testing/journal.py PATH --failures     the failures' texts
+(run as a file, it imports neither torch nor torch_tpu: bench/device_run.sh calls it between pytest runs)
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,3 +80,23 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
     if _journal() is not None:
         _write(f"{_END}{nodeid}\n")
+
+
+def failures(path: Path) -> str:
+    """The failures' texts a journal holds (a dead process's report lost them)."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return "".join(f"{line}\n" for line in lines if not line.startswith((_START, _END)))
+
+
+def main(argv: list[str]) -> None:
+    path = Path(argv[0])
+    if argv[1:] == ["--failures"]:
+        sys.stdout.write(failures(path))
+        return
+    crashed = read(path)[1]
+    if crashed:
+        print(crashed[-1])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
