@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # The device run: torch_tpu on a real chip, in parts that each fit one 10-minute command of a borrowed machine.
 #
-#   bench/device_run.sh PART [PART ...]      PART: correctness | ops | models | numerics | perf | perf_large | all
+#   bench/device_run.sh PART [PART ...]   PART: correctness | ops | ops_rest | models | numerics | perf | perf_large | all
 #
 # On the TPU machine (../shared/tpu/pack.sh here, then remote.sh setup there), from the project root:
-#   source /tmp/tpu/env.sh ours && bench/device_run.sh correctness     (then `ops`, then `models`: three calls give
-#   the correctness verdict; `numerics` remeasures docs/numerics.md; `perf` and `perf_large` measure speed)
+#   source /tmp/tpu/env.sh ours && bench/device_run.sh correctness     (then `ops`, `ops_rest`, `models`: four calls
+#   give the correctness verdict; `numerics` remeasures docs/numerics.md; `perf` and `perf_large` measure speed)
 # The device part of the suite is `pytest -m "tpu_device and not children"`: a test's child processes run on the
 # XLA CPU platform while pytest holds the chip (tests/conftest.py), so those tests prove nothing there.
 # correctness  the platform report, the seed's smoke test eager and compiled, the persistent cache across two
 #              processes, the device suite over tests/ but tests/ops and the models part's files: tests/runtime
 #              (device, views, dtypes, precision, memory, DLPack), tests/eager (modes, AMP), tests/compile,
 #              tests/kernels, tests/profiler, tests/test_on_chip.py
-# ops          the op tests' device part (tests/ops: elementwise, random, float32 lowerings), float64 on the chip
-#              for a dozen ops (bench/tpu_numerics.py), and `torch-tpu smoke`
+# ops          the elementwise op tests' device part (tests/ops/test_elementwise.py: a call's worth on a v5e)
+# ops_rest     the other op tests' device part (tests/ops: random, float32 lowerings), float64 on the chip for a
+#              dozen ops (bench/tpu_numerics.py), and `torch-tpu smoke`
 # models       the seven models' tests, eager and compiled, OpInfo, optimizers and training, and `torch-tpu
 #              evaluate` of the tiny LM against CPU (its report)
 # numerics     the figures of docs/numerics.md (bench/tpu_numerics.py: matmul and conv precision levels,
@@ -154,14 +155,19 @@ part_correctness() {
 }
 
 part_ops() {
-    # the steps of known length first: the suite (600 tests, 62 s on the CPU platform, not yet timed on a v5e) gets
-    # what is left of the part's budget
-    # float64 for a dozen ops (all of tests/test_opinfo.py's list takes minutes: `numerics` part): 50 s on a v5e
+    # the elementwise tests alone: 501 on a v5e took 430 s on a cold cache (the sixth run; int64 division and
+    # remainder programs compile for 15-20 s each there)
+    pytest_part ops_suite 540 "test_binary and add" tests/ops/test_elementwise.py
+}
+
+part_ops_rest() {
+    # the other op tests (random, float32 lowerings: ~180 s on a v5e), float64 for a dozen ops (all of
+    # tests/test_opinfo.py's list takes minutes: `numerics` part; 50-70 s on a v5e) and `torch-tpu smoke` (two
+    # processes, each ~25-30 s on a v5e, as the seed's smoke test is)
     step numerics 100 "$PYTHON" bench/tpu_numerics.py --json "$OUT/numerics.json" --sections float64 \
         --float64-ops pow,atan2,prod,exp,log,tan,sum,mm,cumprod,linalg.det,div.floor_rounding,logsumexp
-    # two processes (eager, compiled), each ~25-30 s on a v5e as the seed's smoke test is
     step kit_smoke 120 "$PYTHON" -m torch_tpu.kit.cli smoke
-    pytest_part ops_suite 460 "test_binary and add" tests/ops
+    pytest_part ops_suite 320 "test_random and normal" tests/ops --ignore=tests/ops/test_elementwise.py
 }
 
 part_models() {
@@ -214,12 +220,12 @@ part_perf_large() {
 
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(correctness)
-[ "${PARTS[*]}" = all ] && PARTS=(correctness ops models numerics perf perf_large)
+[ "${PARTS[*]}" = all ] && PARTS=(correctness ops ops_rest models numerics perf perf_large)
 for PART in "${PARTS[@]}"; do
     case $PART in
-    correctness | ops | models | numerics | perf | perf_large) ;;
+    correctness | ops | ops_rest | models | numerics | perf | perf_large) ;;
     *)
-        echo "device_run.sh: unknown part '$PART' (correctness, ops, models, numerics, perf, perf_large or all)" >&2
+        echo "device_run.sh: unknown part '$PART' (correctness, ops, ops_rest, models, numerics, perf, perf_large or all)" >&2
         exit 2
         ;;
     esac

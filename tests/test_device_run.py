@@ -12,7 +12,8 @@ from tests.helpers import ROOT
 
 STEPS = {
     "correctness": ["platform", "smoke_eager", "smoke_compiled", "device_suite", "cache_two_processes"],
-    "ops": ["ops_suite", "numerics", "kit_smoke"],
+    "ops": ["ops_suite"],
+    "ops_rest": ["ops_suite", "numerics", "kit_smoke"],
     "models": ["models_suite", "kit_evaluate"],
     "numerics": ["numerics_tables", "compiled_numerics"],
     "perf": ["warmup", "eager_overhead", "tpu_step_small", "eager_modes"],
@@ -20,7 +21,8 @@ STEPS = {
 }
 FILES = {
     "correctness": ["correctness.log", "correctness-junit.xml"],
-    "ops": ["ops.log", "ops-junit.xml", "numerics.json"],
+    "ops": ["ops.log", "ops-junit.xml"],
+    "ops_rest": ["ops_rest.log", "ops_rest-junit.xml", "numerics.json"],
     "models": ["models.log", "models-junit.xml", "evaluate-report.json"],
     "numerics": ["numerics.log", "numerics_tables.json", "compiled_numerics.json"],
     "perf": ["perf.log", "tpu_step_small.json", "warmup.json"],
@@ -46,7 +48,7 @@ def _dry_run(tmp_path: Path, part: str) -> str:
 
 @pytest.mark.parametrize(
     "part",
-    ["correctness", "ops", "models"]
+    ["correctness", "ops", "ops_rest", "models"]
     + [pytest.param(p, marks=pytest.mark.slow) for p in ("numerics", "perf", "perf_large")],
 )
 def test_each_part_passes_every_step_on_the_cpu_platform(tmp_path, part):
@@ -65,17 +67,15 @@ def test_an_unknown_part_is_refused_naming_the_parts(tmp_path):
     out = subprocess.run(
         ["bash", str(ROOT / "bench" / "device_run.sh"), "speed"], capture_output=True, text=True, env=env
     )
-    assert out.returncode == 2 and "correctness, ops, models, numerics, perf, perf_large" in out.stderr
+    assert out.returncode == 2 and "correctness, ops, ops_rest, models, numerics, perf, perf_large" in out.stderr
 
 
 def test_a_suite_whose_process_dies_in_a_test_resumes_after_it(tmp_path):
     """On the chip XLA's compiler aborted the process in one test, which took the rest of the suite and its report
-    with it: the step starts again after that test, names it, and the failures' texts reach the log. The part's
-    other steps are left out by name (DEVICE_RUN_SKIP), as a call that runs the ops suite alone does."""
+    with it: the step starts again after that test, names it, and the failures' texts reach the log."""
     crashing = "test_binary[dtype1-logaddexp]"
     env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable, TORCH_TPU_PLATFORM="cpu", DEVICE_RUN_SMALL="1")
     env.update(DEVICE_RUN_BUDGET_S="1200", DEVICE_RUN_TIMEOUT_SCALE="4", TORCH_TPU_TEST_ABORT=crashing)
-    env.update(DEVICE_RUN_SKIP="numerics kit_smoke")
     script = ROOT / "bench" / "device_run.sh"
     out = subprocess.run(["bash", str(script), "ops"], capture_output=True, text=True, env=env)
     summary = (tmp_path / "summary.txt").read_text()
@@ -84,5 +84,17 @@ def test_a_suite_whose_process_dies_in_a_test_resumes_after_it(tmp_path):
     assert "FAIL  ops/ops_suite (exit status 134" in summary and "PASS  ops/ops_suite " in summary, summary
     assert "passed" in summary.split("CRASH  ops/ops_suite")[1], summary  # the resumed run's counts
     assert "the failures, from the journal" in (tmp_path / "ops.log").read_text()
-    assert "SKIP  ops/numerics (DEVICE_RUN_SKIP)" in summary and "SKIP  ops/kit_smoke (DEVICE_RUN_SKIP)" in summary
+
+
+def test_steps_named_in_device_run_skip_are_left_out(tmp_path):
+    """A call that must run part of a part (the rest of a suite cut at its cap) names the steps it leaves out."""
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable, TORCH_TPU_PLATFORM="cpu", DEVICE_RUN_SMALL="1")
+    env.update(DEVICE_RUN_SKIP="numerics kit_smoke ops_suite")
+    out = subprocess.run(
+        ["bash", str(ROOT / "bench" / "device_run.sh"), "ops_rest"], capture_output=True, text=True, env=env
+    )
+    summary = (tmp_path / "summary.txt").read_text()
+    assert out.returncode == 0, summary
+    for step in ("numerics", "kit_smoke", "ops_suite"):
+        assert f"SKIP  ops_rest/{step} (DEVICE_RUN_SKIP)" in summary, summary
     assert not (tmp_path / "numerics.json").exists()
