@@ -171,3 +171,18 @@ def test_float64_scalars_are_as_accurate_as_vectors(name):
     fn = calls[name]
     got = torch.stack([fn(a.to("tpu"), b.to("tpu")).cpu() for a, b in zip(x, y, strict=True)])
     torch.testing.assert_close(got, fn(x, y), rtol=1e-12, atol=1e-14)
+
+
+def test_float64_norms_and_logsumexp_are_float64_accurate():
+    """Reductions whose last step is a power or a log of one element (XLA's float64 `pow` on the TPU is
+    float32-accurate, and so is its `log` of one element): written out and lifted (torch_tpu/ops/emulated.py)."""
+    x, y = torch.rand(40, 30, dtype=torch.float64) + 0.1, torch.rand(20, 30, dtype=torch.float64)
+    on_chip = x.to("tpu")
+    for ord in (3, 0.5):
+        torch.testing.assert_close(
+            torch.linalg.vector_norm(on_chip, ord).cpu(), torch.linalg.vector_norm(x, ord), rtol=1e-12, atol=0
+        )
+    torch.testing.assert_close(torch.cdist(on_chip, y.to("tpu"), 3).cpu(), torch.cdist(x, y, 3), rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        torch.logsumexp(on_chip * 20, (0, 1)).cpu(), torch.logsumexp(x * 20, (0, 1)), rtol=1e-12, atol=0
+    )

@@ -293,3 +293,43 @@ def test_compiled_graphs_lift_single_float64_values_on_a_tpu(on_a_tpu, monkeypat
         torch.testing.assert_close(got.cpu(), want, rtol=1e-15, atol=0)
     torch._dynamo.reset()
     assert decisions.count(True) >= 3
+
+
+def _primitives(jaxpr) -> set[str]:
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            names |= _primitives(sub)
+    return names
+
+
+@pytest.mark.parametrize("ord", [3, 0.5, -1.5])
+def test_norms_take_float64_powers_and_roots_as_written_out_on_a_tpu(on_a_tpu, ord):
+    """XLA's float64 `pow` is float32-accurate on a TPU, and a one-element root more so: a vector norm and cdist
+    of another order than 0, 1, 2, inf use the written-out power, and lift the root of a one-element sum."""
+    aten = torch.ops.aten
+    x, y = torch.rand(6, 5, dtype=torch.float64) + 0.1, torch.rand(4, 5, dtype=torch.float64)
+    norm = _lowering(aten.linalg_vector_norm.default)
+    traced = jax.make_jaxpr(lambda v: norm(v, ord))(jnp.asarray(x.numpy()))
+    assert "pow" not in _primitives(traced.jaxpr) and _barriers(traced.jaxpr) == [(8,)]
+    got = _jax(lambda v: norm(v, ord, [1]), x)
+    torch.testing.assert_close(got, torch.linalg.vector_norm(x, ord, dim=1), rtol=1e-14, atol=0)
+    if ord < 0:  # cdist takes p >= 0
+        return
+    cdist = _lowering(aten._cdist_forward.default)
+    assert "pow" not in _primitives(jax.make_jaxpr(lambda a, b: cdist(a, b, ord))(x.numpy(), y.numpy()).jaxpr)
+    torch.testing.assert_close(_jax(lambda a, b: cdist(a, b, ord), x, y), torch.cdist(x, y, ord), rtol=1e-14, atol=0)
+
+
+def test_logsumexp_to_one_element_lifts_its_log_on_a_tpu(on_a_tpu):
+    logsumexp = _lowering(torch.ops.aten.logsumexp.default)
+    x = torch.randn(7, dtype=torch.float64) * 30
+    assert _barriers(jax.make_jaxpr(lambda v: logsumexp(v, [0]))(jnp.asarray(x.numpy())).jaxpr) == [(8, 1)]  # keepdims
+    cases = [x, torch.full((3,), -math.inf, dtype=torch.float64), torch.tensor([1.0, math.inf, 2.0]).double()]
+    cases.append(torch.tensor([1.0, math.nan], dtype=torch.float64))
+    for values in cases:
+        _assert_matches(_jax(lambda v: logsumexp(v, [0]), values), torch.logsumexp(values, 0), rtol=1e-15)
+    rows = torch.randn(4, 9, dtype=torch.float64)
+    got = _jax(lambda v: logsumexp(v, [1], True), rows)
+    torch.testing.assert_close(got, torch.logsumexp(rows, 1, keepdim=True), rtol=1e-15, atol=0)

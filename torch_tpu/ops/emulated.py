@@ -133,3 +133,13 @@ def _single_float64_values(arrays: list) -> bool:
     if not arrays or any(x.size != 1 or x.ndim != arrays[0].ndim for x in arrays):
         return False
     return any(applies(x.dtype) for x in arrays)
+
+
+def power(x: jax.Array, y: float) -> jax.Array:
+    """`x ** y` for a Python number `y`: the float64-accurate formulation on a TPU (`pow`), XLA's elsewhere."""
+    return pow(x, y) if applies(x.dtype) else x**y
+
+
+# the last step of a reduction to one element, lifted on a TPU in float64: a norm's root, logsumexp's log
+single_power = lifted(power)
+single_log = lifted(jnp.log)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from torch_tpu import precision
+from torch_tpu.ops import emulated
 from torch_tpu.ops.registry import aten, lower
 from torch_tpu.runtime import dtypes
 
@@ -564,7 +565,7 @@ def _p_norm(diff, p):
         return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
     if p == float("inf"):
         return jnp.max(diff, axis=-1, initial=0)
-    return jnp.sum(diff**p, axis=-1) ** (1 / p)
+    return emulated.single_power(jnp.sum(emulated.power(diff, p), axis=-1), 1 / p)  # float64: ops/emulated.py
 
 
 def _p_norm_grad(grad, diff, norm, p):
@@ -579,8 +580,9 @@ def _p_norm_grad(grad, diff, norm, p):
     if p == float("inf"):
         return grad * jnp.sign(diff) * (jnp.abs(diff) == norm)
     safe = jnp.where(norm == 0, 1, norm)
-    power = jnp.abs(diff) ** (p - 1) if p < 2 else diff * jnp.abs(diff) ** (p - 2)
-    terms = (jnp.sign(diff) if p < 2 else 1) * power * grad / safe ** (p - 1)
+    magnitude = jnp.abs(diff)
+    power = emulated.power(magnitude, p - 1) if p < 2 else diff * emulated.power(magnitude, p - 2)
+    terms = (jnp.sign(diff) if p < 2 else 1) * power * grad / emulated.power(safe, p - 1)
     return jnp.where((norm == 0) | ((diff == 0) & (p < 1)), 0, terms)
 
 

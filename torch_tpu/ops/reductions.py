@@ -223,7 +223,19 @@ def count_nonzero(self, dim=None):
 
 @lower(aten.logsumexp.default)
 def logsumexp(self, dim, keepdim=False):
-    return jax.nn.logsumexp(dtypes.floating_for_reduction(self), axis=_axes(self, dim), keepdims=keepdim)
+    x = dtypes.floating_for_reduction(self)
+    if not emulated.applies(x.dtype):
+        return jax.nn.logsumexp(x, axis=_axes(self, dim), keepdims=keepdim)
+    return _logsumexp_float64(x, _axes(self, dim), keepdim)
+
+
+def _logsumexp_float64(x, axes, keepdim):
+    """jax.nn.logsumexp's formulation (the largest value taken out, or 0 where it is infinite), with the log of a
+    one-element sum lifted (ops/emulated.py: the TPU's float64 log of one element is not float64-accurate)."""
+    peak = jax.lax.stop_gradient(jnp.max(x, axis=axes, keepdims=True))
+    peak = jnp.where(jnp.isfinite(peak), peak, 0)
+    result = emulated.single_log(jnp.sum(jnp.exp(x - peak), axis=axes, keepdims=True)) + peak
+    return result if keepdim else jnp.squeeze(result, axes)
 
 
 def _vector_norm(x, ord, dim, keepdim):
@@ -240,7 +252,8 @@ def _vector_norm(x, ord, dim, keepdim):
         return jnp.sum(x, axis=axes, keepdims=keepdim)
     if ord == 2:
         return jnp.sqrt(jnp.sum(x * x, axis=axes, keepdims=keepdim))
-    return jnp.sum(x**ord, axis=axes, keepdims=keepdim) ** (1.0 / ord)
+    # XLA's float64 power on a TPU is float32-accurate: the written-out one there (ops/emulated.py)
+    return emulated.single_power(jnp.sum(emulated.power(x, ord), axis=axes, keepdims=keepdim), 1.0 / ord)
 
 
 @lower(aten.linalg_vector_norm.default, static=("ord",))
