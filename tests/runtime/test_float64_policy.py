@@ -333,3 +333,19 @@ def test_logsumexp_to_one_element_lifts_its_log_on_a_tpu(on_a_tpu):
     rows = torch.randn(4, 9, dtype=torch.float64)
     got = _jax(lambda v: logsumexp(v, [1], True), rows)
     torch.testing.assert_close(got, torch.logsumexp(rows, 1, keepdim=True), rtol=1e-15, atol=0)
+
+
+def test_logspace_and_airy_take_no_float64_power_on_a_tpu(on_a_tpu):
+    """logspace raises its base in float64 whatever the dtype, and Airy's asymptotic forms take a fourth root: with
+    XLA's float32-accurate float64 `pow` on a TPU, neither may use it."""
+    from torch_tpu.ops import creation
+
+    platform.devices()  # x64 is configured
+    spaced = jax.make_jaxpr(lambda: creation._logspace(-3.0, 2.5, 9, 2.0, dtype=F64))()
+    assert "pow" not in _primitives(spaced.jaxpr)
+    got = torch.from_numpy(np.array(jax.jit(lambda: creation._logspace(-3.0, 2.5, 9, 2.0, dtype=F64))()))
+    torch.testing.assert_close(got, torch.logspace(-3.0, 2.5, 9, 2.0, dtype=torch.float64), rtol=1e-15, atol=0)
+    airy = _lowering(torch.ops.aten.special_airy_ai.default)
+    x = torch.tensor([-30.0, -9.0, 0.5, 9.0, 30.0], dtype=torch.float64)
+    assert "pow" not in _primitives(jax.make_jaxpr(airy)(x.numpy()).jaxpr)
+    torch.testing.assert_close(_jax(airy, x), torch.special.airy_ai(x), rtol=1e-12, atol=1e-300)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from torch_tpu.ops import emulated
 from torch_tpu.ops.registry import aten, kernel, lower
 from torch_tpu.runtime import dtypes, storage
 
@@ -120,7 +121,8 @@ def _logspace(start, end, steps, base=10.0, *, dtype):
     step = (end_v - start_v) / max(steps - 1, 1)
     index = jax.lax.iota(np.float64, steps)
     exponent = jnp.where(index < steps // 2, start_v + step * index, end_v - step * (steps - 1 - index))
-    return jnp.power(np.float64(base), exponent).astype(dtype)
+    bases = jnp.full_like(exponent, base)  # XLA's float64 power on a TPU is float32-accurate: ops/emulated.py
+    return (emulated.pow(bases, exponent) if emulated.applies(bases.dtype) else bases**exponent).astype(dtype)
 
 
 def _eye(n, m=None, *, dtype):

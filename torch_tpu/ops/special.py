@@ -185,16 +185,17 @@ def special_airy_ai(x):
     series = _AI_0 * f + _AI_PRIME_0 * g
     z = jnp.maximum(jnp.abs(x), _AIRY_SPLIT)
     zeta = 2 / 3 * z * jnp.sqrt(z)
+    fourth_root = jnp.sqrt(jnp.sqrt(z))  # not z ** 0.25: XLA's float64 power on a TPU is float32-accurate
     inverse = 1 / zeta
     decaying = (
         jnp.exp(-zeta)
-        / (2 * math.sqrt(math.pi) * z**0.25)
+        / (2 * math.sqrt(math.pi) * fourth_root)
         * _polynomial([(-1) ** k * u for k, u in enumerate(_AIRY_U)], inverse)
     )
     even = _polynomial([(-1) ** k * u for k, u in enumerate(_AIRY_U[::2])], inverse * inverse)
     odd = _polynomial([(-1) ** k * u for k, u in enumerate(_AIRY_U[1::2])], inverse * inverse) * inverse
     phase = zeta + math.pi / 4
-    oscillating = (jnp.sin(phase) * even - jnp.cos(phase) * odd) / (math.sqrt(math.pi) * z**0.25)
+    oscillating = (jnp.sin(phase) * even - jnp.cos(phase) * odd) / (math.sqrt(math.pi) * fourth_root)
     value = jnp.where(x > _AIRY_SPLIT, decaying, jnp.where(x < -_AIRY_SPLIT, oscillating, series))
     return jnp.where(jnp.isinf(x), jnp.nan, value)
 
