@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The device run: torch_tpu on a real chip, in parts that each fit one 10-minute command of a borrowed machine.
 #
-#   bench/device_run.sh PART [PART ...]   PART: correctness | ops | ops_rest | models | numerics | perf | perf_large | all
+#   bench/device_run.sh PART [PART ...]   PART: correctness | ops | ops_rest | models | kit | numerics | perf |
+#                                               perf_large | all
 #
 # On the TPU machine (../shared/tpu/pack.sh here, then remote.sh setup there), from the project root:
 #   source /tmp/tpu/env.sh ours && bench/device_run.sh correctness     (then `ops`, `ops_rest`, `models`: four calls
-#   give the correctness verdict; `numerics` remeasures docs/numerics.md; `perf` and `perf_large` measure speed)
+#   give the correctness verdict, ~1550 s with the staging's ~130 s in a session's 1800; `kit` runs the kit's smoke
+#   and evaluation; `numerics` remeasures docs/numerics.md; `perf` and `perf_large` measure speed)
 # The device part of the suite is `pytest -m "tpu_device and not children"`: a test's child processes run on the
 # XLA CPU platform while pytest holds the chip (tests/conftest.py), so those tests prove nothing there.
 # correctness  the platform report, the seed's smoke test eager and compiled, the persistent cache across two
@@ -13,10 +15,10 @@
 #              (device, views, dtypes, precision, memory, DLPack), tests/eager (modes, AMP), tests/compile,
 #              tests/kernels, tests/profiler, tests/test_on_chip.py
 # ops          the elementwise op tests' device part (tests/ops/test_elementwise.py: a call's worth on a v5e)
-# ops_rest     the other op tests' device part (tests/ops: random, float32 lowerings), float64 on the chip for a
-#              dozen ops (bench/tpu_numerics.py), and `torch-tpu smoke`
-# models       the seven models' tests, eager and compiled, OpInfo, optimizers and training, and `torch-tpu
-#              evaluate` of the tiny LM against CPU (its report)
+# ops_rest     the other op tests' device part (tests/ops: random, float32 lowerings) and float64 on the chip for a
+#              dozen ops (bench/tpu_numerics.py)
+# models       the seven models' tests, eager and compiled, OpInfo, optimizers and training
+# kit          `torch-tpu smoke` and `torch-tpu evaluate` of the tiny LM against CPU (its report)
 # numerics     the figures of docs/numerics.md (bench/tpu_numerics.py: matmul and conv precision levels,
 #              transcendentals, subnormals, bf16) and bench/tpu_compiled_numerics.py (where compiled and eager
 #              numbers part, node by node, for GPT-2 and Llama)
@@ -161,21 +163,24 @@ part_ops() {
 }
 
 part_ops_rest() {
-    # the other op tests (random, float32 lowerings: ~180 s on a v5e), float64 for a dozen ops (all of
-    # tests/test_opinfo.py's list takes minutes: `numerics` part; 50-70 s on a v5e) and `torch-tpu smoke` (two
-    # processes, each ~25-30 s on a v5e, as the seed's smoke test is)
+    # the other op tests (random, float32 lowerings: ~180 s on a v5e) and float64 for a dozen ops (all of
+    # tests/test_opinfo.py's list takes minutes: `numerics` part; 50-70 s on a v5e)
     step numerics 100 "$PYTHON" bench/tpu_numerics.py --json "$OUT/numerics.json" --sections float64 \
         --float64-ops pow,atan2,prod,exp,log,tan,sum,mm,cumprod,linalg.det,div.floor_rounding,logsumexp
-    step kit_smoke 120 "$PYTHON" -m torch_tpu.kit.cli smoke
-    pytest_part ops_suite 320 "test_random and normal" tests/ops --ignore=tests/ops/test_elementwise.py
+    pytest_part ops_suite 400 "test_random and normal" tests/ops --ignore=tests/ops/test_elementwise.py
 }
 
 part_models() {
-    pytest_part models_suite 380 "lstm and not compiled" tests/models tests/test_opinfo.py tests/test_optimizers.py \
+    pytest_part models_suite 480 "lstm and not compiled" tests/models tests/test_opinfo.py tests/test_optimizers.py \
         tests/test_training.py
+}
+
+part_kit() {
+    # `torch-tpu smoke`: two processes, each ~25-30 s on a v5e, as the seed's smoke test is; `evaluate`: ~170 s
+    step kit_smoke 120 "$PYTHON" -m torch_tpu.kit.cli smoke
     local evaluate_size=()
     [ "$SMALL" = 1 ] && evaluate_size=(--modes eager --iterations 5)
-    step kit_evaluate 180 "$PYTHON" -m torch_tpu.kit.cli evaluate examples.workloads:tiny_lm --reference cpu \
+    step kit_evaluate 240 "$PYTHON" -m torch_tpu.kit.cli evaluate examples.workloads:tiny_lm --reference cpu \
         --prices torch_tpu/kit/example_prices.json --out "$WORK/report" "${evaluate_size[@]}"
     [ -f "$WORK/report/report.json" ] && cp "$WORK/report/report.json" "$OUT/evaluate-report.json"
 }
@@ -220,12 +225,13 @@ part_perf_large() {
 
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(correctness)
-[ "${PARTS[*]}" = all ] && PARTS=(correctness ops ops_rest models numerics perf perf_large)
+[ "${PARTS[*]}" = all ] && PARTS=(correctness ops ops_rest models kit numerics perf perf_large)
 for PART in "${PARTS[@]}"; do
     case $PART in
-    correctness | ops | ops_rest | models | numerics | perf | perf_large) ;;
+    correctness | ops | ops_rest | models | kit | numerics | perf | perf_large) ;;
     *)
-        echo "device_run.sh: unknown part '$PART' (correctness, ops, ops_rest, models, numerics, perf, perf_large or all)" >&2
+        echo "device_run.sh: unknown part '$PART' (correctness, ops, ops_rest, models, kit, numerics, perf, perf_large" \
+            "or all)" >&2
         exit 2
         ;;
     esac

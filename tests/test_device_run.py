@@ -13,8 +13,9 @@ from tests.helpers import ROOT
 STEPS = {
     "correctness": ["platform", "smoke_eager", "smoke_compiled", "device_suite", "cache_two_processes"],
     "ops": ["ops_suite"],
-    "ops_rest": ["ops_suite", "numerics", "kit_smoke"],
-    "models": ["models_suite", "kit_evaluate"],
+    "ops_rest": ["ops_suite", "numerics"],
+    "models": ["models_suite"],
+    "kit": ["kit_smoke", "kit_evaluate"],
     "numerics": ["numerics_tables", "compiled_numerics"],
     "perf": ["warmup", "eager_overhead", "tpu_step_small", "eager_modes"],
     "perf_large": ["tpu_step_large"],
@@ -23,7 +24,8 @@ FILES = {
     "correctness": ["correctness.log", "correctness-junit.xml"],
     "ops": ["ops.log", "ops-junit.xml"],
     "ops_rest": ["ops_rest.log", "ops_rest-junit.xml", "numerics.json"],
-    "models": ["models.log", "models-junit.xml", "evaluate-report.json"],
+    "models": ["models.log", "models-junit.xml"],
+    "kit": ["kit.log", "evaluate-report.json"],
     "numerics": ["numerics.log", "numerics_tables.json", "compiled_numerics.json"],
     "perf": ["perf.log", "tpu_step_small.json", "warmup.json"],
     "perf_large": ["perf_large.log", "tpu_step_large.json"],
@@ -48,7 +50,7 @@ def _dry_run(tmp_path: Path, part: str) -> str:
 
 @pytest.mark.parametrize(
     "part",
-    ["correctness", "ops", "ops_rest", "models"]
+    ["correctness", "ops", "ops_rest", "models", "kit"]
     + [pytest.param(p, marks=pytest.mark.slow) for p in ("numerics", "perf", "perf_large")],
 )
 def test_each_part_passes_every_step_on_the_cpu_platform(tmp_path, part):
@@ -67,7 +69,7 @@ def test_an_unknown_part_is_refused_naming_the_parts(tmp_path):
     out = subprocess.run(
         ["bash", str(ROOT / "bench" / "device_run.sh"), "speed"], capture_output=True, text=True, env=env
     )
-    assert out.returncode == 2 and "correctness, ops, ops_rest, models, numerics, perf, perf_large" in out.stderr
+    assert out.returncode == 2 and "correctness, ops, ops_rest, models, kit, numerics, perf, perf_large" in out.stderr
 
 
 def test_a_suite_whose_process_dies_in_a_test_resumes_after_it(tmp_path):
@@ -89,12 +91,12 @@ def test_a_suite_whose_process_dies_in_a_test_resumes_after_it(tmp_path):
 def test_steps_named_in_device_run_skip_are_left_out(tmp_path):
     """A call that must run part of a part (the rest of a suite cut at its cap) names the steps it leaves out."""
     env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable, TORCH_TPU_PLATFORM="cpu", DEVICE_RUN_SMALL="1")
-    env.update(DEVICE_RUN_SKIP="numerics kit_smoke ops_suite")
+    env.update(DEVICE_RUN_SKIP="numerics ops_suite")
     out = subprocess.run(
         ["bash", str(ROOT / "bench" / "device_run.sh"), "ops_rest"], capture_output=True, text=True, env=env
     )
     summary = (tmp_path / "summary.txt").read_text()
     assert out.returncode == 0, summary
-    for step in ("numerics", "kit_smoke", "ops_suite"):
+    for step in ("numerics", "ops_suite"):
         assert f"SKIP  ops_rest/{step} (DEVICE_RUN_SKIP)" in summary, summary
     assert not (tmp_path / "numerics.json").exists()
