@@ -294,6 +294,7 @@ def _float64_scalar_exp(x: torch.Tensor) -> None:
     _record("float64", "jax exp 0-d beside a vector", worst([beside(v, vector)[0] for v in values]))
     taken = jax.jit(lambda w, i: jnp.exp(w[i]))
     _record("float64", "jax exp of a vector's element", worst([taken(vector, i) for i in range(len(values))]))
+    _xla_float64_on_vectors(vector)
     for mode in (torch.tpu.EagerMode.DEFER_NEVER, torch.tpu.EagerMode.DEFER_AND_FUSE):
         with torch.tpu.set_eager_mode(mode):
             _record("float64", f"ours exp 0-d {mode.name}", worst([torch.exp(v.to("tpu")).cpu() for v in x]))
@@ -304,6 +305,23 @@ def _float64_scalar_exp(x: torch.Tensor) -> None:
         for label, value in (("0d", values[0]), ("1", values[0].reshape(1))):
             text = exp.lower(value).compile().as_text()
             Path(hlo_dir, f"exp_float64_{label}.hlo.txt").write_text(text or "")
+
+
+def _xla_float64_on_vectors(x) -> None:
+    """XLA's own float64 `pow`, `atan2` and multiply reduction on 8 elements, which torch_tpu writes out on a TPU
+    (ops/emulated.py) since the fourth run measured them float32-accurate on OpInfo's samples, which were 0-d."""
+    import jax
+    import jax.numpy as jnp
+
+    wide = np.asarray(x, np.float64)
+    cases = {
+        "pow": (lambda v: jnp.power(v, 2.7), wide**2.7),
+        "atan2": (lambda v: jnp.arctan2(v - 1, v), np.arctan2(wide - 1, wide)),
+        "prod": (lambda v: jnp.prod(v, keepdims=True), np.prod(wide, keepdims=True)),
+    }
+    for name, (fn, expected) in cases.items():
+        error = np.abs(np.asarray(jax.jit(fn)(x), np.float64) - expected) / np.abs(expected)
+        _record("float64", f"jax {name} (8,), XLA's own", f"{float(np.max(error)):.2e}")
 
 
 SECTIONS = {

@@ -252,7 +252,7 @@ def _vector_norm(x, ord, dim, keepdim):
         return jnp.sum(x, axis=axes, keepdims=keepdim)
     if ord == 2:
         return jnp.sqrt(jnp.sum(x * x, axis=axes, keepdims=keepdim))
-    # XLA's float64 power on a TPU is float32-accurate: the written-out one there (ops/emulated.py)
+    # the float64-accurate power and root on a TPU (ops/emulated.py)
     return emulated.single_power(jnp.sum(emulated.power(x, ord), axis=axes, keepdims=keepdim), 1.0 / ord)
 
 

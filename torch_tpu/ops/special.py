@@ -185,7 +185,7 @@ def special_airy_ai(x):
     series = _AI_0 * f + _AI_PRIME_0 * g
     z = jnp.maximum(jnp.abs(x), _AIRY_SPLIT)
     zeta = 2 / 3 * z * jnp.sqrt(z)
-    fourth_root = jnp.sqrt(jnp.sqrt(z))  # not z ** 0.25: XLA's float64 power on a TPU is float32-accurate
+    fourth_root = jnp.sqrt(jnp.sqrt(z))  # not z ** 0.25: XLA's float64 power on a TPU (ops/emulated.py)
     inverse = 1 / zeta
     decaying = (
         jnp.exp(-zeta)
