@@ -349,3 +349,13 @@ def test_logspace_and_airy_take_no_float64_power_on_a_tpu(on_a_tpu):
     x = torch.tensor([-30.0, -9.0, 0.5, 9.0, 30.0], dtype=torch.float64)
     assert "pow" not in _primitives(jax.make_jaxpr(airy)(x.numpy()).jaxpr)
     torch.testing.assert_close(_jax(airy, x), torch.special.airy_ai(x), rtol=1e-12, atol=1e-300)
+
+
+def test_slogdet_of_a_one_by_one_float64_matrix_lifts_its_log_on_a_tpu(on_a_tpu):
+    slogdet = _lowering(torch.ops.aten._linalg_slogdet.default)
+    a = torch.tensor([[2.718281828459045]], dtype=torch.float64)
+    assert (8, 1) in _barriers(jax.make_jaxpr(slogdet)(a.numpy()).jaxpr)
+    sign, logabsdet = (torch.from_numpy(np.array(v)) for v in jax.jit(slogdet)(a.numpy())[:2])
+    want_sign, want = torch.linalg.slogdet(a)
+    assert sign == want_sign
+    torch.testing.assert_close(logabsdet, want, rtol=1e-15, atol=0)

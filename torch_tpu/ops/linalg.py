@@ -245,7 +245,7 @@ def _linalg_slogdet(A):
     magnitude = jnp.abs(diagonal)
     phase = diagonal / jnp.where(magnitude == 0, 1, magnitude).astype(diagonal.dtype)
     sign = jnp.where(jnp.any(magnitude == 0, axis=-1), 0, sign * jnp.prod(phase, axis=-1))
-    return sign, jnp.sum(jnp.log(magnitude), axis=-1), lu, pivots
+    return sign, jnp.sum(emulated.single_log(magnitude), axis=-1), lu, pivots  # 1×1 in float64: ops/emulated.py
 
 
 @lower(aten.linalg_inv_ex.default)
