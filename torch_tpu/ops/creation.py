@@ -121,8 +121,7 @@ def _logspace(start, end, steps, base=10.0, *, dtype):
     step = (end_v - start_v) / max(steps - 1, 1)
     index = jax.lax.iota(np.float64, steps)
     exponent = jnp.where(index < steps // 2, start_v + step * index, end_v - step * (steps - 1 - index))
-    bases = jnp.full_like(exponent, base)  # the float64-accurate power on a TPU: ops/emulated.py
-    return (emulated.pow(bases, exponent) if emulated.applies(bases.dtype) else bases**exponent).astype(dtype)
+    return emulated.power(jnp.full_like(exponent, base), exponent).astype(dtype)  # float64-accurate on a TPU
 
 
 def _eye(n, m=None, *, dtype):

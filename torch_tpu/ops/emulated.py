@@ -135,8 +135,8 @@ def _single_float64_values(arrays: list) -> bool:
     return any(applies(x.dtype) for x in arrays)
 
 
-def power(x: jax.Array, y: float) -> jax.Array:
-    """`x ** y` for a Python number `y`: the float64-accurate formulation on a TPU (`pow`), XLA's elsewhere."""
+def power(x: jax.Array, y: jax.Array | float) -> jax.Array:
+    """`x ** y`: the float64-accurate formulation on a TPU (`pow`), XLA's elsewhere."""
     return pow(x, y) if applies(x.dtype) else x**y
 
 

@@ -355,10 +355,9 @@ def _zeta(x, q):
     for minutes), with the float64-accurate power there (ops/emulated.py)."""
     x, q = jnp.broadcast_arrays(x, q)
     shifts = jnp.clip(jnp.ceil(-q), 0, 64)
-    power = emulated.pow if emulated.applies(q.dtype) else jnp.power
 
     def add_term(k, head):
-        return head + jnp.where(k < shifts, power(q + k, -x), 0.0)
+        return head + jnp.where(k < shifts, emulated.power(q + k, -x), 0.0)
 
     steps = jnp.max(shifts, initial=0).astype(jnp.int32)
     head = jax.lax.fori_loop(0, steps, add_term, jnp.zeros_like(q))
