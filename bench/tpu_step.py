@@ -15,6 +15,10 @@ large (12 layers, d 768, 12 heads, seq 512, batch 16, vocab 32768, bfloat16; ~13
 
     python bench/tpu_step.py --size small [--impls ours,jax,google] [--modes strict,fused,compiled,whole_step]
         [--google-env "source /tmp/tpu/env.sh google"] [--steps 10] [--warmup 3] [--json out.json]
+        [--profile DIR]
+With --profile, each child of ours and JAX's captures 2 more steps under DIR with JAX's profiler, and the parent
+prints where the device time went (bench/step_profile.py: programs a step, device-busy against wall time, the HLO
+op kinds and ops that take the most).
 The Google runs need its environment (bench/device_run.sh perf passes it on the TPU machine); without
 --google-env they are left out.
 """
@@ -31,12 +35,15 @@ from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parent)  # bench/: compile_step's model and JAX step
 
+import step_profile  # noqa: E402  (bench/, on the path just set)
+
 SIZES = {
     "tiny": (dict(layers=1, d_model=64, heads=2, seq=32, batch=2, vocab=128), "float32"),
     "small": (dict(layers=4, d_model=256, heads=4, seq=128, batch=8, vocab=2048), "float32"),
     "large": (dict(layers=12, d_model=768, heads=12, seq=512, batch=16, vocab=32768), "bfloat16"),
 }
 MODES = ("strict", "fused", "compiled", "whole_step")
+PROFILE_STEPS = 2
 
 
 def _peak_bytes() -> int | None:
@@ -72,8 +79,9 @@ def _jax_step(size: str):
     return lambda: runner.sync(runner.run())
 
 
-def child(impl: str, mode: str, size: str, steps: int, warmup: int) -> dict:
-    """One (implementation, mode): the first step, then the timed ones."""
+def child(impl: str, mode: str, size: str, steps: int, warmup: int, profile: str | None = None) -> dict:
+    """One (implementation, mode): the first step, then the timed ones; with `profile`, a capture of
+    PROFILE_STEPS more under that folder (bench/step_profile.py)."""
     start = time.perf_counter()
     run = _jax_step(size) if impl == "jax" else _torch_step(mode, size)
     losses = [run()]
@@ -84,6 +92,7 @@ def child(impl: str, mode: str, size: str, steps: int, warmup: int) -> dict:
         began = time.perf_counter()
         losses.append(run())
         samples.append(time.perf_counter() - began)
+    profile_wall = step_profile.capture(run, PROFILE_STEPS, profile) if profile else None
     return {
         "impl": impl,
         "mode": mode,
@@ -92,12 +101,16 @@ def child(impl: str, mode: str, size: str, steps: int, warmup: int) -> dict:
         "losses": losses,
         # PJRT's figure, through JAX: not in Google's process (JAX would open the chip it holds)
         "peak_bytes": None if impl == "google" else _peak_bytes(),
+        "profile_wall_s": profile_wall,
     }
 
 
 def _launch(impl: str, mode: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, __file__, "--child", impl, mode, "--size", args.size]
     command += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+    folder = Path(args.profile, f"{impl}_{mode}") if args.profile and impl != "google" else None
+    if folder is not None:
+        command += ["--profile", str(folder)]
     env = dict(os.environ)
     env.pop("TORCH_TPU_DEFER_AND_FUSE", None)
     if mode == "fused":
@@ -110,6 +123,8 @@ def _launch(impl: str, mode: str, args: argparse.Namespace) -> dict:
     result = run_json_command(command, env, timeout=args.timeout)
     if "error" in result:
         return {"impl": impl, "mode": mode, "error": f"exit {result.get('returncode')}: {result['error'][:160]}"}
+    if folder is not None:
+        result["profile"] = step_profile.read(folder, PROFILE_STEPS, result.pop("profile_wall_s"))
     return result
 
 
@@ -147,10 +162,11 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=0.0)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for each child process")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--profile", default=None, help="capture each child's last steps under this folder")
     parser.add_argument("--child", nargs=2, metavar=("IMPL", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(*args.child, args.size, args.steps, args.warmup)))
+        print(json.dumps(child(*args.child, args.size, args.steps, args.warmup, args.profile)))
         return
     results = []
     for impl in args.impls.split(","):
@@ -160,6 +176,9 @@ def main() -> None:
             results.append(_launch(impl, mode, args))
             print(json.dumps(results[-1]), flush=True)
     _table(results, args.size, args.peak_tflops)
+    for result in results:
+        if "profile" in result:
+            step_profile.report(f"{result['impl']} {result['mode']}", result["profile"])
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

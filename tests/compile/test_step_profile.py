@@ -1,0 +1,48 @@
+"""bench/step_profile.py: where a step's device time goes, from a JAX profiler capture (bench/tpu_step.py --profile)."""
+
+import json
+import subprocess
+import sys
+
+from tests.helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import step_profile
+
+from torch_tpu.profiler.xspace import Execution, Op
+
+
+def _execution(name: str, start_ms: float, ops: list[tuple[str, float, float]]) -> Execution:
+    ms = 1_000_000
+    spans = [Op(op, int(begin * ms), int(end * ms), "XLA Ops") for op, begin, end in ops]
+    return Execution(name, "TPU:0", int(start_ms * ms), max(op.end_ns for op in spans), ops=spans)
+
+
+def test_summarize_gives_each_program_kind_and_op_its_device_time_per_step():
+    step = lambda t: [
+        _execution("jit_forward", t, [("fusion.1", t, t + 3), ("convolution.2", t + 3, t + 4)]),
+        _execution("jit_backward", t + 5, [("fusion.7", t + 5, t + 6), ("%copy-start.3", t + 6, t + 8)]),
+    ]
+    summary = step_profile.summarize(step(0) + step(10), steps=2, wall_s=0.010)
+    assert summary["programs_per_step"] == 2 and summary["distinct_programs"] == 2
+    assert summary["wall_ms"] == 10.0 and summary["device_busy_ms"] == 7.0
+    assert summary["top_programs_ms"] == {"jit_forward": 4.0, "jit_backward": 3.0}
+    assert summary["top_kinds_ms"] == {"fusion": 4.0, "copy-start": 2.0, "convolution": 1.0}
+    assert next(iter(summary["top_ops_ms"].items())) == ("jit_forward/fusion.1", 3.0)
+
+
+def test_tpu_step_profiles_jax_as_one_program_and_our_whole_step_as_its_graphs(tmp_path):
+    """On the CPU platform: plain JAX's step is one program; ours compiled whole is the three graphs Dynamo makes
+    of it (forward, backward, the optimizer's), each with device time, busy no longer than the wall."""
+    out = tmp_path / "step.json"
+    command = [sys.executable, str(ROOT / "bench" / "tpu_step.py"), "--size", "tiny", "--impls", "jax,ours"]
+    command += ["--modes", "whole_step", "--steps", "1", "--warmup", "1", "--json", str(out)]
+    command += ["--profile", str(tmp_path / "profile")]
+    subprocess.run(command, check=True, capture_output=True, timeout=600)
+    profiles = {row["impl"]: row["profile"] for row in json.loads(out.read_text())}
+    assert profiles["jax"]["programs_per_step"] == 1.0
+    graphs = {name for name in profiles["ours"]["top_programs_ms"] if name.startswith("jit_compiled_graph_")}
+    assert graphs == {f"jit_compiled_graph_{kind}" for kind in ("forward", "backward", "inference")}
+    for profile in profiles.values():
+        assert 0 < profile["device_busy_ms"] <= profile["wall_ms"]
+        assert sum(profile["top_kinds_ms"].values()) > 0
