@@ -227,6 +227,7 @@ class Runner:
         self.compiled: list[dict] = []  # tpu only: the executables its first step compiled or loaded
         self.dynamo: dict[str, float] = {}  # tpu only: Dynamo's share of the first step
         self.compile_cpu_s = 0.0  # the first step's CPU time (all threads): steadier than wall time under load
+        self.temp_bytes: Callable[[], int | None] = lambda: None  # jax only: the step program's scratch memory
 
     def first_steps(self, warmup: int) -> float:
         """The first step (compile included, returned in seconds), then `warmup` more untimed steps."""
@@ -290,7 +291,10 @@ def jax_runner(name: str, model: GPT, cfg: Config, batch, dense: Callable = _den
         state[:] = new_state
         return loss
 
-    return Runner(name, run, lambda loss: float(jax.block_until_ready(loss)))
+    runner = Runner(name, run, lambda loss: float(jax.block_until_ready(loss)))
+    # the executable the calls use (JAX's compile cache: no second compile), as XLA planned its memory
+    runner.temp_bytes = lambda: step.lower(*state, idx, targets).compile().memory_analysis().temp_size_in_bytes
+    return runner
 
 
 def compiled_executables() -> list[dict]:

@@ -8,7 +8,9 @@ first step of a cold process is part of the figure): the same model (bench/compi
                  whole_step    torch.compile of zero_grad + forward + backward + optimizer.step
   jax            jit           jax.jit of value_and_grad + AdamW with donated state (bench/compile_step.py)
 Each child prints one JSON line: first step (s, compile included), median ms per step over --steps synchronised
-steps after --warmup, the losses, and the device's peak bytes in use where PJRT reports them. The parent prints the
+steps after --warmup, the losses, the device's peak bytes in use where PJRT reports them, and the largest scratch
+memory of the step's programs as XLA planned it (`+temp`: JAX's step, our compiled graphs; PJRT's peak may leave a
+running program's scratch out, which would make a one-program step look smaller than it is). The parent prints the
 table: ms/step, each against plain JAX and Google's same mode, model TFLOP/s and MFU against --peak-tflops
 (a v5e: 197 bf16), first-step seconds. Sizes: small (4 layers, d 256, seq 128, batch 8, vocab 2048, float32) and
 large (12 layers, d 768, 12 heads, seq 512, batch 16, vocab 32768, bfloat16; ~136M parameters), tiny for dry runs.
@@ -53,6 +55,19 @@ def _peak_bytes() -> int | None:
     return stats.get("peak_bytes_in_use")
 
 
+def _temp_bytes(impl: str, run) -> int | None:
+    """The largest scratch memory of the step's programs (XLA's plan): JAX's one step, our compiled graphs' (eager
+    executables and Fused clusters do not report it)."""
+    if impl == "jax":
+        return run.temp_bytes()
+    if impl != "ours":
+        return None
+    import torch
+
+    temps = [e["temp_bytes"] for e in torch.tpu._get_cache_stats()["per_entry_stats"] if e["temp_bytes"] is not None]
+    return max(temps, default=None)
+
+
 def _torch_step(mode: str, size: str):  # a step function, closed over its batch
     import compile_step as cs
     import torch
@@ -76,7 +91,9 @@ def _jax_step(size: str):
     cfg, dtype = SIZES[size]
     model, batch = cs.build(cs.Config(**cfg), dtype)
     runner = cs.jax_runner("jax", model, cs.Config(**cfg), batch)
-    return lambda: runner.sync(runner.run())
+    run = lambda: runner.sync(runner.run())
+    run.temp_bytes = runner.temp_bytes
+    return run
 
 
 def child(impl: str, mode: str, size: str, steps: int, warmup: int, profile: str | None = None) -> dict:
@@ -101,6 +118,7 @@ def child(impl: str, mode: str, size: str, steps: int, warmup: int, profile: str
         "losses": losses,
         # PJRT's figure, through JAX: not in Google's process (JAX would open the chip it holds)
         "peak_bytes": None if impl == "google" else _peak_bytes(),
+        "temp_bytes": _temp_bytes(impl, run),
         "profile_wall_s": profile_wall,
     }
 
@@ -137,7 +155,7 @@ def _table(results: list[dict], size: str, peak_tflops: float) -> None:
     google = {r["mode"]: r["step_ms"] for r in results if r["impl"] == "google" and "step_ms" in r}
     print(f"GPT step, size {size} ({dtype}), {flops / 1e12:.3f} TFLOP a step")
     print(f"{'impl':8s} {'mode':11s} {'ms/step':>9s} {'/jax':>6s} {'/google':>8s} {'TFLOP/s':>8s} {'MFU':>6s} "
-          f"{'first s':>8s} {'peak GiB':>9s}  loss first/last")  # fmt: skip
+          f"{'first s':>8s} {'peak GiB':>9s} {'+temp':>6s}  loss first/last")  # fmt: skip
     for r in results:
         if "error" in r:
             print(f"{r['impl']:8s} {r['mode']:11s} {r['error']}")
@@ -147,8 +165,10 @@ def _table(results: list[dict], size: str, peak_tflops: float) -> None:
         vs_google = f"{r['step_ms'] / google[r['mode']]:.2f}" if r["impl"] == "ours" and r["mode"] in google else "-"
         mfu = f"{rate / peak_tflops:.1%}" if peak_tflops else "-"
         peak = f"{r['peak_bytes'] / 2**30:.2f}" if r.get("peak_bytes") else "-"
+        temp = f"{r['temp_bytes'] / 2**30:.2f}" if r.get("temp_bytes") is not None else "-"
         print(f"{r['impl']:8s} {r['mode']:11s} {r['step_ms']:9.2f} {vs_jax:>6s} {vs_google:>8s} {rate:8.2f} {mfu:>6s} "
-              f"{r['first_step_s']:8.1f} {peak:>9s}  {r['losses'][0]:.4f}/{r['losses'][-1]:.4f}")  # fmt: skip
+              f"{r['first_step_s']:8.1f} {peak:>9s} {temp:>6s}  "
+              f"{r['losses'][0]:.4f}/{r['losses'][-1]:.4f}")  # fmt: skip
 
 
 def main() -> None:

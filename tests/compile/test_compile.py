@@ -284,3 +284,20 @@ def test_boolean_mask_index_in_a_graph_is_refused_clearly():
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):  # else a graph break
         with pytest.raises(Exception, match=r"aten.index.Tensor' has a data-dependent output shape.*test_compile\.py"):
             torch.compile(lambda x: x[x > 0] * 2, backend="tpu")(torch.randn(6, device="tpu"))
+
+
+def test_a_compiled_graph_reports_its_programs_scratch_memory():
+    """`temp_bytes` in the cache stats: the memory XLA planned for a graph's intermediates, which the buffers the
+    user holds do not show. Here tanh of the first product is an operand of the second, so it cannot fuse away:
+    the program needs at least its 256x256 float32 values (256 KiB) beside its inputs and output. (Summing the
+    last product instead lets XLA rewrite the chain without the intermediate: a 0-byte plan on the CPU platform.)"""
+    x, w = torch.randn(256, 256), torch.randn(256, 256) / 16
+
+    def chain(x, w):
+        return torch.tanh(torch.tanh(x @ w) @ w)
+
+    compiled = torch.compile(chain, backend="tpu", options={"name": "scratch"})
+    result = compiled(x.to("tpu"), w.to("tpu"))
+    torch.testing.assert_close(result.cpu(), chain(x, w), rtol=1e-4, atol=1e-2)
+    [entry] = [e for e in torch.tpu._get_cache_stats()["per_entry_stats"] if e["name"].startswith("scratch:")]
+    assert entry["temp_bytes"] >= 256 * 256 * 4, entry

@@ -119,6 +119,7 @@ class CompiledGraph:
             cache.fast_call(executable),
             time.perf_counter() - start,
             source="disk" if from_disk else "compiled",
+            temp_bytes=cache.temp_bytes(executable),
         )
         return outputs, entry
 

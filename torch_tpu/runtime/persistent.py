@@ -219,6 +219,16 @@ def fast_call(compiled: Any) -> Any:
     return call
 
 
+def temp_bytes(compiled: Any) -> int | None:
+    """The device memory a program needs beside its arguments and outputs while it runs (XLA's buffer plan:
+    `memory_analysis().temp_size_in_bytes`), or None where the executable does not say. PJRT's
+    `peak_bytes_in_use` may leave it out, so that a step's peak memory is this plus the buffers."""
+    try:
+        return int(compiled.memory_analysis().temp_size_in_bytes)
+    except Exception:  # an executable without an analysis (a platform's, a loaded one's): unknown, not zero
+        return None
+
+
 def footprint(executable: Any) -> int:
     """The bytes an executable (a `Compiled` or its `fast_call`) is estimated to keep resident: its serialized size
     when this tier serialized or loaded it, else `DEFAULT_FOOTPRINT`."""
