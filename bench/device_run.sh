@@ -35,8 +35,10 @@
 #   DEVICE_RUN_SMALL=1 TORCH_TPU_PLATFORM=cpu bench/device_run.sh all     the dry run (tests/test_device_run.py)
 # DEVICE_RUN_SKIP="STEP ..." leaves those steps out (e.g. "numerics kit_smoke": the ops suite alone in one call).
 # DEVICE_RUN_TIMEOUT_SCALE=N gives a slow machine more time; DEVICE_RUN_SMOKE=PATH names the seed's smoke.py;
-# PEAK_TFLOPS_BF16 is the chip's peak for the MFU column (default 197, a v5e); DEVICE_RUN_GOOGLE_ENV the shell
-# commands that set up Google's TorchTPU (default: /tmp/tpu/env.sh google where it is staged).
+# DEVICE_RUN_IMPLS the implementations tpu_step runs (default jax,ours,google; the large step's three do not fit
+# one call: DEVICE_RUN_IMPLS=jax,ours in one, =google in the next); PEAK_TFLOPS_BF16 is the chip's peak for the MFU
+# column (default 197, a v5e); DEVICE_RUN_GOOGLE_ENV the shell commands that set up Google's TorchTPU (default:
+# /tmp/tpu/env.sh google where it is staged).
 set -u
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -206,7 +208,7 @@ tpu_step() {
     local steps=(--steps 10 --warmup 3)
     [ "$SMALL" = 1 ] && steps=(--steps 2 --warmup 1)
     step "tpu_step_$1" "$cap" "$PYTHON" bench/tpu_step.py --size "$size" "${steps[@]}" "${google[@]}" \
-        --peak-tflops "${PEAK_TFLOPS_BF16:-197}" --json "$OUT/tpu_step_$1.json" --profile "$WORK/profile_$1"
+        --impls "${DEVICE_RUN_IMPLS:-jax,ours,google}" --peak-tflops "${PEAK_TFLOPS_BF16:-197}" --json "$OUT/tpu_step_$1.json" --profile "$WORK/profile_$1"
 }
 
 part_perf() {
