@@ -10,7 +10,8 @@ first step of a cold process is part of the figure): the same model (bench/compi
 Each child prints one JSON line: first step (s, compile included), median ms per step over --steps synchronised
 steps after --warmup, the losses, the device's peak bytes in use where PJRT reports them, and the largest scratch
 memory of the step's programs as XLA planned it (`+temp`: JAX's step, our compiled graphs; PJRT's peak may leave a
-running program's scratch out, which would make a one-program step look smaller than it is). The parent prints the
+running program's scratch out, which would make a one-program step look smaller than it is), and for ours the
+executables the first step made, by kind and how, with their seconds (where a cold start goes). The parent prints the
 table: ms/step, each against plain JAX and Google's same mode, model TFLOP/s and MFU against --peak-tflops
 (a v5e: 197 bf16), first-step seconds. Sizes: small (4 layers, d 256, seq 128, batch 8, vocab 2048, float32) and
 large (12 layers, d 768, 12 heads, seq 512, batch 16, vocab 32768, bfloat16; ~136M parameters), tiny for dry runs.
@@ -53,6 +54,23 @@ def _peak_bytes() -> int | None:
 
     stats = jax.devices()[0].memory_stats() or {}
     return stats.get("peak_bytes_in_use")
+
+
+def _compiles(impl: str) -> dict | None:
+    """Where a first step's seconds went: our executables made so far by kind (an eager op, a Fused cluster or an
+    eager optimizer step, a compiled graph) and how (compiled, loaded from disk), with their count and seconds."""
+    if impl != "ours":
+        return None
+    import torch
+
+    kinds: dict[str, list] = {}
+    for entry in torch.tpu._get_cache_stats()["per_entry_stats"]:
+        source = entry["source"]  # compiled, disk, fused (a cluster, compiled), eager (run op by op)
+        kind = "graph" if entry["name"].startswith("graph:") else "fused" if source == "fused" else "op"
+        made = kinds.setdefault(kind if kind == source else f"{kind}/{source}", [0, 0.0])
+        made[0] += 1
+        made[1] = round(made[1] + entry["compilation_duration"], 3)
+    return kinds
 
 
 def _temp_bytes(impl: str, run) -> int | None:
@@ -103,6 +121,7 @@ def child(impl: str, mode: str, size: str, steps: int, warmup: int, profile: str
     run = _jax_step(size) if impl == "jax" else _torch_step(mode, size)
     losses = [run()]
     first = time.perf_counter() - start
+    compiles = _compiles(impl)
     losses += [run() for _ in range(warmup)]
     samples = []
     for _ in range(steps):
@@ -119,6 +138,7 @@ def child(impl: str, mode: str, size: str, steps: int, warmup: int, profile: str
         # PJRT's figure, through JAX: not in Google's process (JAX would open the chip it holds)
         "peak_bytes": None if impl == "google" else _peak_bytes(),
         "temp_bytes": _temp_bytes(impl, run),
+        "first_step_compiles": compiles,
         "profile_wall_s": profile_wall,
     }
 
