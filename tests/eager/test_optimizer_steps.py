@@ -135,3 +135,24 @@ def test_a_step_consumes_the_old_parameters_and_state(name, mode):
     rtol, atol = float32_tolerance(1e-5, 1e-6)
     for ours, theirs in zip(tpu_model.parameters(), cpu_model.parameters(), strict=True):
         torch.testing.assert_close(ours.detach().cpu(), theirs.detach(), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("name", ["adamw_foreach", "adam_for_loop", "rmsprop"])
+def test_the_first_step_runs_the_steady_steps_program(name):
+    """The state an optimizer's first step creates (`zeros_like` of each parameter) is made without ops
+    (`runtime/fills.py`), so it enters the step's program as inputs, as later steps' state does: one program
+    compiled for every step, not a first one with the state's zeros inside it."""
+    model = _model().to("tpu")
+    optimizer = OPTIMIZERS[name](model.parameters())
+    assert torch.tpu.eager_mode is torch.tpu.EagerMode.DEFER_NEVER
+    before = {id(entry): entry.read_count for entry in executables.entries.values()}
+    for step in range(3):
+        _backward(model, "tpu", step)
+        optimizer.step()
+    torch.tpu.synchronize()
+    runs = [
+        (entry.name, entry.read_count - before.get(id(entry), 0))
+        for entry in executables.entries.values()
+        if entry.source == "fused" and entry.read_count != before.get(id(entry), 0)
+    ]
+    assert len(runs) == 1 and runs[0][1] == 3, runs

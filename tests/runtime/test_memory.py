@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_tpu.runtime import compat, memory, storage
+from torch_tpu.runtime import compat, fills, memory, storage
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
@@ -172,11 +172,13 @@ def test_accelerator_calls():
 
 
 def test_empty_cache_drops_cached_device_arrays():
-    torch.ones(3, 5, device="tpu").cpu()  # reads shared zeros (ones is empty then fill_)
-    assert storage._zero_arrays
+    torch.empty(3, 5, device="tpu").add_(1).cpu()  # reads shared zeros: an op on a storage never written
+    torch.ones((), device="tpu").cpu()  # a shared 0-d one (runtime/fills.py)
+    assert storage._zero_arrays and fills._SCALARS
     torch.tpu.empty_cache()
-    assert not storage._zero_arrays
-    assert torch.ones(3, 5, device="tpu").sum().item() == 15  # and they come back when needed
+    assert not storage._zero_arrays and not fills._SCALARS
+    assert torch.empty(3, 5, device="tpu").add_(1).sum().item() == 15  # and they come back when needed
+    assert torch.ones((), device="tpu").item() == 1
 
 
 def test_pjrt_figures_where_the_platform_has_them(monkeypatch):

@@ -23,7 +23,7 @@ from torch_tpu.eager import encoding, fused, modes, validation
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import Lowering, mutated_args
 from torch_tpu.runtime import checks as device_checks
-from torch_tpu.runtime import compat, dtypes, float64, persistent, platform, storage, trace_context
+from torch_tpu.runtime import compat, dtypes, fills, float64, persistent, platform, storage, trace_context
 
 _MATH_BIT_KEYS = (torch._C.DispatchKey.Conjugate, torch._C.DispatchKey.Negative)
 # An op gathering more tensors than this into one (a `stack` or `cat` of many) runs on its own in Fused mode:
@@ -373,6 +373,16 @@ def _tensor_kernel(runner: Runner, op: OpOverload) -> Callable:
     return kernel
 
 
+def _fill_value(inplace_op: OpOverload) -> Callable[[tuple, dict], Any] | None:
+    """For `fill_` with a number and `zero_`: the value from the kernel's arguments (`runtime/fills.py` may then
+    make a never-written storage's array without the op)."""
+    if inplace_op is torch.ops.aten.zero_.default:
+        return lambda args, kwargs: 0
+    if inplace_op is torch.ops.aten.fill_.Scalar:
+        return lambda args, kwargs: args[0] if args else kwargs.get("value")
+    return None
+
+
 def inplace_kernel(lowering: Lowering, inplace_op: OpOverload) -> Callable:
     runner = Runner(lowering, inplace_op)
 
@@ -384,7 +394,14 @@ def inplace_kernel(lowering: Lowering, inplace_op: OpOverload) -> Callable:
 
         return kernel
 
+    fill = _fill_value(inplace_op)
+
     def kernel(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if fill is not None:
+            value = fill(args, kwargs)
+            fills.check_overflow(self, value)
+            if fills.fill_fresh(self, value):
+                return self
         try:
             validation.check_writes(inplace_op, self, (self, *args), kwargs)
             if not compat.META_REFUSES_INPLACE_CASTS:  # CPU's canCast rule, which older releases' meta kernels skip
