@@ -1,15 +1,18 @@
 """bench/step_profile.py: where a step's device time goes, from a JAX profiler capture (bench/tpu_step.py --profile)."""
 
+import importlib.util
 import json
 import subprocess
 import sys
 
 from tests.helpers import ROOT
-
-sys.path.insert(0, str(ROOT / "bench"))
-import step_profile
-
 from torch_tpu.profiler.xspace import Execution, Op
+
+# Loaded from its file, not by putting bench/ on sys.path: bench/kernels.py would then shadow the `kernels` package
+# that transformers imports, and every later Hugging Face test in this process would fail.
+_SPEC = importlib.util.spec_from_file_location("step_profile", ROOT / "bench" / "step_profile.py")
+step_profile = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(step_profile)
 
 
 def _execution(name: str, start_ms: float, ops: list[tuple[str, float, float]]) -> Execution:
