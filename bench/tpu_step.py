@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path[0] = str(Path(__file__).resolve().parent)  # bench/: compile_step's model and JAX step
 
@@ -73,6 +74,52 @@ def _compiles(impl: str) -> dict | None:
     return kinds
 
 
+class _FirstStepClock:
+    """Where a cold (or warm) first step's seconds go: the phases of `child` (imports and the runtime's start,
+    building the model and moving it, the first call), JAX's own compile events (traces, lowerings to StableHLO,
+    XLA compiles, persistent-cache reads) with the costliest compiled functions, and Dynamo's tracing and the
+    backend's share of it (AOTAutograd, our lowering)."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+        self.events: dict[str, list] = {}
+        self.compiled: dict[str, float] = {}
+        self._last = time.perf_counter()
+        try:
+            from jax._src import monitoring
+        except ImportError:  # not in Google's environment
+            return
+        monitoring.register_event_duration_secs_listener(self._event)
+
+    def _event(self, event: str, duration: float, **kwargs: Any) -> None:
+        name = event.rsplit("/", 1)[-1].removesuffix("_duration").removesuffix("_sec")
+        made = self.events.setdefault(name, [0, 0.0])
+        made[0] += 1
+        made[1] += duration
+        if event.endswith("backend_compile_duration"):
+            fun = str(kwargs.get("fun_name", "?"))
+            self.compiled[fun] = self.compiled.get(fun, 0.0) + duration
+
+    def phase(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = round(now - self._last, 3)
+        self._last = now
+
+    def report(self) -> dict:
+        dynamo = {}
+        metrics = getattr(sys.modules.get("torch._dynamo.utils"), "compilation_time_metrics", {})
+        for key, name in (("_compile.compile_inner", "dynamo"), ("OutputGraph.call_user_compiler", "backend")):
+            if metrics.get(key):
+                dynamo[name] = round(sum(metrics[key]), 3)
+        top = sorted(self.compiled.items(), key=lambda item: -item[1])[:5]
+        return {
+            "phases": self.phases,
+            "jax": {name: [count, round(secs, 3)] for name, (count, secs) in self.events.items()},
+            "top_xla_compiles": [[fun, round(secs, 3)] for fun, secs in top],
+            "dynamo": dynamo,
+        }
+
+
 def _temp_bytes(impl: str, run) -> int | None:
     """The largest scratch memory of the step's programs (XLA's plan): JAX's one step, our compiled graphs' (eager
     executables and Fused clusters do not report it)."""
@@ -103,6 +150,18 @@ def _torch_step(mode: str, size: str):  # a step function, closed over its batch
     return lambda: step(idx, targets).item()
 
 
+def _start_runtime(impl: str) -> None:
+    """Import the implementation and open the chip: a cold process's fixed cost, apart from the step's."""
+    if impl == "jax":
+        import jax
+
+        jax.devices()
+    else:
+        import torch
+
+        torch.empty(1, device="tpu").cpu()
+
+
 def _jax_step(size: str):
     import compile_step as cs
 
@@ -118,8 +177,13 @@ def child(impl: str, mode: str, size: str, steps: int, warmup: int, profile: str
     """One (implementation, mode): the first step, then the timed ones; with `profile`, a capture of
     PROFILE_STEPS more under that folder (bench/step_profile.py)."""
     start = time.perf_counter()
+    clock = _FirstStepClock()
+    _start_runtime(impl)
+    clock.phase("runtime")
     run = _jax_step(size) if impl == "jax" else _torch_step(mode, size)
+    clock.phase("build")
     losses = [run()]
+    clock.phase("first_call")
     first = time.perf_counter() - start
     compiles = _compiles(impl)
     losses += [run() for _ in range(warmup)]
@@ -139,6 +203,7 @@ def child(impl: str, mode: str, size: str, steps: int, warmup: int, profile: str
         "peak_bytes": None if impl == "google" else _peak_bytes(),
         "temp_bytes": _temp_bytes(impl, run),
         "first_step_compiles": compiles,
+        "first_step_parts": clock.report(),
         "profile_wall_s": profile_wall,
     }
 
@@ -191,6 +256,26 @@ def _table(results: list[dict], size: str, peak_tflops: float) -> None:
               f"{r['losses'][0]:.4f}/{r['losses'][-1]:.4f}")  # fmt: skip
 
 
+def _first_step_report(results: list[dict]) -> None:
+    """A line per child: where its first step's seconds went (`_FirstStepClock`)."""
+    print("first step, s: phases | JAX traces, lowerings, XLA compiles, cache reads | Dynamo (backend) | top compiles")
+    for r in results:
+        parts = r.get("first_step_parts")
+        if not parts:
+            continue
+        phases = " ".join(f"{name} {secs:.1f}" for name, secs in parts["phases"].items())
+        jax_events = parts["jax"]
+        events = " ".join(
+            f"{name} {jax_events[name][0]}/{jax_events[name][1]:.1f}"
+            for name in ("jaxpr_trace", "jaxpr_to_mlir_module", "backend_compile", "cache_retrieval_time")
+            if name in jax_events
+        )
+        dynamo = parts["dynamo"]
+        traced = f"{dynamo.get('dynamo', 0):.1f} ({dynamo.get('backend', 0):.1f})" if dynamo else "-"
+        top = ", ".join(f"{fun} {secs:.1f}" for fun, secs in parts["top_xla_compiles"][:3])
+        print(f"  {r['impl']:6s} {r['mode']:11s} {phases} | {events or '-'} | {traced} | {top or '-'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=SIZES, default="small")
@@ -216,6 +301,7 @@ def main() -> None:
             results.append(_launch(impl, mode, args))
             print(json.dumps(results[-1]), flush=True)
     _table(results, args.size, args.peak_tflops)
+    _first_step_report(results)
     for result in results:
         if "profile" in result:
             step_profile.report(f"{result['impl']} {result['mode']}", result["profile"])

@@ -22,7 +22,7 @@ from torch_tpu.compile import buckets, graph, warm
 from torch_tpu.eager import fused
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.decompositions import for_graphs as decompositions
-from torch_tpu.runtime import checks, memory, platform, storage, trace_context
+from torch_tpu.runtime import arguments, checks, memory, platform, storage, trace_context
 from torch_tpu.runtime import persistent as cache
 from torch_tpu.runtime.hooks import hooks
 
@@ -52,6 +52,7 @@ class CompiledGraph:
         self.buckets: list[tuple[int, ...]] = []
         self.fn, self.mutations = graph.to_jax(gm)
         self.opaque = set(graph.opaque_inputs(gm))
+        self.arity, self.kept = -1, []  # the positions of the arguments the executable takes, set at the first call
         self.spmd = hooks.spmd_plan(gm) if hooks.spmd_plan is not None else None
         self.donated = self._donated(gm) if self.spmd is None and self.plan is None else []
         output_node = next(n for n in gm.graph.nodes if n.op == "output")
@@ -70,18 +71,16 @@ class CompiledGraph:
         positions = {index: position for position, index in enumerate(i for i in range(count) if i not in self.opaque)}
         return [(index, positions[index]) for index, _ in self.mutations if index in positions]
 
-    def _owned_or_copied(self, args: Sequence[Any], inputs: list[Any]) -> None:
+    def _owned_or_copied(self, inputs: list[Any], held: list[bool]) -> None:
         """Each donated input as an array the executable may consume: one only the written tensor's storage (and
         `inputs`) holds, which the write-back then replaces; an array held elsewhere too (another tensor's
         storage, a cache, the user's JAX code, a second position of `inputs`) is passed as a copy."""
-        for index, position in self.donated:
+        for _, position in self.donated:
             array = inputs[position]
-            if not isinstance(array, jax.Array):
+            if type(array) is int:
                 continue
             # references: `inputs`, `array`, getrefcount's argument, and the storage when the tensor is all of it
-            tensor = args[index]
-            owners = 3 + (tensor.device.type == "tpu" and storage.holds(tensor, array))
-            if sys.getrefcount(array) > owners:
+            if sys.getrefcount(array) > 3 + held[position]:
                 inputs[position] = jnp.copy(array)
 
     def _compile(self, key: Any, inputs: list[Any]) -> tuple[Any, Entry]:
@@ -128,18 +127,13 @@ class CompiledGraph:
             return self.spmd.call(executable, [key, *inputs])
         return executable(key, *[value for value in inputs if not isinstance(value, int)])
 
-    def _inputs(self, args: Sequence[Any]) -> list[Any]:
-        fused.flush()  # a compiled graph runs on computed values
-        return [
-            (storage.value(a) if a.device.type == "tpu" else storage.to_device(a)) if isinstance(a, torch.Tensor) else a
-            for i, a in enumerate(args)
-            if i not in self.opaque
-        ]
-
     def __call__(self, *args: Any) -> list[Any]:
         key = tpu_random.next_key()
-        inputs = self._inputs(args)
-        self._owned_or_copied(args, inputs)
+        fused.flush()  # a compiled graph runs on computed values
+        if len(args) != self.arity:
+            self.arity, self.kept = len(args), [i for i in range(len(args)) if i not in self.opaque]
+        inputs, held = arguments.read(args, self.kept)
+        self._owned_or_copied(inputs, held)
         if self.plan is None:
             shape_key = tuple(value for value in inputs if isinstance(value, int))
         else:
@@ -167,20 +161,16 @@ class CompiledGraph:
             outputs = self.plan.finish(outputs, self.mutations, real)
         for position, index in self.fn.passthrough.items():
             outputs[position] = args[index]
-        for index, position in self.mutations:
-            target = args[index]
-            if target.device.type == "tpu":
-                storage.write(target, outputs[position])
-            else:
-                target.copy_(storage.to_host(outputs[position], target.dtype))
-        results = []
-        for value, host in zip(outputs, self.host_outputs + [False] * len(outputs), strict=False):
+        arguments.write_back([args[index] for index, _ in self.mutations], [outputs[p] for _, p in self.mutations])
+        results = []  # the graph's own outputs; the written-back values after them are not the caller's
+        own = outputs[: len(outputs) - len(self.mutations)]
+        for value, host in zip(own, self.host_outputs + [False] * len(own), strict=False):
             if isinstance(value, jax.Array):
                 wrapped = storage.wrap(value)
                 results.append(wrapped.cpu() if host else wrapped)
             else:
                 results.append(value)
-        return results[: len(outputs) - len(self.mutations)]
+        return results
 
     def _bucket(self, real: tuple[int, ...]) -> tuple[int, ...]:
         """The padded sizes for these real sizes; a bucket beyond `num_buckets` is an error, not a compile."""
