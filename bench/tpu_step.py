@@ -18,7 +18,9 @@ large (12 layers, d 768, 12 heads, seq 512, batch 16, vocab 32768, bfloat16; ~13
 
     python bench/tpu_step.py --size small [--impls ours,jax,google] [--modes strict,fused,compiled,whole_step]
         [--google-env "source /tmp/tpu/env.sh google"] [--steps 10] [--warmup 3] [--json out.json]
-        [--profile DIR]
+        [--profile DIR] [--precision highest|high|medium]
+--precision is the float32 matmul precision of every implementation (torch's default "highest": full float32
+products; plain JAX's jit is traced at the same level, as its own default on a TPU is one bfloat16 pass).
 With --profile, each child of ours and JAX's captures 2 more steps under DIR with JAX's profiler, and the parent
 prints where the device time went (bench/step_profile.py: programs a step, device-busy against wall time, the HLO
 op kinds and ops that take the most).
@@ -173,12 +175,32 @@ def _jax_step(size: str):
     return run
 
 
-def child(impl: str, mode: str, size: str, steps: int, warmup: int, profile: str | None = None) -> dict:
+# torch's float32 matmul precision -> JAX's default matmul precision for the same math: "highest" (torch's default)
+# is full float32 products, which JAX only computes on a TPU when asked (its default is one bfloat16 pass).
+JAX_PRECISION = {"highest": "highest", "high": "high", "medium": "default"}
+
+
+def _set_precision(impl: str, precision: str) -> None:
+    """Every implementation computes float32 matmuls at `precision` (torch's names)."""
+    if impl == "jax":
+        import jax
+
+        jax.config.update("jax_default_matmul_precision", JAX_PRECISION[precision])
+    else:
+        import torch
+
+        torch.set_float32_matmul_precision(precision)
+
+
+def child(
+    impl: str, mode: str, size: str, steps: int, warmup: int, profile: str | None = None, precision: str = "highest"
+) -> dict:
     """One (implementation, mode): the first step, then the timed ones; with `profile`, a capture of
     PROFILE_STEPS more under that folder (bench/step_profile.py)."""
     start = time.perf_counter()
     clock = _FirstStepClock()
     _start_runtime(impl)
+    _set_precision(impl, precision)
     clock.phase("runtime")
     run = _jax_step(size) if impl == "jax" else _torch_step(mode, size)
     clock.phase("build")
@@ -210,7 +232,7 @@ def child(impl: str, mode: str, size: str, steps: int, warmup: int, profile: str
 
 def _launch(impl: str, mode: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, __file__, "--child", impl, mode, "--size", args.size]
-    command += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+    command += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--precision", args.precision]
     folder = Path(args.profile, f"{impl}_{mode}") if args.profile and impl != "google" else None
     if folder is not None:
         command += ["--profile", str(folder)]
@@ -285,13 +307,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--peak-tflops", type=float, default=0.0)
+    parser.add_argument(
+        "--precision",
+        choices=JAX_PRECISION,
+        default="highest",
+        help="float32 matmul precision of every implementation (torch's names; JAX's jit follows it)",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for each child process")
     parser.add_argument("--json", default=None)
     parser.add_argument("--profile", default=None, help="capture each child's last steps under this folder")
     parser.add_argument("--child", nargs=2, metavar=("IMPL", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(*args.child, args.size, args.steps, args.warmup, args.profile)))
+        print(json.dumps(child(*args.child, args.size, args.steps, args.warmup, args.profile, args.precision)))
         return
     results = []
     for impl in args.impls.split(","):
