@@ -45,6 +45,7 @@ class CompiledGraph:
     ) -> None:
         self.name = name
         graph.check_supported(gm)
+        arity = sum(1 for node in gm.graph.nodes if node.op == "placeholder")  # the caller's arguments
         self.plan = buckets.plan(gm, name) if bucket_options is not None else None
         if self.plan is not None:
             gm = self.plan.gm
@@ -52,9 +53,9 @@ class CompiledGraph:
         self.buckets: list[tuple[int, ...]] = []
         self.fn, self.mutations = graph.to_jax(gm)
         self.opaque = set(graph.opaque_inputs(gm))
-        self.arity, self.kept = -1, []  # the positions of the arguments the executable takes, set at the first call
+        self.kept = [i for i in range(arity) if i not in self.opaque]  # the arguments the executable takes
         self.spmd = hooks.spmd_plan(gm) if hooks.spmd_plan is not None else None
-        self.donated = self._donated(gm) if self.spmd is None and self.plan is None else []
+        self.donated = self._donated() if self.spmd is None and self.plan is None else []
         output_node = next(n for n in gm.graph.nodes if n.op == "output")
         self.host_outputs = [
             isinstance(v := getattr(o, "meta", {}).get("val"), torch.Tensor) and v.device.type == "cpu"
@@ -63,12 +64,11 @@ class CompiledGraph:
         self.debug_callback = debug_callback
         self.gm = gm
 
-    def _donated(self, gm: torch.fx.GraphModule) -> list[tuple[int, int]]:
+    def _donated(self) -> list[tuple[int, int]]:
         """(argument index, position among the executable's inputs) of each input the graph writes back: its
         memory may hold the new value (donate_argnums), as an optimizer step updates parameters and state in
         place, so the step needs no second copy of them."""
-        count = sum(1 for node in gm.graph.nodes if node.op == "placeholder")
-        positions = {index: position for position, index in enumerate(i for i in range(count) if i not in self.opaque)}
+        positions = {index: position for position, index in enumerate(self.kept)}
         return [(index, positions[index]) for index, _ in self.mutations if index in positions]
 
     def _owned_or_copied(self, inputs: list[Any], held: list[bool]) -> None:
@@ -130,8 +130,6 @@ class CompiledGraph:
     def __call__(self, *args: Any) -> list[Any]:
         key = tpu_random.next_key()
         fused.flush()  # a compiled graph runs on computed values
-        if len(args) != self.arity:
-            self.arity, self.kept = len(args), [i for i in range(len(args)) if i not in self.opaque]
         inputs, held = arguments.read(args, self.kept)
         self._owned_or_copied(inputs, held)
         if self.plan is None:

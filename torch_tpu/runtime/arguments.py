@@ -16,22 +16,17 @@ from typing import Any
 import jax
 import torch
 
-from torch_tpu.runtime import dtypes, storage
+from torch_tpu.runtime import storage
+from torch_tpu.runtime.mapping import WHOLE_BUFFER, classify
 
 _ATTR = storage._ATTR
-_JAX_DTYPE = dtypes.JAX_DTYPES
 _Tensor = torch.Tensor
 
 
 def _whole(tensor: torch.Tensor, buffer: Any) -> bool:
-    """Whether `tensor` is all of `buffer`'s array as it is (`mapping.classify`'s first test), with no lazy
-    conjugate or negative bit to apply."""
-    dtype = _JAX_DTYPE.get(tensor.dtype)
+    """Whether `tensor` is all of `buffer`'s array as it is, with no lazy conjugate or negative bit to apply."""
     return (
-        buffer.shape == tensor.shape
-        and dtype is not None  # (never `==` with None: numpy reads None as float64)
-        and (buffer.dtype is dtype or buffer.dtype == dtype)  # equal dtypes need not be one object
-        and tensor.is_contiguous()
+        classify(tensor, buffer, tensor.shape, tensor.dtype) is WHOLE_BUFFER
         and not tensor.is_conj()
         and not tensor.is_neg()
     )

@@ -163,10 +163,15 @@ _layouts: dict[tuple, tuple] = {}
 
 def layout(shape: tuple[int, ...], jdtype: np.dtype) -> tuple:
     """How `wrap_as` lays out a fresh array of `shape` and `jdtype`: (shape, torch dtype, jax dtype, nbytes);
-    cached, as shapes repeat."""
+    cached, as shapes repeat. The jax dtype is the registry's own object where equal: an executable's outputs may
+    carry an equal dtype that is another object, and `mapping.classify`'s first test compares by identity."""
     found = _layouts.get((shape, jdtype))
     if found is None:
-        found = _layouts[shape, jdtype] = (shape, dtypes.to_torch(jdtype), jdtype, math.prod(shape) * jdtype.itemsize)
+        torch_dtype = dtypes.to_torch(jdtype)
+        canonical = _JAX_DTYPE.get(torch_dtype)
+        if canonical is not None and canonical == jdtype:
+            jdtype = canonical
+        found = _layouts[shape, jdtype] = (shape, torch_dtype, jdtype, math.prod(shape) * jdtype.itemsize)
     return found
 
 
