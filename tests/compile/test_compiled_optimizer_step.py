@@ -81,6 +81,20 @@ def test_compiled_whole_step_keeps_the_step_counters_on_the_device_and_matches_c
     assert after["to_host"] - at_step_three["to_host"] == 1  # the losses' stack, read once
 
 
+def test_compiled_autograd_whole_step_matches_cpu():
+    """With compiled autograd on, Dynamo hands the backward to the backend as a graph of its own, which allocates
+    the gradients it accumulates (`new_empty_strided`)."""
+    torch.manual_seed(1)
+    batches = [(torch.randn(8, 6), torch.randint(0, 3, (8,))) for _ in range(3)]
+    cpu_model, _, cpu_losses = _train("cpu", OPTIMIZERS["adamw"], batches, compiled=False)
+    with torch._dynamo.config.patch(compiled_autograd=True):
+        tpu_model, _, tpu_losses = _train("tpu", OPTIMIZERS["adamw"], batches, compiled=True)
+    assert_close(tpu_losses, cpu_losses)
+    for ours, theirs in zip(tpu_model.parameters(), cpu_model.parameters(), strict=True):
+        assert_close(ours.detach(), theirs.detach())
+        assert_close(ours.grad, theirs.grad)
+
+
 def test_an_optimizer_with_state_moves_its_step_counters_to_the_device_and_steps_eagerly_after():
     """Dynamo sets capturable only on a group whose state is not made yet; after an eager step it moves the CPU
     step counters to the parameters' device instead (as for CUDA) and leaves the group's flag. Eager steps after

@@ -138,6 +138,16 @@ def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_mem
     return jnp.zeros(size, _dtype(dtype))
 
 
+@lower_in_graphs(aten.new_empty_strided.default)
+def new_empty_strided(self, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(size, _dtype(dtype, self.dtype))
+
+
+@lower_in_graphs(aten.new_empty.default)
+def new_empty(self, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(size, _dtype(dtype, self.dtype))
+
+
 @lower_in_graphs(aten.full.default)
 def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.full(size, fill_value, _dtype(dtype))
