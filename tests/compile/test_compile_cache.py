@@ -50,6 +50,27 @@ def test_second_process_hits_every_entry(tmp_path):
     assert warm["eager"] == cold["eager"] == [16.0, 48.0, 80.0]
 
 
+FILLS = """
+import json, torch
+zeros = torch.zeros(5, 7, device="tpu")
+full = torch.full((3,), 2.5, device="tpu")
+ones = torch.ones(2, 2, dtype=torch.bfloat16, device="tpu")
+stats = torch.tpu._get_cache_stats()["persistent"]
+print(json.dumps({"values": [zeros.cpu().tolist(), full.cpu().tolist(), ones.float().cpu().tolist()], "stats": stats}))
+"""
+
+
+def test_a_second_process_loads_the_fill_helpers_programs(tmp_path):
+    """Fills of fresh storages (zeros, full, ones: an optimizer's new state) make their arrays with small jitted
+    helpers, one program per shape and dtype: a warm process loads them instead of compiling them again."""
+    cold, _ = run(tmp_path, FILLS)
+    warm, _ = run(tmp_path, FILLS)
+    assert cold["stats"]["misses"] == 3 and cold["stats"]["hits"] == 0  # zeros 5x7, full float32 3, full bf16 2x2
+    assert warm["stats"]["misses"] == 0 and warm["stats"]["hits"] == 3
+    expected = [[[0.0] * 7] * 5, [2.5] * 3, [[1.0, 1.0], [1.0, 1.0]]]
+    assert cold["values"] == warm["values"] == expected
+
+
 def test_directory_is_private(tmp_path):
     root = tmp_path / "cache"
     run(root)

@@ -11,7 +11,6 @@ rounds or refuses it) takes the op's lowering as before.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -19,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torch_tpu.runtime import memory, storage
+from torch_tpu.runtime import memory, persistent, storage
 from torch_tpu.runtime.mapping import RESHAPE, WHOLE_BUFFER, classify
 
 _SCALARS: dict[tuple[np.dtype, str | int], jax.Array] = {}
@@ -86,6 +85,8 @@ def _full(shape: tuple[int, ...], dtype: np.dtype, value: bool | int | float) ->
     return _full_jit(shape, dtype, np.asarray(value).astype(dtype))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _full_jit(shape: tuple[int, ...], dtype: np.dtype, value: jax.Array) -> jax.Array:
+def _make_full(shape: tuple[int, ...], dtype: np.dtype, value: jax.Array) -> jax.Array:
     return jnp.full(shape, value, dtype)
+
+
+_full_jit = persistent.Helper(_make_full, static_argnums=(0, 1))

@@ -279,3 +279,28 @@ def compile_keyed(
     compiled = lowered.compile(options)
     _store(key, compiled)
     return compiled, False, key
+
+
+class Helper:
+    """A small jitted runtime helper (zeros, a fill) whose executables come from this tier: every process needs the
+    same few, one per shape, and compiling them again cost a warm process on a TPU host 0.7 s each (bench/tpu_step.py's
+    first-step report). Called like the function; inside a trace (a Fused cluster's) it is the plain `jax.jit`."""
+
+    def __init__(self, function: Callable, static_argnums: tuple[int, ...]) -> None:
+        self.__name__ = function.__name__
+        self._jit = jax.jit(function, static_argnums=static_argnums)
+        self._static = frozenset(static_argnums)
+        self._calls: dict[tuple, Callable] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        static = self._static
+        key = tuple(arg if i in static else (arg.shape, arg.dtype) for i, arg in enumerate(args))
+        call = self._calls.get(key)
+        if call is None:
+            if not enabled() or any(isinstance(arg, jax.core.Tracer) for arg in args):
+                return self._jit(*args)
+            compiled, _ = compile_lowered(self._jit.lower(*args), eager=True)
+            result = compiled(*[arg for i, arg in enumerate(args) if i not in static])
+            self._calls[key] = fast_call(compiled)  # (its C++ path exists once called)
+            return result
+        return call(*[arg for i, arg in enumerate(args) if i not in static])

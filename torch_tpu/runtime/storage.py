@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from torch_tpu import metrics
-from torch_tpu.runtime import checks, compat, deferred, dtypes, float64, platform
+from torch_tpu.runtime import checks, compat, deferred, dtypes, float64, persistent, platform
 from torch_tpu.runtime import memory as _memory
 from torch_tpu.runtime.mapping import RESHAPE, WHOLE_BUFFER, classify
 
@@ -398,9 +398,11 @@ def _zeros_of(shape: tuple[int, ...], dtype: np.dtype) -> jax.Array:
     return found
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _zeros(shape: tuple[int, ...], dtype: np.dtype) -> jax.Array:
+def _make_zeros(shape: tuple[int, ...], dtype: np.dtype) -> jax.Array:
     return jnp.zeros(shape, dtype)
+
+
+_zeros = persistent.Helper(_make_zeros, static_argnums=(0, 1))
 
 
 @functools.partial(jax.jit, static_argnums=1)
