@@ -24,7 +24,7 @@
 #              numbers part, node by node, for GPT-2 and Llama)
 # perf         bench/tpu_warmup.py (each op's first call: ours cold, warm and uncached against plain JAX's),
 #              bench/eager_overhead.py (a Strict op against the jitted-call floor), bench/tpu_step.py small (fp32 GPT step: plain JAX, ours in every mode, Google's TorchTPU where staged
-#              with pack.sh --google), bench/eager_modes.py (MLP steps, the per-op chain)
+#              with pack.sh --google), bench/eager_modes.py (MLP steps, the per-op chain; Google's too where staged)
 # perf_large   bench/tpu_step.py large (the ~136M-parameter bf16 GPT step); both tpu_step runs profile 2 more steps
 #              of each child (bench/step_profile.py: programs, device-busy time, the costliest HLO ops)
 # Every step runs under its own timeout (SIGINT first: pytest then writes its report), cut to what is left of
@@ -198,12 +198,19 @@ part_numerics() {
         --json "$OUT/compiled_numerics.json"
 }
 
+# the shell commands that set up Google's TorchTPU: DEVICE_RUN_GOOGLE_ENV, or the staging's where it is staged
+google_env() {
+    local env=${DEVICE_RUN_GOOGLE_ENV:-}
+    [ -z "$env" ] && [ -d /tmp/tpu/google ] && env="source /tmp/tpu/env.sh google"
+    echo "$env"
+}
+
 # tpu_step SIZE: bench/tpu_step.py at SIZE, plain JAX, ours in every mode, and Google's TorchTPU where it is staged
 tpu_step() {
     local size=$1 cap=$2 google=()
     [ "$SMALL" = 1 ] && size=tiny
-    local google_env=${DEVICE_RUN_GOOGLE_ENV:-}
-    [ -z "$google_env" ] && [ -d /tmp/tpu/google ] && google_env="source /tmp/tpu/env.sh google"
+    local google_env
+    google_env=$(google_env)
     [ -n "$google_env" ] && google=(--google-env "$google_env")
     local steps=(--steps 10 --warmup 3)
     [ "$SMALL" = 1 ] && steps=(--steps 2 --warmup 1)
@@ -216,10 +223,15 @@ part_perf() {
     local overhead_size=(--repeats 7)
     [ "$SMALL" = 1 ] && overhead_size=(--ops 40 --repeats 2)
     step eager_overhead 60 "$PYTHON" bench/eager_overhead.py "${overhead_size[@]}"
-    tpu_step small 300
+    tpu_step small 560  # JAX, ours and Google's: 445 s in the tenth run (a call of its own: DEVICE_RUN_SKIP the rest)
     local eager_size=(--rounds 5 --steps 10 --warmup 3)
     [ "$SMALL" = 1 ] && eager_size=(--rounds 1 --steps 2 --warmup 1)
     step eager_modes 120 "$PYTHON" bench/eager_modes.py "${eager_size[@]}"
+    local google_env  # the same workloads on Google's TorchTPU, in a process of its own
+    google_env=$(google_env)
+    if [ -n "$google_env" ]; then
+        step eager_modes_google 150 bash -c "$google_env && $PYTHON bench/eager_modes.py ${eager_size[*]}"
+    fi
 }
 
 part_perf_large() {
