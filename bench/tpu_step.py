@@ -184,12 +184,11 @@ def _set_precision(impl: str, precision: str, size: str) -> None:
     """Every implementation computes float32 matmuls at `precision` (torch's names). A bfloat16 step is left at
     JAX's default: torch's setting does not touch bfloat16 matmuls, while JAX's `highest` does (the large step took
     244 ms at `highest` on a v5e against 90 at its default, a different computation from ours)."""
-    if impl == "jax" and SIZES[size][1] != "float32":
-        return
     if impl == "jax":
         import jax
 
-        jax.config.update("jax_default_matmul_precision", JAX_PRECISION[precision])
+        if SIZES[size][1] == "float32":
+            jax.config.update("jax_default_matmul_precision", JAX_PRECISION[precision])
     else:
         import torch
 

@@ -295,12 +295,13 @@ class Helper:
     def __call__(self, *args: Any) -> Any:
         static = self._static
         key = tuple(arg if i in static else (arg.shape, arg.dtype) for i, arg in enumerate(args))
+        dynamic = [arg for i, arg in enumerate(args) if i not in static]
         call = self._calls.get(key)
-        if call is None:
-            if not enabled() or any(isinstance(arg, jax.core.Tracer) for arg in args):
-                return self._jit(*args)
-            compiled, _ = compile_lowered(self._jit.lower(*args), eager=True)
-            result = compiled(*[arg for i, arg in enumerate(args) if i not in static])
-            self._calls[key] = fast_call(compiled)  # (its C++ path exists once called)
-            return result
-        return call(*[arg for i, arg in enumerate(args) if i not in static])
+        if call is not None:
+            return call(*dynamic)
+        if not enabled() or any(isinstance(arg, jax.core.Tracer) for arg in dynamic):
+            return self._jit(*args)
+        compiled, _ = compile_lowered(self._jit.lower(*args), eager=True)
+        result = compiled(*dynamic)
+        self._calls[key] = fast_call(compiled)  # (its C++ path exists once called)
+        return result
