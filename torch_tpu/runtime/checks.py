@@ -183,6 +183,15 @@ def _failure(checks: tuple[Check, ...], values: np.ndarray) -> Exception | None:
     return None
 
 
+def prefetch_pending() -> None:
+    """Start copying the pending checks' flags to the host before a read waits for a value, so that the
+    `raise_pending` after it waits for no second round trip (on a TPU one is ~0.5 ms of a small training step)."""
+    for _, flags in _pending:
+        start = getattr(flags, "copy_to_host_async", None)
+        if start is not None:
+            start()
+
+
 def raise_pending() -> None:
     """Raise the first failed pending check (in the order the ops ran), forgetting every pending check."""
     if not _pending:

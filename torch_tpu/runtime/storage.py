@@ -566,7 +566,9 @@ def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:
 def to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     """Copy a device array to a new CPU tensor of `dtype` (waits for the value)."""
     try:
-        host = np.asarray(deferred.concrete(array))
+        array = deferred.concrete(array)
+        checks.prefetch_pending()
+        host = np.asarray(array)
     except jax.errors.JaxRuntimeError as error:  # the work that computes the value failed (asynchronous dispatch)
         if _memory.is_oom(error):
             raise _memory.out_of_memory(error) from error
