@@ -219,7 +219,7 @@ tpu_step() {
 }
 
 part_perf() {
-    step warmup 120 "$PYTHON" bench/tpu_warmup.py --json "$OUT/warmup.json" --variants jax,ours,ours_effort,ours_warm
+    step warmup 120 "$PYTHON" bench/tpu_warmup.py --json "$OUT/warmup.json" --variants jax,ours,ours_xla,ours_warm
     local overhead_size=(--repeats 7)
     [ "$SMALL" = 1 ] && overhead_size=(--ops 40 --repeats 2)
     step eager_overhead 60 "$PYTHON" bench/eager_overhead.py "${overhead_size[@]}"

@@ -241,8 +241,9 @@ def test_entries_are_keyed_to_the_environment(tmp_path, monkeypatch):
 
 
 def test_eager_compile_effort_is_applied_and_keyed(tmp_path, monkeypatch):
-    """TORCH_TPU_EAGER_COMPILE_EFFORT reaches an eager op's compile options (only an eager op's) and its key: an
-    executable compiled at another effort is not taken from disk, and the op computes what CPU does."""
+    """An eager op's executable is compiled at XLA's quickest effort by default (only an eager op's), at XLA's own
+    with TORCH_TPU_EAGER_COMPILE_EFFORT=default; the effort is in the key (an executable compiled at another is not
+    taken from disk), and the ops compute what CPU does at either."""
     import jax
 
     from torch_tpu.runtime import persistent as cache
@@ -253,15 +254,51 @@ def test_eager_compile_effort_is_applied_and_keyed(tmp_path, monkeypatch):
     monkeypatch.setattr(
         type(lowered), "compile", lambda self, options=None: seen.append(options) or original(self, options)
     )
+    assert cache.EAGER_OPTIONS == {"exec_time_optimization_effort": -1.0} and cache.EAGER_OPTIONS_BY_SIZE
     cache.compile_lowered(lowered, eager=True)
-    monkeypatch.setattr(cache, "EAGER_OPTIONS", {"exec_time_optimization_effort": -1.0})
-    _, from_disk = cache.compile_lowered(lowered)  # not an eager op: the options it was stored under
-    assert from_disk
+    assert seen[-1]["exec_time_optimization_effort"] == -1.0
+    monkeypatch.setattr(cache, "EAGER_OPTIONS", {})
     _, from_disk = cache.compile_lowered(lowered, eager=True)
-    assert not from_disk and seen[-1]["exec_time_optimization_effort"] == -1.0
-    assert "exec_time_optimization_effort" not in seen[0]
-    result, _ = run(tmp_path / "child", TORCH_TPU_EAGER_COMPILE_EFFORT="-1")
-    assert result["eager"] == [16.0, 48.0, 80.0]
+    assert not from_disk and "exec_time_optimization_effort" not in seen[-1]
+    _, from_disk = cache.compile_lowered(lowered)  # not an eager op: XLA's own effort, as just stored
+    assert from_disk
+    quick, _ = run(tmp_path / "child")
+    own, _ = run(tmp_path / "child", TORCH_TPU_EAGER_COMPILE_EFFORT="default")
+    again, _ = run(tmp_path / "child", TORCH_TPU_EAGER_COMPILE_EFFORT="-1")
+    assert quick["eager"] == own["eager"] == again["eager"] == [16.0, 48.0, 80.0]
+    assert quick["stats"]["hits"] == 0 and again["stats"]["misses"] == 0
+    # at XLA's own effort the eager ops' executables are compiled again; the compiled model's graph is shared
+    assert own["stats"]["misses"] > 0 and own["stats"]["hits"] > 0
+    assert own["stats"]["hits"] + own["stats"]["misses"] == quick["stats"]["misses"]
+
+
+def test_a_large_eager_program_keeps_xlas_own_effort(monkeypatch):
+    """Unset, the quickest effort is for programs under QUICK_EFFORT_MAX_BYTES of arguments and results (a large
+    matmul ran 2.25x as long at it on a v5e); a number set in TORCH_TPU_EAGER_COMPILE_EFFORT applies to every one."""
+    import jax
+    import jax.numpy as jnp
+
+    from torch_tpu.runtime import persistent as cache
+
+    monkeypatch.setenv("TORCH_TPU_PERSISTENT_CACHE", "0")
+    half = cache.QUICK_EFFORT_MAX_BYTES // 2 // 4  # float32 elements: argument + result = the limit
+    small = jax.jit(lambda a: a + 1).lower(jax.ShapeDtypeStruct((half - 1,), jnp.float32))
+    large = jax.jit(lambda a: a + 1).lower(jax.ShapeDtypeStruct((half,), jnp.float32))
+    assert cache._operand_bytes(large) == cache.QUICK_EFFORT_MAX_BYTES
+    assert cache._eager_program_options(small) == {"exec_time_optimization_effort": -1.0}
+    assert cache._eager_program_options(large) == {}
+    monkeypatch.setattr(cache, "EAGER_OPTIONS_BY_SIZE", False)
+    assert cache._eager_program_options(large) == {"exec_time_optimization_effort": -1.0}
+
+
+def test_a_bad_eager_compile_effort_is_named():
+    from torch_tpu.runtime import persistent as cache
+
+    assert cache._eager_options("default") == {} and cache._eager_options("0.5") == {
+        "exec_time_optimization_effort": 0.5
+    }
+    with pytest.raises(ValueError, match="TORCH_TPU_EAGER_COMPILE_EFFORT='fast'"):
+        cache._eager_options("fast")
 
 
 def test_cache_can_be_disabled(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import math
 import os
 import pathlib
 import pickle
@@ -238,11 +239,43 @@ def footprint(executable: Any) -> int:
         return DEFAULT_FOOTPRINT
 
 
-# XLA's optimisation effort for eager per-op executables (TORCH_TPU_EAGER_COMPILE_EFFORT: XLA's
-# `exec_time_optimization_effort`, -1 to 1; unset: XLA's default). A Strict op's program is one small fusion that
-# runs for microseconds: a quicker compile may shorten a cold process's warm-up (bench/tpu_warmup.py measures it).
-_EFFORT = os.environ.get("TORCH_TPU_EAGER_COMPILE_EFFORT")
-EAGER_OPTIONS: dict[str, float] = {} if _EFFORT is None else {"exec_time_optimization_effort": float(_EFFORT)}
+def _eager_options(effort: str) -> dict[str, float]:
+    """XLA's options for eager per-op executables at `effort` (XLA's `exec_time_optimization_effort`, -1 to 1;
+    "default": XLA's own)."""
+    if effort.strip().lower() == "default":
+        return {}
+    try:
+        return {"exec_time_optimization_effort": float(effort)}
+    except ValueError:
+        raise ValueError(
+            f"torch_tpu: TORCH_TPU_EAGER_COMPILE_EFFORT={effort!r} is neither a number from -1 to 1 nor 'default'"
+        ) from None
+
+
+# TORCH_TPU_EAGER_COMPILE_EFFORT sets the effort of every eager per-op executable. Unset, a program whose arguments
+# and results take less than QUICK_EFFORT_MAX_BYTES is compiled at the quickest effort and a larger one at XLA's
+# own. On a v5e the quickest halved the XLA compiles of the small float32 step's first Strict call (32.7 -> 17.8 s,
+# full-float32 matmuls the most) with its steps as fast, but made the large bfloat16 step's matmuls run 2.25x as
+# long (Strict device time 127 -> 208 ms a step); that step's smallest matmul touches 25 MiB, the small step's
+# largest program 24 and its largest matmul 11.
+_EFFORT_SETTING = os.environ.get("TORCH_TPU_EAGER_COMPILE_EFFORT")
+EAGER_OPTIONS = _eager_options("-1" if _EFFORT_SETTING is None else _EFFORT_SETTING)
+EAGER_OPTIONS_BY_SIZE = _EFFORT_SETTING is None
+QUICK_EFFORT_MAX_BYTES = 16 << 20
+
+
+def _operand_bytes(lowered: jax.stages.Lowered) -> int:
+    """The bytes of a lowered program's arguments and results, from their shapes (nothing is compiled or run)."""
+    total = 0
+    for aval in [*jax.tree_util.tree_leaves(lowered.in_avals), *jax.tree_util.tree_leaves(lowered.out_info)]:
+        total += math.prod(aval.shape) * getattr(aval.dtype, "itemsize", 0)
+    return total
+
+
+def _eager_program_options(lowered: jax.stages.Lowered) -> dict[str, float]:
+    if EAGER_OPTIONS_BY_SIZE and _operand_bytes(lowered) >= QUICK_EFFORT_MAX_BYTES:
+        return {}
+    return EAGER_OPTIONS
 
 
 def compile_lowered(
@@ -250,7 +283,7 @@ def compile_lowered(
 ) -> tuple[Any, bool]:
     """The executable of `lowered`, from disk if present (and then True), else compiled and stored. `devices`:
     an SPMD program's devices, in its mesh's order (default: the program runs on this process's device); `eager`:
-    an eager op's own program (compiled with `EAGER_OPTIONS`)."""
+    an eager op's own program (compiled with `EAGER_OPTIONS`, by its size)."""
     compiled, from_disk, _ = compile_keyed(lowered, devices, eager)
     return compiled, from_disk
 
