@@ -594,3 +594,40 @@ print(json.dumps({"bypassed": bypassed, "wrapped": hasattr(torch.arange, "__wrap
 def test_wrapped_factories_are_cacheable_when_inductor_config_loads_first(tmp_path):
     result, _ = run(tmp_path / "cache", INDUCTOR_CONFIG_FIRST, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     assert result == {"bypassed": [], "wrapped": True}
+
+
+def test_the_copy_of_a_donated_input_comes_from_the_persistent_tier(tmp_path, monkeypatch):
+    """A compiled step's copy of a donated input held elsewhere is a persistent-tier program (a warm process loads
+    it), a new array equal to its source; an array over several devices keeps its sharding (plain jax.jit)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from torch_tpu.compile import backend
+
+    monkeypatch.setenv("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", str(tmp_path))
+    source = jnp.arange(21.0).reshape(7, 3)
+    copied = backend._copy(source)
+    assert copied is not source and len(entries(tmp_path)) == 1
+    np.testing.assert_array_equal(np.asarray(copied), np.asarray(source))
+    source.delete()
+    assert np.asarray(copied)[6, 2] == 20.0  # its own buffer
+    done = subprocess.run(
+        [sys.executable, "-c", SPREAD_COPY],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2"),
+    )
+    assert done.returncode == 0 and done.stdout.split()[-1] == "2", done.stderr[-3000:]
+    assert len(entries(tmp_path)) == 1  # the child's copy over two devices was not stored
+
+
+SPREAD_COPY = """
+import jax, jax.numpy as jnp, numpy as np
+from torch_tpu.compile import backend
+mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("x",))
+spread = jax.device_put(jnp.arange(8.0), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x")))
+copied = backend._copy(spread)
+assert np.asarray(copied).tolist() == list(range(8))
+print(len(copied.sharding.device_set))
+"""

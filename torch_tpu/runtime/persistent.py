@@ -296,7 +296,7 @@ def compile_keyed(
 
     An SPMD program's executable is bound to its device assignment, which its StableHLO does not name (only the
     device count): the key holds the ids of `devices`, besides the process count and this process's device."""
-    options = precision.compiler_options() | (EAGER_OPTIONS if eager else {})
+    options = precision.compiler_options() | (_eager_program_options(lowered) if eager else {})
     if not enabled():
         return lowered.compile(options), False, None
     # The signature too: jax.jit drops unused arguments, so two calling conventions can share one StableHLO.
@@ -327,12 +327,19 @@ class Helper:
 
     def __call__(self, *args: Any) -> Any:
         static = self._static
-        key = tuple(arg if i in static else (arg.shape, arg.dtype) for i, arg in enumerate(args))
         dynamic = [arg for i, arg in enumerate(args) if i not in static]
+        if any(isinstance(arg, jax.core.Tracer) for arg in dynamic):
+            return self._jit(*args)
+        key = tuple(
+            arg if i in static else (arg.shape, arg.dtype, getattr(arg, "sharding", None)) for i, arg in enumerate(args)
+        )
         call = self._calls.get(key)
         if call is not None:
             return call(*dynamic)
-        if not enabled() or any(isinstance(arg, jax.core.Tracer) for arg in dynamic):
+        # an array elsewhere than on this process's first device (an SPMD program's over several) keeps jax.jit:
+        # this tier's programs run there, and its key names no other device assignment
+        home = {jax.local_devices()[0]}
+        if not enabled() or any(isinstance(arg, jax.Array) and arg.sharding.device_set != home for arg in dynamic):
             return self._jit(*args)
         compiled, _ = compile_lowered(self._jit.lower(*args), eager=True)
         result = compiled(*dynamic)
