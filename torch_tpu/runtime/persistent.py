@@ -273,6 +273,7 @@ def _operand_bytes(lowered: jax.stages.Lowered) -> int:
 
 
 def _eager_program_options(lowered: jax.stages.Lowered) -> dict[str, float]:
+    """The effort options of an eager program: `EAGER_OPTIONS`, but XLA's own for a large one unless set."""
     if EAGER_OPTIONS_BY_SIZE and _operand_bytes(lowered) >= QUICK_EFFORT_MAX_BYTES:
         return {}
     return EAGER_OPTIONS
