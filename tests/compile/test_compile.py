@@ -269,6 +269,33 @@ def test_dynamo_skips_torch_tpu_frames_under_every_backend():
         torch.testing.assert_close(result, cpu, rtol=1.3e-6, atol=1e-5, msg=lambda m, b=backend: f"{b}: {m}")
 
 
+def test_an_eager_compile_in_a_compiled_region_gives_dynamo_no_frame(monkeypatch):
+    """`loss.backward()` breaks the graph and runs eagerly with Dynamo's frame callback set: the fill of its first
+    gradient (a shape no program served yet) lowers through JAX, whose standard-library calls (`inspect`,
+    `logging`) Dynamo would compile; our compile paths run with the callback cleared, so only the user's frames
+    reach Dynamo. The gradient matches CPU's."""
+    import torch._dynamo.convert_frame as convert_frame
+
+    compiled_frames, original = [], convert_frame._compile
+
+    def spy(code, *args, **kwargs):
+        compiled_frames.append(code.co_filename)
+        return original(code, *args, **kwargs)
+
+    monkeypatch.setattr(convert_frame, "_compile", spy)
+    weight = torch.randn(7, 3, 11)
+
+    def step(w):
+        loss = (w * w).sum()
+        loss.backward()
+        return loss
+
+    w = weight.to("tpu").requires_grad_()
+    torch.compile(step, backend="tpu")(w)
+    assert compiled_frames and set(compiled_frames) == {__file__}
+    torch.testing.assert_close(w.grad.cpu(), 2 * weight, rtol=0, atol=0)  # doubling: exact
+
+
 def test_integer_advanced_indexing_compiles_and_matches_cpu():
     # Hugging Face's masks index `padding_mask[batch_idx, kv_idx]`: integer indices have a static output shape.
     def gather(x, rows, cols):

@@ -147,6 +147,7 @@ class Runner:
         executables.insert(key, entry)
         return result
 
+    @compat.without_dynamo_frames
     def _build(self, meta_op: OpOverload, traced: Callable, args: tuple, kwargs: dict, leaves: list) -> tuple:
         """(executable, first result, source): the jitted lowering compiled (or loaded from disk) and run once,
         or, for an unjitted one, the traced function run op by op."""

@@ -37,7 +37,7 @@ import jax
 from torch_tpu import metrics
 from torch_tpu.eager import modes
 from torch_tpu.eager.cache import Entry, executables
-from torch_tpu.runtime import checks, deferred, memory, persistent, storage, trace_context
+from torch_tpu.runtime import checks, compat, deferred, memory, persistent, storage, trace_context
 from torch_tpu.runtime.deferred import Pending
 from torch_tpu.runtime.deferred import concrete as concrete  # re-exported: the dispatcher's name for it
 from torch_tpu.runtime.deferred import is_pending as is_pending  # re-exported: the dispatcher's name for it
@@ -259,11 +259,7 @@ def _run(plan: list[int], leaves: list, out_refs: tuple, ranks: tuple[int, ...] 
     replay = _replay([recorder.node_table[n] for n in plan], out_refs)
     from_disk = False
     if ranks is None:  # compiled as every executable is: XLA options (excess precision), persistent tier
-        with warnings.catch_warnings():  # a donated buffer no output could reuse: consumed all the same
-            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-            lowered = jax.jit(replay, donate_argnums=donated).lower(*leaves)
-            executable, from_disk = persistent.compile_lowered(lowered)
-        executable = persistent.fast_call(executable)
+        executable, from_disk = _compile(replay, donated, leaves)
     else:
         executable = hooks.spmd_cluster(ranks).compile(replay, leaves)
     results = jax.block_until_ready(executable(*leaves))
@@ -272,6 +268,16 @@ def _run(plan: list[int], leaves: list, out_refs: tuple, ranks: tuple[int, ...] 
     executables.insert(fingerprint, entry)
     metrics.compiled("fused", "disk" if from_disk else "compiled", entry.compilation_duration)
     return results
+
+
+@compat.without_dynamo_frames
+def _compile(replay: Callable, donated: tuple[int, ...], leaves: list) -> tuple[Any, bool]:
+    """A cluster's executable (from disk or compiled: then True, False) as it is called."""
+    with warnings.catch_warnings():  # a donated buffer no output could reuse: consumed all the same
+        warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+        lowered = jax.jit(replay, donate_argnums=donated).lower(*leaves)
+        executable, from_disk = persistent.compile_lowered(lowered)
+    return persistent.fast_call(executable), from_disk
 
 
 def install() -> None:

@@ -115,6 +115,39 @@ def _first(where: str, *finders: Callable[[], Any]) -> Any:
     return missing
 
 
+# --- torch: Dynamo's frame evaluation -------------------------------------------------------------------------------
+
+
+def _dynamo_frame_switch() -> Callable[[Any], Any] | None:
+    try:
+        return torch._C._dynamo.eval_frame.set_eval_frame
+    except AttributeError:
+        return None
+
+
+_set_eval_frame = _dynamo_frame_switch()
+
+
+def without_dynamo_frames(fn: Callable) -> Callable:
+    """`fn` run with Dynamo's frame callback cleared, as `torch._dynamo.disable` runs a function, without importing
+    Dynamo. An eager op compiled in a compiled region's eager stretch (a fill in `loss.backward()`) lowers through
+    JAX, which calls the standard library (`inspect`, `logging`): Dynamo skips our and JAX's frames but would
+    compile those, in every process. Where this torch has no such switch, `fn` itself."""
+    switch = _set_eval_frame
+    if switch is None:
+        return fn
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        prior = switch(None)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            switch(prior)
+
+    return run
+
+
 # --- torch: PrivateUse1 device and storage -------------------------------------------------------------------------
 
 PrivateUse1Hooks = _first("torch._C._acc.PrivateUse1Hooks", lambda: torch._C._acc.PrivateUse1Hooks)

@@ -342,6 +342,10 @@ class Helper:
         home = {jax.local_devices()[0]}
         if not enabled() or any(isinstance(arg, jax.Array) and arg.sharding.device_set != home for arg in dynamic):
             return self._jit(*args)
+        return self._compile(key, args, dynamic)
+
+    @compat.without_dynamo_frames
+    def _compile(self, key: tuple, args: tuple, dynamic: list) -> Any:
         compiled, _ = compile_lowered(self._jit.lower(*args), eager=True)
         result = compiled(*dynamic)
         self._calls[key] = fast_call(compiled)  # (its C++ path exists once called)
