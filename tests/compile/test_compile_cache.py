@@ -597,16 +597,17 @@ def test_wrapped_factories_are_cacheable_when_inductor_config_loads_first(tmp_pa
 
 
 def test_the_copy_of_a_donated_input_comes_from_the_persistent_tier(tmp_path, monkeypatch):
-    """A compiled step's copy of a donated input held elsewhere is a persistent-tier program (a warm process loads
-    it), a new array equal to its source; an array over several devices keeps its sharding (plain jax.jit)."""
+    """The copy of a donated input held elsewhere (compiled steps, Fused clusters, donating kernels) is a
+    persistent-tier program (a warm process loads it), a new array equal to its source; an array over several
+    devices keeps its sharding (plain jax.jit)."""
     import jax.numpy as jnp
     import numpy as np
 
-    from torch_tpu.compile import backend
+    from torch_tpu.runtime import storage
 
     monkeypatch.setenv("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", str(tmp_path))
     source = jnp.arange(21.0).reshape(7, 3)
-    copied = backend._copy(source)
+    copied = storage.copy_array(source)
     assert copied is not source and len(entries(tmp_path)) == 1
     np.testing.assert_array_equal(np.asarray(copied), np.asarray(source))
     source.delete()
@@ -624,10 +625,10 @@ def test_the_copy_of_a_donated_input_comes_from_the_persistent_tier(tmp_path, mo
 
 SPREAD_COPY = """
 import jax, jax.numpy as jnp, numpy as np
-from torch_tpu.compile import backend
+from torch_tpu.runtime import storage
 mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("x",))
 spread = jax.device_put(jnp.arange(8.0), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x")))
-copied = backend._copy(spread)
+copied = storage.copy_array(spread)
 assert np.asarray(copied).tolist() == list(range(8))
 print(len(copied.sharding.device_set))
 """

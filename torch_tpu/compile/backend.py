@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
@@ -25,10 +24,6 @@ from torch_tpu.ops.decompositions import for_graphs as decompositions
 from torch_tpu.runtime import arguments, checks, memory, platform, storage, trace_context
 from torch_tpu.runtime import persistent as cache
 from torch_tpu.runtime.hooks import hooks
-
-# A donated input held elsewhere is passed as a copy: its program comes from the persistent tier, as the fills' do
-# (a warm process on a TPU host compiled it again: 0.7 s of the small whole step's first call).
-_copy = cache.Helper(jnp.copy, ())
 
 _OPTIONS = {"async_compile", "num_dynamic_buckets", "bucket_size", "serializable", "debug_callback", "name"}
 
@@ -85,7 +80,7 @@ class CompiledGraph:
                 continue
             # references: `inputs`, `array`, getrefcount's argument, and the storage when the tensor is all of it
             if sys.getrefcount(array) > 3 + held[position]:
-                inputs[position] = _copy(array)
+                inputs[position] = storage.copy_array(array)
 
     def _compile(self, key: Any, inputs: list[Any]) -> tuple[Any, Entry]:
         """Trace (afresh: the precision in force is read while tracing), compile or load, and run once.

@@ -239,7 +239,7 @@ def _copy_held(leaves: list, donated: tuple[int, ...], alone: int) -> None:
     for position in donated:
         leaf = leaves[position]
         if not _owned(leaf, alone):
-            leaves[position] = jax.numpy.copy(leaf)
+            leaves[position] = storage.copy_array(leaf)
 
 
 def _run(plan: list[int], leaves: list, out_refs: tuple, ranks: tuple[int, ...] | None, out_avals: list) -> Any:

@@ -24,7 +24,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax.numpy as jnp
 import torch
 
 from torch_tpu.eager import fused
@@ -98,7 +97,7 @@ def _claim(name: str, values: dict[str, Any], donate: frozenset[str]) -> list[tu
             fused.flush()
         array = buffer.array  # an unwritten buffer: its zeros
         if sys.getrefcount(array) > 3:  # the buffer, `array`, and the call's argument: anyone else holds it too
-            buffer._array = jnp.copy(array)
+            buffer._array = storage.copy_array(array)
     return claimed
 
 
