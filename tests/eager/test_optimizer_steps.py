@@ -2,6 +2,7 @@
 parameters and state equal to CPU's after several steps, the user's mode untouched, and the op-by-op path kept
 where it must be (Debug eager, a closure, a step that raised)."""
 
+import collections
 import copy
 
 import pytest
@@ -156,3 +157,40 @@ def test_the_first_step_runs_the_steady_steps_program(name):
         if entry.source == "fused" and entry.read_count != before.get(id(entry), 0)
     ]
     assert len(runs) == 1 and runs[0][1] == 3, runs
+
+
+def _bfloat16_model(layers: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(layers)]).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_a_bfloat16_foreach_step_records_no_op_per_tensor(mode):
+    """An in-place foreach op casts its values to the list's dtypes inside its program: a bfloat16 step records
+    as many ops for 2 parameters as for 8 (each write of a float32 value used to record a cast of its own), and
+    its parameters and state follow CPU's (bfloat16 rounding after each op, as CPU's opmath rounds)."""
+    sizes = []
+    for layers in (1, 4):
+        cpu_model = _bfloat16_model(layers)
+        tpu_model = copy.deepcopy(cpu_model).to("tpu")
+        cpu_opt, tpu_opt = (OPTIMIZERS["adamw_foreach"](m.parameters()) for m in (cpu_model, tpu_model))
+        with torch.tpu.set_eager_mode(EAGER_MODES[mode]):
+            for step in range(3):
+                for model, device in ((cpu_model, "cpu"), (tpu_model, "tpu")):
+                    generator = torch.Generator().manual_seed(step)
+                    x = torch.randn(5, 8, generator=generator, dtype=torch.bfloat16)
+                    model.zero_grad()
+                    model(x.to(device)).float().square().mean().backward()
+                cpu_opt.step()
+                torch.tpu.synchronize()
+                clusters = dict(torch_tpu.metrics.fused_clusters)
+                tpu_opt.step()
+                torch.tpu.synchronize()
+            ran = torch_tpu.metrics.fused_clusters - collections.Counter(clusters)
+            assert sum(ran.values()) == 1, ran  # the step is one cluster
+            sizes.append(next(iter(ran)))
+        for ours, theirs in zip(tpu_model.parameters(), cpu_model.parameters(), strict=True):
+            torch.testing.assert_close(ours.detach().cpu(), theirs.detach())  # bfloat16's default tolerance
+        for ours, theirs in zip(tpu_opt.state.values(), cpu_opt.state.values(), strict=True):
+            torch.testing.assert_close(ours["exp_avg_sq"].cpu(), theirs["exp_avg_sq"])
+    assert sizes[0] == sizes[1], sizes

@@ -98,7 +98,7 @@ class Runner:
         platform.devices()
         positional, named = template
         meta = _meta_outputs(meta_op, args, kwargs)
-        out_dtypes = _dtypes_of(meta)
+        out_dtypes = _dtypes_of(meta) if meta is not None else _written_list_dtypes(meta_op, args)
         fn = self.lowering.fn
         rng = self.lowering.rng
         if _all_empty(meta) and not self.lowering.checks_empty:  # nothing to compute (nor zero sizes to handle)
@@ -271,6 +271,21 @@ def _dtypes_of(meta: Any) -> Any:
     if isinstance(meta, (list, tuple)):
         return tuple(dtypes.to_jax(o.dtype) if isinstance(o, torch.Tensor) else None for o in meta)
     return None
+
+
+def _written_list_dtypes(op: OpOverload, args: tuple) -> tuple | None:
+    """An in-place foreach op's (`_foreach_mul_`, whose meta kernel returns nothing): its list's dtypes, which
+    its values are cast to inside its program. Its lowering computes a bfloat16 list in float32 (the scalar is a
+    float32 run-time input), and a value of another dtype costs each write a cast of its own."""
+    arguments = op._schema.arguments
+    first = arguments[0] if arguments else None
+    if (
+        first is None
+        or not isinstance(first.type, torch.ListType)
+        or not (first.alias_info and first.alias_info.is_write)
+    ):
+        return None
+    return tuple(dtypes.to_jax(t.dtype) if isinstance(t, torch.Tensor) else None for t in args[0])
 
 
 def _all_empty(meta: Any) -> bool:
