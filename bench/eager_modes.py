@@ -1,6 +1,6 @@
 """Strict vs Fused eager vs torch.compile on three workloads, all in one run.
 
-(a) dispatch-bound: MLP 4x256 + head, batch 64, AdamW (its many small ops included);
+(a) dispatch-bound: MLP 4x256 + head, batch 64, AdamW (its many small ops included), float32 and bfloat16;
 (b) compute-bound: MLP 4x1024 + head, batch 256, SGD;
 (c) a chain of 200 small elementwise ops on a 64x64 tensor (µs per op).
 Each step ends with `loss.item()` (a materialisation point, as in a real loop). The runners of a workload take
@@ -29,21 +29,22 @@ def mlp(width: int, depth: int = 4, classes: int = 10) -> torch.nn.Module:
     return torch.nn.Sequential(*layers, torch.nn.Linear(width, classes))
 
 
-def setup(width: int, batch: int, optimizer: str) -> tuple:
+def setup(width: int, batch: int, optimizer: str, dtype: torch.dtype) -> tuple:
     """The model, its optimizer and one batch, on `tpu`, seeded the same for every mode."""
     torch.manual_seed(0)
-    model = mlp(width).to("tpu")
+    model = mlp(width).to("tpu", dtype)
     opt = (
         torch.optim.AdamW(model.parameters(), lr=1e-3)
         if optimizer == "adamw"
         else torch.optim.SGD(model.parameters(), lr=1e-2)
     )
-    return model, opt, torch.randn(batch, width, device="tpu"), torch.randint(0, 10, (batch,), device="tpu")
+    x = torch.randn(batch, width, device="tpu", dtype=dtype)
+    return model, opt, x, torch.randint(0, 10, (batch,), device="tpu")
 
 
-def training_step(width: int, batch: int, optimizer: str) -> Callable[[], Callable[[], float]]:
+def training_step(width: int, batch: int, optimizer: str, dtype: torch.dtype) -> Callable[[], Callable[[], float]]:
     def build() -> Callable[[], float]:
-        model, opt, x, y = setup(width, batch, optimizer)
+        model, opt, x, y = setup(width, batch, optimizer, dtype)
 
         def step() -> float:
             opt.zero_grad()
@@ -57,9 +58,9 @@ def training_step(width: int, batch: int, optimizer: str) -> Callable[[], Callab
     return build
 
 
-def compiled_step(width: int, batch: int, optimizer: str) -> Callable[[], Callable[[], float]]:
+def compiled_step(width: int, batch: int, optimizer: str, dtype: torch.dtype) -> Callable[[], Callable[[], float]]:
     def build() -> Callable[[], float]:
-        model, opt, x, y = setup(width, batch, optimizer)
+        model, opt, x, y = setup(width, batch, optimizer, dtype)
 
         @torch.compile(backend="tpu")
         def run(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -143,16 +144,17 @@ def main() -> None:
         f"after {args.warmup} warm-up steps, the runners taking turns"
     )
     print(f"{'workload':<44}{'strict':>10}{'fused':>10}{'compiled':>10}{'strict/fused':>14}{'fused/compiled':>16}")
-    for name, width, batch, optimizer in (
-        ("(a) MLP 4x256, batch 64, AdamW [ms/step]", 256, 64, "adamw"),
-        ("(b) MLP 4x1024, batch 256, SGD [ms/step]", 1024, 256, "sgd"),
+    for name, width, batch, optimizer, dtype in (
+        ("(a) MLP 4x256, batch 64, AdamW [ms/step]", 256, 64, "adamw", torch.float32),
+        ("(a) the same in bfloat16 [ms/step]", 256, 64, "adamw", torch.bfloat16),
+        ("(b) MLP 4x1024, batch 256, SGD [ms/step]", 1024, 256, "sgd", torch.float32),
     ):
-        eager = training_step(width, batch, optimizer)
+        eager = training_step(width, batch, optimizer, dtype)
         t = measure(
             {
                 "strict": (eager, STRICT),
                 "fused": (eager, FUSED),
-                "compiled": (compiled_step(width, batch, optimizer), STRICT),
+                "compiled": (compiled_step(width, batch, optimizer, dtype), STRICT),
             },
             args.rounds,
             args.steps,
