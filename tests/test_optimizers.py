@@ -279,3 +279,27 @@ def test_fused_step_compiled_matches_cpu(amp, name="adam_amsgrad"):
     torch.compile(step, backend="tpu", fullgraph=True)(ours, our_steps, "tpu")
     step(theirs, their_steps, "cpu")
     torch.testing.assert_close([[t.cpu() for t in ts] for ts in ours], theirs, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("mode", [torch.tpu.EagerMode.DEFER_NEVER, torch.tpu.EagerMode.DEFER_AND_FUSE])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda ts: torch._foreach_mul_(ts, 1.5),
+        lambda ts: torch._foreach_div_(ts, 2),
+        lambda ts: torch._foreach_add_(ts, [0.5, 1.5]),
+    ],
+    ids=["mul_float", "div_int", "add_float_list"],
+)
+def test_an_inplace_foreach_op_refuses_a_result_its_tensors_cannot_take(call, mode):
+    """An int list cannot take a float result: CPU raises, and so do we, writing nothing (the values used to be
+    cast to the list's dtype, silently truncated)."""
+    theirs = [torch.tensor([3, 4]), torch.tensor([5, -7])]
+    refused = "can't be cast to the desired output type|not possible due to element size change"
+    with pytest.raises(RuntimeError, match=refused):
+        call(theirs)
+    with torch.tpu.set_eager_mode(mode):
+        ours = [t.to("tpu") for t in theirs]
+        with pytest.raises(RuntimeError, match=refused):
+            call(ours)
+        assert all(torch.equal(o.cpu(), t) for o, t in zip(ours, theirs, strict=True))

@@ -98,7 +98,7 @@ class Runner:
         platform.devices()
         positional, named = template
         meta = _meta_outputs(meta_op, args, kwargs)
-        out_dtypes = _dtypes_of(meta) if meta is not None else _written_list_dtypes(meta_op, args)
+        out_dtypes = _dtypes_of(meta) if meta is not None else _written_list_dtypes(self.op, meta_op, args, kwargs)
         fn = self.lowering.fn
         rng = self.lowering.rng
         if _all_empty(meta) and not self.lowering.checks_empty:  # nothing to compute (nor zero sizes to handle)
@@ -273,10 +273,11 @@ def _dtypes_of(meta: Any) -> Any:
     return None
 
 
-def _written_list_dtypes(op: OpOverload, args: tuple) -> tuple | None:
+def _written_list_dtypes(functional: OpOverload, op: OpOverload, args: tuple, kwargs: dict) -> tuple | None:
     """An in-place foreach op's (`_foreach_mul_`, whose meta kernel returns nothing): its list's dtypes, which
-    its values are cast to inside its program. Its lowering computes a bfloat16 list in float32 (the scalar is a
-    float32 run-time input), and a value of another dtype costs each write a cast of its own."""
+    its values are cast to inside its program, after raising what CPU raises where a functional result's dtype
+    cannot be cast to its tensor's (`_foreach_mul_(int_tensors, 1.5)`). Its lowering computes a bfloat16 list in
+    float32 (the scalar is a float32 run-time input), and a value of another dtype cost each write a cast of its own."""
     arguments = op._schema.arguments
     first = arguments[0] if arguments else None
     if (
@@ -285,7 +286,11 @@ def _written_list_dtypes(op: OpOverload, args: tuple) -> tuple | None:
         or not (first.alias_info and first.alias_info.is_write)
     ):
         return None
-    return tuple(dtypes.to_jax(t.dtype) if isinstance(t, torch.Tensor) else None for t in args[0])
+    targets = [t.dtype if isinstance(t, torch.Tensor) else None for t in args[0]]
+    results = _meta_outputs(functional, args, kwargs)
+    if results is not None and any(r.dtype != t for r, t in zip(results, targets, strict=False)):
+        validation.check_out_dtypes(op, args, kwargs)
+    return tuple(None if t is None else dtypes.to_jax(t) for t in targets)
 
 
 def _all_empty(meta: Any) -> bool:
