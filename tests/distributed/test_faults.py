@@ -58,7 +58,10 @@ def test_a_killed_rank_with_a_forked_child_is_seen_lost():
     elapsed = _since_fault(results[1].output, end)
     print(f"killed rank 1 of 2 with a forked child (launch): the job ended {elapsed:.1f} s after the kill")
     assert results[1].returncode == -9 and results[0].returncode not in (0, None), report
-    assert "tpu_dist: rank 0 (in all_reduce #6 over ranks [0, 1]): rank 1 was lost" in results[0].output, report
+    # The victim dies after its all_reduce #5 returns; rank 0 may still be inside #5 then (its share of the call
+    # outlasting the victim's on a loaded machine), else in #6: either way the notice names where it was.
+    notice = r"tpu_dist: rank 0 \(in all_reduce #[56] over ranks \[0, 1\]\): rank 1 was lost"
+    assert re.search(notice, results[0].output), report
     assert elapsed < _REQUIRED_S, report
 
 
