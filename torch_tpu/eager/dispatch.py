@@ -278,19 +278,15 @@ def _written_list_dtypes(functional: OpOverload, op: OpOverload, args: tuple, kw
     its values are cast to inside its program, after raising what CPU raises where a functional result's dtype
     cannot be cast to its tensor's (`_foreach_mul_(int_tensors, 1.5)`). Its lowering computes a bfloat16 list in
     float32 (the scalar is a float32 run-time input), and a value of another dtype cost each write a cast of its own."""
-    arguments = op._schema.arguments
-    first = arguments[0] if arguments else None
+    first = op._schema.arguments[0] if op._schema.arguments else None
     if (
         first is None
         or not isinstance(first.type, torch.ListType)
         or not (first.alias_info and first.alias_info.is_write)
     ):
         return None
-    targets = [t.dtype if isinstance(t, torch.Tensor) else None for t in args[0]]
-    results = _meta_outputs(functional, args, kwargs)
-    if results is not None and any(r.dtype != t for r, t in zip(results, targets, strict=False)):
-        validation.check_out_dtypes(op, args, kwargs)
-    return tuple(None if t is None else dtypes.to_jax(t) for t in targets)
+    validation.check_inplace_dtype(functional, op, args, kwargs, _to_meta)
+    return tuple(dtypes.to_jax(t.dtype) if isinstance(t, torch.Tensor) else None for t in args[0])
 
 
 def _all_empty(meta: Any) -> bool:

@@ -208,12 +208,13 @@ def check_inplace_dtype(
     """For an in-place call whose functional result has another dtype than the tensor written (on meta tensors,
     `to_meta` of each argument, once per dtype signature): raise what CPU raises for it (e.g. `int_tensor.div_(2)`:
     "result type Float can't be cast to the desired output type Long"), if anything. Needed where the release's
-    meta kernels do not."""
+    meta kernels do not, and for every in-place foreach op (a list written, whose meta kernel returns nothing)."""
     signature = (inplace_op, _describe(args), tuple((n, _describe(v)) for n, v in kwargs.items()))
     if signature in _inplace_dtypes_checked:
         return
     result = functional(*to_meta(args), **{name: to_meta(value) for name, value in kwargs.items()})
-    if isinstance(result, torch.Tensor) and result.dtype != args[0].dtype:
+    results, written = (result, args[0]) if isinstance(args[0], (list, tuple)) else ([result], [args[0]])
+    if any(isinstance(r, torch.Tensor) and r.dtype != w.dtype for r, w in zip(results, written, strict=False)):
         check_out_dtypes(inplace_op, args, kwargs)
     _inplace_dtypes_checked.add(signature)
 
