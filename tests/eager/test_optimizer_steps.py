@@ -165,10 +165,13 @@ def _bfloat16_model(layers: int) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
-def test_a_bfloat16_foreach_step_records_no_op_per_tensor(mode):
+def test_a_bfloat16_foreach_step_records_no_op_per_tensor(mode, monkeypatch):
     """An in-place foreach op casts its values to the list's dtypes inside its program: a bfloat16 step records
     as many ops for 2 parameters as for 8 (each write of a float32 value used to record a cast of its own), and
-    its parameters and state follow CPU's (bfloat16 rounding after each op, as CPU's opmath rounds)."""
+    its parameters and state follow CPU's bit for bit where XLA must round to bfloat16 after each op as CPU's
+    opmath does (`allow_excess_precision` off: on a TPU the step's one program otherwise keeps them in float32).
+    Both take CPU's gradients, so that the step alone is compared."""
+    monkeypatch.setattr(torch.tpu, "allow_excess_precision", False)
     sizes = []
     for layers in (1, 4):
         cpu_model = _bfloat16_model(layers)
@@ -176,11 +179,11 @@ def test_a_bfloat16_foreach_step_records_no_op_per_tensor(mode):
         cpu_opt, tpu_opt = (OPTIMIZERS["adamw_foreach"](m.parameters()) for m in (cpu_model, tpu_model))
         with torch.tpu.set_eager_mode(EAGER_MODES[mode]):
             for step in range(3):
-                for model, device in ((cpu_model, "cpu"), (tpu_model, "tpu")):
-                    generator = torch.Generator().manual_seed(step)
-                    x = torch.randn(5, 8, generator=generator, dtype=torch.bfloat16)
-                    model.zero_grad()
-                    model(x.to(device)).float().square().mean().backward()
+                x = torch.randn(5, 8, generator=torch.Generator().manual_seed(step), dtype=torch.bfloat16)
+                cpu_model.zero_grad()
+                cpu_model(x).float().square().mean().backward()
+                for ours, theirs in zip(tpu_model.parameters(), cpu_model.parameters(), strict=True):
+                    ours.grad = theirs.grad.to("tpu")
                 cpu_opt.step()
                 torch.tpu.synchronize()
                 clusters = dict(torch_tpu.metrics.fused_clusters)
@@ -190,7 +193,7 @@ def test_a_bfloat16_foreach_step_records_no_op_per_tensor(mode):
             assert sum(ran.values()) == 1, ran  # the step is one cluster
             sizes.append(next(iter(ran)))
         for ours, theirs in zip(tpu_model.parameters(), cpu_model.parameters(), strict=True):
-            torch.testing.assert_close(ours.detach().cpu(), theirs.detach())  # bfloat16's default tolerance
+            torch.testing.assert_close(ours.detach().cpu(), theirs.detach(), rtol=0, atol=0)
         for ours, theirs in zip(tpu_opt.state.values(), cpu_opt.state.values(), strict=True):
-            torch.testing.assert_close(ours["exp_avg_sq"].cpu(), theirs["exp_avg_sq"])
+            torch.testing.assert_close(ours["exp_avg_sq"].cpu(), theirs["exp_avg_sq"], rtol=0, atol=0)
     assert sizes[0] == sizes[1], sizes
