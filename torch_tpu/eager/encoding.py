@@ -15,6 +15,7 @@ whole buffer) costs two attribute reads and three appends.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
-from torch_tpu.runtime import compat, memory, platform, storage
+from torch_tpu.runtime import compat, memory, platform, storage, strided
 from torch_tpu.runtime.mapping import GATHER, WHOLE_BUFFER, classify
 
 _MAX_SCALARS = 4096
@@ -33,9 +34,9 @@ _TENSOR_LIST_TYPES = ("Tensor[]", "Tensor?[]", "List[Tensor]", "List[Optional[Te
 
 class Input:
     """A run-time input in a call's template, in the order the encoders took them: the next input as it is
-    (`NEXT`); a buffer's whole array read through `view`, (shape, stride), inside the executable
-    (`storage.read_view`), its storage offset the input after it when `offset` (else 0); or a list of `count`
-    Python numbers packed into one array (`packed`)."""
+    (`NEXT`); a buffer's whole array read through `view`, (shape, stride, `strided.aligned`), inside the
+    executable (`strided.read_view`), its storage offset the input after it when `offset` (else 0); or a list of
+    `count` Python numbers packed into one array (`packed`)."""
 
     __slots__ = ("view", "offset", "count")
 
@@ -171,11 +172,12 @@ def _buffer_reader(jit: bool) -> Callable[[torch.Tensor, Any, tuple, list, list]
         elif found is WHOLE_BUFFER:
             leaves.append(buffer._array)
         else:  # RESHAPE, VIEW: the offset is a run-time input, so one program serves a layout at every offset
-            key.append((buffer.shape, stride, offset == 0))
+            aligned = bool(offset) and strided.aligned(shape, stride, offset, math.prod(buffer.shape))
+            key.append((buffer.shape, stride, offset == 0, aligned))
             leaves.append(buffer._array)
             if offset:
                 leaves.append(_device_scalar(offset) if jit else offset)
-            template = Input((shape, stride), offset=bool(offset))
+            template = Input((shape, stride, aligned), offset=bool(offset))
         key.append(value.shape)
         key.append(value.dtype)
         return template
@@ -214,7 +216,8 @@ def fill(template: Any, values: Iterator) -> Any:
     if type(template) is Input:
         value = next(values)
         if template.view is not None:
-            return storage.read_view(value, *template.view, next(values) if template.offset else 0)
+            shape, stride, aligned = template.view
+            return strided.read_view(value, shape, stride, next(values) if template.offset else 0, aligned)
         if template.count is not None:  # packed Python numbers: weakly typed again, as Python numbers trace
             return [compat.convert_element_type(value[i], weak_type=True) for i in range(template.count)]
         return value

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from torch_tpu.ops.registry import aten, kernel, lower
-from torch_tpu.runtime import deferred, platform, storage
+from torch_tpu.runtime import deferred, platform, storage, strided
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -118,7 +118,7 @@ def resize_(self: torch.Tensor, size, *, memory_format=None) -> torch.Tensor:
     target = self.untyped_storage()
     buffer = storage.buffer_of(self)
     if needed > buffer.nbytes:
-        old = storage.bitcast_flat(deferred.concrete(buffer.array).reshape(-1), np.dtype(np.uint8))
+        old = strided.bitcast_flat(deferred.concrete(buffer.array).reshape(-1), np.dtype(np.uint8))
         grown = jnp.concatenate([old, jnp.zeros((needed - buffer.nbytes,), np.uint8)])
         target = storage.wrap(grown).untyped_storage()
     return aten.set_.source_Storage_storage_offset.redispatch(_CPU_KEYS, self, target, offset, size, stride)

@@ -14,7 +14,7 @@ import torch
 
 from torch_tpu.ops.registry import aten, lower_in_graphs
 from torch_tpu.runtime import dtypes, trace_context
-from torch_tpu.runtime.storage import bitcast_flat, flat_indices
+from torch_tpu.runtime.strided import bitcast_flat, flat_indices
 
 
 def _dtype(dtype, default=None):

@@ -7,7 +7,7 @@ offset (in elements) being the parameters a strided read or write needs:
 - `RESHAPE`: all of the buffer, in order, at its dtype, in another shape (or the buffer is not written yet): a read
   is a reshape and a write replaces the array;
 - `VIEW`: a strided view of the buffer at its dtype (a slice, `t()`, `select`, `expand`, ...): an executable can
-  take the buffer's array and read the view itself (`storage.read_view`), at any offset;
+  take the buffer's array and read the view itself (`strided.read_view`), at any offset;
 - `GATHER`: a view at another dtype (storages are untyped bytes): its elements are gathered from the bytes.
 A tensor's conjugate and negative bits are not part of its mapping: `storage.read` gives the stored elements and
 `storage.value` applies the bits; eager dispatch reads a tensor with bits set through `storage.value`.

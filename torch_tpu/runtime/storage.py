@@ -23,6 +23,7 @@ from torch_tpu import metrics
 from torch_tpu.runtime import checks, compat, deferred, dtypes, float64, persistent, platform
 from torch_tpu.runtime import memory as _memory
 from torch_tpu.runtime.mapping import RESHAPE, WHOLE_BUFFER, classify
+from torch_tpu.runtime.strided import bitcast_flat, gather, scatter
 
 _ATTR = "_tpu_buffer"
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -294,20 +295,6 @@ def buffer_of(tensor: torch.Tensor) -> DeviceBuffer:
         raise RuntimeError(f"torch_tpu: tensor on {tensor.device} has no tpu device buffer") from None
 
 
-def read_view(array: jax.Array, shape: tuple[int, ...], stride: tuple[int, ...], offset: Any) -> jax.Array:
-    """The value of a `VIEW` (or `RESHAPE`) of `array`, (shape, stride) at `offset` (inside a traced function,
-    this inlines). An offset other than a Python 0 may be a traced scalar: the view's span is sliced out at it, then
-    read at offset 0, so that one program serves a layout at every offset (a loop over `data[i:i + batch]` compiles
-    once)."""
-    if isinstance(offset, int) and offset == 0:
-        return _gather(array, array.dtype, shape, stride, 0)
-    if math.prod(shape) == 0:
-        return jnp.zeros(shape, array.dtype)
-    span = 1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
-    region = jax.lax.dynamic_slice_in_dim(array.reshape(-1), offset, span)
-    return _gather(region, array.dtype, shape, stride, 0)
-
-
 def read(tensor: torch.Tensor) -> jax.Array:
     """The value of a `tpu` tensor as a jax.Array of its shape and dtype (its conjugate and negative bits not
     applied: `value`)."""
@@ -323,7 +310,7 @@ def read(tensor: torch.Tensor) -> jax.Array:
             buffer.array = array = _zeros_of(shape, buffer.dtype)
             return array
         return _call(_reshape, (buffer._array,), (shape,))
-    return _call(_gather, (buffer.array,), (jdtype, shape, stride, offset))
+    return _call(gather, (buffer.array,), (jdtype, shape, stride, offset))
 
 
 def value(tensor: torch.Tensor) -> jax.Array:
@@ -370,7 +357,7 @@ def write(tensor: torch.Tensor, value: jax.Array) -> None:
         return
     if buffer._array is None:  # unwritten, or freed by resize_(0)
         check_fits(tensor, buffer, shape, stride)
-    buffer.array = _call(_scatter, (buffer.array, value), (jdtype, shape, stride, offset))
+    buffer.array = _call(scatter, (buffer.array, value), (jdtype, shape, stride, offset))
 
 
 def _call(helper: Any, arrays: tuple, statics: tuple) -> Any:
@@ -416,126 +403,6 @@ def _reshape(array: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _fit(value: jax.Array, shape: tuple[int, ...], dtype: np.dtype) -> jax.Array:
     return jnp.broadcast_to(jnp.asarray(value).astype(dtype), shape)
-
-
-def bitcast_flat(flat: jax.Array, dtype: np.dtype) -> jax.Array:
-    """Reinterpret a 1-D array's bytes as another dtype (the storage is untyped)."""
-    if flat.dtype == dtype:
-        return flat
-    if dtypes.is_complex(flat.dtype):
-        parts = jnp.stack([flat.real, flat.imag], axis=-1).reshape(-1)
-        return bitcast_flat(parts, dtype)
-    if dtypes.is_complex(dtype):
-        part = np.dtype(np.float32 if dtype == np.complex64 else np.float64)
-        pairs = bitcast_flat(flat, part).reshape(-1, 2)
-        return jax.lax.complex(pairs[:, 0], pairs[:, 1])
-    if flat.dtype == np.bool_:
-        return bitcast_flat(flat.astype(np.uint8), dtype)
-    if dtype == np.bool_:
-        return bitcast_flat(flat, np.dtype(np.uint8)).astype(np.bool_)
-    src, dst = flat.dtype.itemsize, dtype.itemsize
-    if src == dst:
-        return jax.lax.bitcast_convert_type(flat, dtype)
-    if src > dst:
-        return jax.lax.bitcast_convert_type(flat, dtype).reshape(-1)
-    usable = flat.shape[0] // (dst // src) * (dst // src)
-    return jax.lax.bitcast_convert_type(flat[:usable].reshape(-1, dst // src), dtype)
-
-
-def flat_indices(shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> np.ndarray:
-    """The flat buffer position of each element of the strided view (`shape`, `stride`, `offset`)."""
-    index = np.full(shape, offset, dtype=np.int64)
-    for dim, (size, step) in enumerate(zip(shape, stride, strict=True)):
-        axis = [1] * len(shape)
-        axis[dim] = size
-        index = index + (np.arange(size, dtype=np.int64) * step).reshape(axis)
-    return index
-
-
-class _Blocked:
-    """A strided view as a block of the flat buffer: `flat[offset:offset + length]` reshaped to `block`, the
-    leading `shape`-sized corner of each block dimension (and element 0 of the trailing step dimension) taken,
-    then transposed by `order` and broadcast over stride-0 dimensions.
-
-    Transposes, permutes, slices with steps, `select`, `diagonal` and `expand` all have this form; only
-    overlapping views (`unfold` with step < size, `as_strided` tricks) need an index gather.
-    """
-
-    def __init__(self, shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> None:
-        dims = sorted((d for d in range(len(shape)) if shape[d] > 1 and stride[d] != 0), key=lambda d: -stride[d])
-        self.dims = dims
-        self.sizes = [shape[d] for d in dims]
-        strides = [stride[d] for d in dims]
-        self.block: list[int] = [self.sizes[0]] if dims else []
-        for i in range(1, len(dims)):
-            if strides[i] <= 0 or strides[i - 1] % strides[i] or strides[i - 1] // strides[i] < self.sizes[i]:
-                raise ValueError("overlapping or non-nested strides")
-            self.block.append(strides[i - 1] // strides[i])
-        self.step = strides[-1] if dims else 1
-        if dims and strides[-1] <= 0:
-            raise ValueError("negative stride")
-        self.length = (self.sizes[0] * strides[0]) if dims else 1
-        self.offset = offset
-        self.shape = shape
-        inverse = {d: i for i, d in enumerate(dims)}
-        self.order = [inverse[d] for d in range(len(shape)) if d in inverse]
-        self.squeezed = tuple(shape[d] for d in range(len(shape)) if d in inverse)
-
-    def region(self, flat: jax.Array) -> jax.Array:
-        end = self.offset + self.length
-        if end > flat.shape[0]:
-            flat = jnp.pad(flat, (0, end - flat.shape[0]))
-        return jax.lax.slice_in_dim(flat, self.offset, end).reshape(*self.block, self.step)
-
-    def corner(self) -> tuple:
-        return (*(slice(0, n) for n in self.sizes), 0)
-
-    def read(self, flat: jax.Array) -> jax.Array:
-        value = self.region(flat)[self.corner()]
-        value = jnp.transpose(value, self.order) if self.order else value.reshape(())
-        kept = [self.shape[d] if d in self.dims else 1 for d in range(len(self.shape))]
-        return jnp.broadcast_to(value.reshape(kept), self.shape)
-
-    def write(self, flat: jax.Array, value: jax.Array) -> jax.Array:
-        inverse = np.argsort(self.order).tolist() if self.order else []
-        block = jnp.transpose(value.reshape(self.squeezed), inverse) if inverse else value.reshape(())
-        end = self.offset + self.length
-        padded = jnp.pad(flat, (0, max(0, end - flat.shape[0])))
-        region = self.region(padded).at[self.corner()].set(block).reshape(-1)
-        return jax.lax.dynamic_update_slice_in_dim(padded, region, self.offset, 0)[: flat.shape[0]]
-
-
-def _blocked(shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> _Blocked | None:
-    try:
-        return _Blocked(shape, stride, offset)
-    except ValueError:
-        return None
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
-def _gather(array: jax.Array, dtype: np.dtype, shape, stride, offset: int) -> jax.Array:
-    flat = bitcast_flat(array.reshape(-1), dtype)
-    if math.prod(shape) == 0:
-        return jnp.zeros(shape, dtype)
-    blocked = _blocked(shape, stride, offset)
-    if blocked is not None:
-        return blocked.read(flat)
-    return flat[flat_indices(shape, stride, offset)]
-
-
-@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
-def _scatter(array: jax.Array, value: jax.Array, dtype: np.dtype, shape, stride, offset: int) -> jax.Array:
-    flat = bitcast_flat(array.reshape(-1), dtype)
-    value = jnp.broadcast_to(jnp.asarray(value).astype(dtype), shape)
-    if 0 in stride:  # an expanded tensor: of the elements at one location, the last is stored, as CPU's loops leave it
-        value = value[tuple(slice(-1, None) if step == 0 else slice(None) for step in stride)]
-        shape = value.shape
-    blocked = _blocked(shape, stride, offset)
-    if blocked is not None:
-        updated = blocked.write(flat, value)
-    else:
-        updated = flat.at[flat_indices(shape, stride, offset).reshape(-1)].set(value.reshape(-1))
-    return bitcast_flat(updated, array.dtype).reshape(array.shape)
 
 
 def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:
