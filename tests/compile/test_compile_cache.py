@@ -50,6 +50,24 @@ def test_second_process_hits_every_entry(tmp_path):
     assert warm["eager"] == cold["eager"] == [16.0, 48.0, 80.0]
 
 
+def test_entries_are_keyed_to_the_compilers_flags(tmp_path, monkeypatch):
+    """A process started with other XLA flags compiles again (they change the executables); flags that only say
+    where XLA dumps its programs do not count."""
+    from torch_tpu.runtime import persistent
+
+    cold, _ = run(tmp_path)
+    other, _ = run(tmp_path, XLA_FLAGS="--xla_backend_optimization_level=2")
+    assert other["stats"]["hits"] == 0 and other["stats"]["misses"] == cold["stats"]["misses"]
+    assert other["eager"] == cold["eager"]
+    again, _ = run(tmp_path, XLA_FLAGS="--xla_backend_optimization_level=2")
+    assert again["stats"]["misses"] == 0
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=2 --xla_dump_to=/tmp/somewhere")
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_some_flag=true")
+    keyed = persistent.compiler_flags()
+    assert "XLA_FLAGS=--xla_backend_optimization_level=2;" in keyed and "dump" not in keyed
+    assert keyed.endswith("LIBTPU_INIT_ARGS=--xla_tpu_some_flag=true")
+
+
 FILLS = """
 import json, torch
 zeros = torch.zeros(5, 7, device="tpu")

@@ -63,13 +63,24 @@ def enabled() -> bool:
 
 @functools.cache
 def environment() -> str:
-    """What an executable depends on besides its program: versions, platform, device kind, and in a
-    multi-process job the process count and the device's id (an executable is bound to its device assignment,
-    so rank 1 must not load rank 0's)."""
+    """What an executable depends on besides its program: versions, platform, device kind, the compiler's flags,
+    and in a multi-process job the process count and the device's id (an executable is bound to its device
+    assignment, so rank 1 must not load rank 0's)."""
     device = platform.device()
     parts = [f"{name}={version(name)}" for name in ("torch", "jax", "jaxlib", "torch_tpu")]
     parts += [f"platform={platform.platform()}", f"device={device.device_kind}", f"format={_FORMAT}"]
-    parts += [f"processes={jax.process_count()}", f"device_id={device.id}"]
+    parts += [f"processes={jax.process_count()}", f"device_id={device.id}", compiler_flags()]
+    return ";".join(parts)
+
+
+def compiler_flags() -> str:
+    """The XLA and libtpu flags set in the environment, which change what XLA compiles (JAX keys its own cache on
+    them too): a process started with other flags must not load executables compiled without them. Dump flags,
+    which only say where XLA writes its dumps, are left out."""
+    parts = []
+    for name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS"):
+        flags = [flag for flag in os.environ.get(name, "").split() if not flag.startswith("--xla_dump")]
+        parts.append(f"{name}={' '.join(flags)}")
     return ";".join(parts)
 
 
