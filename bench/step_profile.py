@@ -19,14 +19,21 @@ from typing import Any
 _NUMBERED = re.compile(r"\.\d+$")
 
 
-def capture(run: Callable[[], Any], steps: int, folder: str | Path) -> float:
-    """Runs `run` `steps` times inside a JAX profiler trace written under `folder`; the wall seconds a step."""
+def capture(run: Callable[[], Any], steps: int, folder: str | Path, settle: Callable[[], Any] = lambda: None) -> float:
+    """Runs `run` `steps` times inside a JAX profiler trace written under `folder`; the wall seconds a step.
+
+    `settle` waits for every program already dispatched; it runs before the trace starts and before it stops, so
+    that the capture holds whole steps. A step that ends in `loss.item()` returns once the loss is computed, while
+    its backward and optimizer programs still run: without it a capture counted the tail of the step before as a
+    program run (the compiled model's backward as 27 ms a step where it takes 49) and cut its own last step."""
     import jax
 
+    settle()
     with jax.profiler.trace(str(folder)):
         began = time.perf_counter()
         for _ in range(steps):
             run()
+        settle()
         return (time.perf_counter() - began) / steps
 
 

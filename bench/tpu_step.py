@@ -36,6 +36,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,16 @@ def _start_runtime(impl: str) -> None:
         torch.empty(1, device="tpu").cpu()
 
 
+def _settle(impl: str) -> Callable[[], Any]:
+    """Waits for the device's queued work: ours runs a step's backward and optimizer after the loss `.item()`
+    reads; plain JAX's step is one program, done when its loss is."""
+    if impl == "jax":
+        return lambda: None
+    import torch
+
+    return torch.tpu.synchronize
+
+
 def _jax_step(size: str):
     import compile_step as cs
 
@@ -217,7 +228,7 @@ def child(
         began = time.perf_counter()
         losses.append(run())
         samples.append(time.perf_counter() - began)
-    profile_wall = step_profile.capture(run, PROFILE_STEPS, profile) if profile else None
+    profile_wall = step_profile.capture(run, PROFILE_STEPS, profile, _settle(impl)) if profile else None
     return {
         "impl": impl,
         "mode": mode,

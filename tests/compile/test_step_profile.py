@@ -34,6 +34,13 @@ def test_summarize_gives_each_program_kind_and_op_its_device_time_per_step():
     assert next(iter(summary["top_ops_ms"].items())) == ("jit_forward/fusion.1", 3.0)
 
 
+def test_capture_holds_whole_steps(tmp_path):
+    """The device's queued work is waited for before the trace starts and before it stops."""
+    calls = []
+    wall = step_profile.capture(lambda: calls.append("run"), 2, tmp_path, lambda: calls.append("settle"))
+    assert calls == ["settle", "run", "run", "settle"] and wall >= 0
+
+
 def test_tpu_step_profiles_jax_as_one_program_and_our_whole_step_as_its_graphs(tmp_path):
     """On the CPU platform: plain JAX's step is one program; ours compiled whole is the three graphs Dynamo makes
     of it (forward, backward, the optimizer's), each with device time, busy no longer than the wall."""
