@@ -28,7 +28,9 @@ def _nll_terms(self, target, weight, ignore_index):
 @lower(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 def nll_loss_forward(self, target, weight, reduction, ignore_index):
     class_axis, safe, weights = _nll_terms(self, target, weight, ignore_index)
-    picked = jnp.take_along_axis(upcast(self), jnp.expand_dims(safe, class_axis), axis=class_axis)
+    # The target's log-probability picked first, then upcast: upcasting the whole input first made the chip
+    # convert all of a GPT's (8192, 32768) bfloat16 logits (2.6 ms a step) to read one element a row.
+    picked = upcast(jnp.take_along_axis(self, jnp.expand_dims(safe, class_axis), axis=class_axis))
     losses = jnp.where(weights != 0, -jnp.squeeze(picked, class_axis) * weights, 0)
     total_weight = jnp.sum(weights)
     if reduction == MEAN:
