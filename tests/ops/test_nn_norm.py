@@ -1,5 +1,6 @@
 """Batch, instance, layer and group normalization on `tpu` against CPU PyTorch, running statistics included."""
 
+import collections
 import copy
 import functools
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import torch_tpu
 from tests.helpers import random_tensor
 from torch_tpu.testing.compare import assert_close, check_op, to_tpu
 
@@ -125,6 +127,19 @@ def test_saved_statistics_dtypes_follow_cpu(params, training):
     check_op(lambda *a: aten._native_batch_norm_legit_no_training(*a, 0.1, 1e-5), x, w, b, mean, var)
     check_op(lambda *a: aten.native_batch_norm(*a, training, 0.1, 1e-5), x, w, b, mean.clone(), var.clone())
     check_op(lambda *a: aten._native_batch_norm_legit(*a, training, 0.1, 1e-5), x, w, b, mean.clone(), var.clone())
+
+
+def test_saved_statistics_are_cast_inside_the_ops_program():
+    """A bfloat16 layer norm's statistics take CPU's dtype inside its own program: in Fused eager it records one
+    op, where a cast of each statistic after it made three (a large GPT's step: 50 ops of its ~630)."""
+    x, w, b = (make(*shape, dtype=BF16, grad=False).to("tpu") for shape in ((4, 3, 5), (5,), (5,)))
+    torch.tpu.synchronize()
+    before = collections.Counter(torch_tpu.metrics.fused_clusters)
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        out, mean, rstd = aten.native_layer_norm(x, (5,), w, b, 1e-5)
+        torch.tpu.synchronize()
+    assert torch_tpu.metrics.fused_clusters - before == collections.Counter({1: 1})
+    assert out.dtype == mean.dtype == rstd.dtype == BF16
 
 
 @pytest.mark.parametrize("dtype", [FLOAT, BF16])

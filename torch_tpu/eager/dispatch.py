@@ -99,6 +99,8 @@ class Runner:
         positional, named = template
         meta = _meta_outputs(meta_op, args, kwargs)
         out_dtypes = _dtypes_of(meta) if meta is not None else _written_list_dtypes(self.op, meta_op, args, kwargs)
+        if self.lowering.eager_dtypes is not None:
+            out_dtypes = self.lowering.eager_dtypes(out_dtypes, *args, **kwargs)
         fn = self.lowering.fn
         rng = self.lowering.rng
         if _all_empty(meta) and not self.lowering.checks_empty:  # nothing to compute (nor zero sizes to handle)

@@ -46,7 +46,7 @@ def install() -> None:
             registered.add(op)
             continue
         if lowering.mutating is None or not _returns_lists(op):  # else PyTorch's kernel: clones, calls `mutating`
-            lib.impl(op, _with_result(lowering, dispatch.functional_kernel(lowering)), "PrivateUse1")
+            lib.impl(op, dispatch.functional_kernel(lowering), "PrivateUse1")
             registered.add(op)
         if lowering.mutating is not None:
             lib.impl(lowering.mutating, writing_kernel(lowering), "PrivateUse1")
@@ -66,18 +66,6 @@ def _returns_lists(op: OpOverload) -> bool:
     """Whether `op` returns several results, one a list of tensors (a fused optimizer's functional form)."""
     returns = [str(r.type) for r in op._schema.returns]
     return len(returns) > 1 and "List[Tensor]" in returns
-
-
-def _with_result(lowering: Lowering, kernel: Callable) -> Callable:
-    """`kernel`, returning `lowering.eager_result` of what it computed when the lowering has one."""
-    adjust = lowering.eager_result
-    if adjust is None:
-        return kernel
-
-    def adjusted(*args: Any, **kwargs: Any) -> Any:
-        return adjust(kernel(*args, **kwargs), *args, **kwargs)
-
-    return adjusted
 
 
 def writing_kernel(lowering: Lowering) -> Callable:
@@ -101,6 +89,6 @@ def writing_kernel(lowering: Lowering) -> Callable:
             return None
         result = [None if r is None else storage.wrap(r) for r in kept]
         result = result[0] if returns == 1 else tuple(result)
-        return lowering.eager_result(result, *args, **kwargs) if lowering.eager_result is not None else result
+        return result
 
     return kernel

@@ -6,8 +6,8 @@ the functional op's schema; they are never written by hand. An op that updates o
 (batch norm's running statistics) is lowered as its functional form, whose trailing outputs are those arguments'
 new values, with `writes=` naming them: the mutating overload is found from the schemas' alias info, and eager
 writes the values into its arguments (compiled graphs see the functional form already); a None value (per tensor)
-leaves its argument as it is, so that eager neither copies nor writes it. `eager_result=` adjusts
-what an eager kernel returns (a cast where PyTorch's CPU kernel and its meta kernel disagree on a dtype).
+leaves its argument as it is, so that eager neither copies nor writes it. `eager_dtypes=` gives an eager kernel's
+output dtypes where PyTorch's CPU kernel and its meta kernel disagree (the executable casts to them).
 `@kernel` registers a direct torch kernel for the minimal tier (views, copies, scalars) that must not go through
 JAX tracing.
 """
@@ -36,7 +36,8 @@ class Lowering:
     keyword `key`; `jit=False` marks ops whose output shape depends on data (`nonzero`), run op by op outside
     `jax.jit`. `writes` names the
     arguments `mutating` (the overload updating them in place) writes: `fn`'s trailing outputs, in that order.
-    `eager_result(result, *args, **kwargs)` gives an eager kernel's return value from the tensors it computed.
+    `eager_dtypes(dtypes, *args, **kwargs)` gives an eager kernel's output dtypes (JAX's) from the meta kernel's,
+    where CPU's differ (saved statistics); its executable computes them, with no cast of its own after it.
     `checks_empty` lowerings run, for their device-side checks, even when every output is empty (CPU validates
     the op's indices then too); eager skips the others then (so they need not handle zero sizes). `donate` names
     tensor arguments whose buffers eager's executable may reuse for its outputs (`jax.jit`'s `donate_argnums`; the
@@ -51,7 +52,7 @@ class Lowering:
     jit: bool = True
     writes: tuple[str, ...] = ()
     mutating: OpOverload | None = None
-    eager_result: Callable | None = None
+    eager_dtypes: Callable | None = None
     checks_empty: bool = False
     donate: frozenset[str] = frozenset()
 
@@ -79,7 +80,7 @@ def lower(
     rng: bool = False,
     jit: bool = True,
     writes: Iterable[str] = (),
-    eager_result: Callable | None = None,
+    eager_dtypes: Callable | None = None,
     checks_empty: bool = False,
     composite: bool = False,
     donate: Iterable[str] = (),
@@ -100,7 +101,7 @@ def lower(
             statics, runtime = frozenset(static), frozenset(scalars)
             lowered = pointwise if torch.Tag.pointwise in op.tags else fn
             LOWERINGS[op] = Lowering(
-                op, lowered, statics, runtime, rng, jit, writes, mutating, eager_result, checks_empty, frozenset(donate)
+                op, lowered, statics, runtime, rng, jit, writes, mutating, eager_dtypes, checks_empty, frozenset(donate)
             )
         return fn
 

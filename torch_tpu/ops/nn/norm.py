@@ -6,7 +6,7 @@ eager writes into the buffers (`native_batch_norm` routes to one or the other).
 
 Saved statistics (mean, rstd) take CPU PyTorch's dtype: the input's, or float32 where a half-type input meets
 float32 parameters. PyTorch's meta kernels, which set the dtypes of eager outputs, follow CUDA instead (always
-float32 for half types), so eager casts what the ops return to the user (`eager_result=_cpu_stats`); compiled
+float32 for half types), so an eager op's executable casts them to CPU's (`eager_dtypes=_cpu_stats`); compiled
 graphs keep the meta dtypes, as their FakeTensors do.
 """
 
@@ -15,6 +15,7 @@ import torch
 
 from torch_tpu.ops.nn.common import masked, upcast
 from torch_tpu.ops.registry import aten, kernel, lower
+from torch_tpu.runtime import dtypes
 
 
 def _stats_dtype(input: torch.Tensor, *parameters: torch.Tensor | None) -> torch.dtype:
@@ -24,16 +25,11 @@ def _stats_dtype(input: torch.Tensor, *parameters: torch.Tensor | None) -> torch
     return torch.float32 if mixed else input.dtype
 
 
-def _cast_stats(outputs: tuple, input: torch.Tensor, *parameters: torch.Tensor | None) -> tuple:
-    """`(out, mean, rstd, ...)` with mean and rstd in CPU's dtype."""
-    dtype = _stats_dtype(input, *parameters)
-    return (outputs[0], outputs[1].to(dtype), outputs[2].to(dtype), *outputs[3:])
-
-
-def _cpu_stats(outputs: tuple, input: torch.Tensor, *args: object, **kwargs: object) -> tuple:
-    """An eager kernel's result with the saved statistics (outputs 1 and 2) in CPU's dtype; the parameters are the
-    tensor arguments after the input."""
-    return _cast_stats(outputs, input, *[a for a in args if isinstance(a, torch.Tensor)])
+def _cpu_stats(out_dtypes: tuple, input: torch.Tensor, *args: object, **kwargs: object) -> tuple:
+    """An eager kernel's output dtypes with the saved statistics (outputs 1 and 2) in CPU's dtype; the parameters
+    are the tensor arguments after the input."""
+    stats = dtypes.to_jax(_stats_dtype(input, *[a for a in args if isinstance(a, torch.Tensor)]))
+    return (out_dtypes[0], stats, stats, *out_dtypes[3:])
 
 
 def _channel_shape(x):
@@ -85,7 +81,7 @@ def _batch_norm_eval(input, weight, bias, running_mean, running_var, eps):
 
 
 @lower(
-    aten._native_batch_norm_legit_functional.default, writes=("running_mean", "running_var"), eager_result=_cpu_stats
+    aten._native_batch_norm_legit_functional.default, writes=("running_mean", "running_var"), eager_dtypes=_cpu_stats
 )
 def _native_batch_norm_legit_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
     if not training:
@@ -99,12 +95,12 @@ def _native_batch_norm_legit_functional(input, weight, bias, running_mean, runni
     return out, mean, rstd, new_mean, new_var
 
 
-@lower(aten._native_batch_norm_legit.no_stats, eager_result=_cpu_stats)
+@lower(aten._native_batch_norm_legit.no_stats, eager_dtypes=_cpu_stats)
 def _native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, eps):
     return _batch_norm_train(input, weight, bias, eps)[:3]
 
 
-@lower(aten._native_batch_norm_legit_no_training.default, eager_result=_cpu_stats)
+@lower(aten._native_batch_norm_legit_no_training.default, eager_dtypes=_cpu_stats)
 def _native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
     return _batch_norm_eval(input, weight, bias, running_mean, running_var, eps)
 
@@ -118,7 +114,7 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
     )
 
 
-@lower(aten._batch_norm_with_update_functional.default, writes=("running_mean", "running_var"), eager_result=_cpu_stats)
+@lower(aten._batch_norm_with_update_functional.default, writes=("running_mean", "running_var"), eager_dtypes=_cpu_stats)
 def _batch_norm_with_update_functional(input, weight, bias, running_mean, running_var, momentum, eps):
     out, mean, rstd, new_mean, new_var = _native_batch_norm_legit_functional(
         input, weight, bias, running_mean, running_var, True, momentum, eps
@@ -162,7 +158,7 @@ def _trailing_axes(x, count):
     return tuple(range(x.ndim - count, x.ndim))
 
 
-@lower(aten.native_layer_norm.default, eager_result=_cpu_stats)
+@lower(aten.native_layer_norm.default, eager_dtypes=_cpu_stats)
 def native_layer_norm(input, normalized_shape, weight, bias, eps):
     x = upcast(input)
     axes = _trailing_axes(x, len(normalized_shape))
