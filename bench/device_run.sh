@@ -26,7 +26,8 @@
 #              bench/eager_overhead.py (a Strict op against the jitted-call floor), bench/tpu_step.py small (fp32 GPT step: plain JAX, ours in every mode, Google's TorchTPU where staged
 #              with pack.sh --google), bench/eager_modes.py (MLP steps, the per-op chain; Google's too where staged)
 # perf_large   bench/tpu_step.py large (the ~136M-parameter bf16 GPT step); both tpu_step runs profile 2 more steps
-#              of each child (bench/step_profile.py: programs, device-busy time, the costliest HLO ops)
+#              of each child (bench/step_profile.py: programs, device-busy time, the costliest HLO ops, and the
+#              device time by what each fusion computes, from XLA's HLO dumped beside the capture)
 # Every step runs under its own timeout (SIGINT first: pytest then writes its report), cut to what is left of
 # DEVICE_RUN_BUDGET_S (default 540 s a part); a failed or timed-out step is recorded and the run goes on. Under $OUT
 # (default: a fresh temporary folder): one log per part with every step's output (PART.log), the test reports
@@ -215,7 +216,8 @@ tpu_step() {
     local steps=(--steps 10 --warmup 3)
     [ "$SMALL" = 1 ] && steps=(--steps 2 --warmup 1)
     step "tpu_step_$1" "$cap" "$PYTHON" bench/tpu_step.py --size "$size" "${steps[@]}" "${google[@]}" \
-        --impls "${DEVICE_RUN_IMPLS:-jax,ours,google}" --peak-tflops "${PEAK_TFLOPS_BF16:-197}" --json "$OUT/tpu_step_$1.json" --profile "$WORK/profile_$1"
+        --impls "${DEVICE_RUN_IMPLS:-jax,ours,google}" --peak-tflops "${PEAK_TFLOPS_BF16:-197}" \
+        --json "$OUT/tpu_step_$1.json" --profile "$WORK/profile_$1" --dump-hlo
 }
 
 part_perf() {

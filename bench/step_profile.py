@@ -4,12 +4,15 @@ HLO ops (torch_tpu.profiler.xspace), per step.
 bench/tpu_step.py's `--profile DIR` captures each child's last steps with `capture` and prints `summarize`'s
 figures: programs a step, the device's busy milliseconds a step against the wall's (the rest is the host: dispatch,
 tracing, waits), and the programs, HLO op kinds (fusion, convolution, copy, scatter, ...) and single ops that take
-the most device time. The same capture of plain JAX's step and ours says where ours does more work.
+the most device time. The same capture of plain JAX's step and ours says where ours does more work. With XLA's
+optimized HLO of the programs (`--dump-hlo`: `hlo_classes`), the device time is also classed by what each fusion
+computes (matrix products, exponentials, reductions, other elementwise work, copies, relayouts, slices, pads).
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import re
 import time
 from collections.abc import Callable
@@ -37,27 +40,104 @@ def capture(run: Callable[[], Any], steps: int, folder: str | Path, settle: Call
         return (time.perf_counter() - began) / steps
 
 
+def instruction(name: str) -> str:
+    """An HLO op's instruction name from its profiler name, which on a TPU is the whole instruction's text
+    (`fusion.96 = f32[...] fusion(...), kind=kOutput, ...`)."""
+    return name.split(" = ", 1)[0].strip().lstrip("%")
+
+
 def op_kind(name: str) -> str:
     """An HLO op's kind from its instruction name: `fusion.123` -> fusion, `%copy-start.4` -> copy-start."""
-    return _NUMBERED.sub("", name.lstrip("%"))
+    return _NUMBERED.sub("", instruction(name))
 
 
-def summarize(executions: list, steps: int, wall_s: float, top: int = 8) -> dict:
-    """Per-step figures of `executions` (xspace.Execution, the capture's programs) over `steps` steps."""
+_HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$")
+_LINE = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$")
+_CLASSES = (  # an op's class: the first whose opcodes its fused computations contain
+    ("matmul", ("convolution", "dot")),
+    ("exp", ("exponential",)),
+    ("reduce", ("reduce", "reduce-window")),
+    ("gather/scatter", ("gather", "scatter")),
+    ("slice/pad/concatenate", ("slice", "dynamic-slice", "dynamic-update-slice", "pad", "concatenate")),
+    ("transpose", ("transpose",)),
+)
+
+
+def _opcode(rest: str) -> str:
+    """The opcode of an HLO instruction from the text after `=`: its result type (a tuple's in parentheses), then
+    the opcode and its operands."""
+    if rest.startswith("("):
+        depth = 0
+        for end, char in enumerate(rest):
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            if depth == 0:
+                rest = rest[end + 1 :]
+                break
+    else:
+        rest = rest.split(" ", 1)[1] if " " in rest else rest
+    return rest.strip().split("(", 1)[0]
+
+
+def hlo_classes(text: str) -> dict[str, str]:
+    """Each instruction's class in an optimized HLO module's text: a fusion's by the opcodes its computation (and
+    those it calls) holds (`_CLASSES`, else "elementwise"), any other instruction's its kind (`op_kind`: copy,
+    reshape, pad, slice-done, ...)."""
+    computations: dict[str, list[tuple[str, str, str | None]]] = {}
+    body: list | None = None
+    for line in text.splitlines():
+        header = _HEADER.match(line)
+        if header:
+            body = computations.setdefault(header.group(1), [])
+            continue
+        found = _LINE.match(line)
+        if found and body is not None:
+            callee = re.search(r"calls=%?([\w.\-]+)", found.group(2))
+            body.append((found.group(1), _opcode(found.group(2)), callee.group(1) if callee else None))
+
+    @functools.cache
+    def opcodes(computation: str) -> frozenset[str]:
+        held = set()
+        for _, opcode, callee in computations.get(computation, []):
+            held.add(opcode)
+            if callee is not None:
+                held |= opcodes(callee)
+        return frozenset(held)
+
+    classes = {}
+    for instructions in computations.values():
+        for name, opcode, callee in instructions:
+            if opcode == "fusion" and callee:  # by what it computes
+                held = opcodes(callee)
+                classes[name] = next((kind for kind, codes in _CLASSES if held & set(codes)), "elementwise")
+            elif opcode in ("dot", "convolution"):  # a product XLA left unfused
+                classes[name] = "matmul"
+            else:  # copy, reshape, pad, slice-done (an async-done), ...
+                classes[name] = _NUMBERED.sub("", name)
+    return classes
+
+
+def summarize(executions: list, steps: int, wall_s: float, top: int = 8, classes: dict | None = None) -> dict:
+    """Per-step figures of `executions` (xspace.Execution, the capture's programs) over `steps` steps; with
+    `classes` (program name -> `hlo_classes` of its HLO), the device time by class too."""
     programs: collections.Counter = collections.Counter()
     program_ns: collections.Counter = collections.Counter()
     kinds: collections.Counter = collections.Counter()
+    by_class: collections.Counter = collections.Counter()
     ops: collections.Counter = collections.Counter()
     busy_ns = 0
     for execution in executions:
         programs[execution.name] += 1
         busy_ns += execution.end_ns - execution.start_ns
         program_ns[execution.name] += execution.end_ns - execution.start_ns
+        known = (classes or {}).get(execution.name, {})
         for op in execution.ops:
-            kinds[op_kind(op.name)] += op.end_ns - op.start_ns
-            ops[f"{execution.name}/{op.name}"] += op.end_ns - op.start_ns
+            took = op.end_ns - op.start_ns
+            kinds[op_kind(op.name)] += took
+            by_class[known.get(instruction(op.name), op_kind(op.name))] += took
+            ops[f"{execution.name}/{instruction(op.name)}"] += took
     per_step_ms = lambda ns: round(ns / steps / 1e6, 3)
     return {
+        "classes_ms": {kind: per_step_ms(ns) for kind, ns in by_class.most_common(top)} if classes else {},
         "programs_per_step": round(sum(programs.values()) / steps, 2),
         "distinct_programs": len(programs),
         "wall_ms": round(wall_s * 1e3, 3),
@@ -68,14 +148,18 @@ def summarize(executions: list, steps: int, wall_s: float, top: int = 8) -> dict
     }
 
 
-def read(folder: str | Path, steps: int, wall_s: float) -> dict:
-    """`summarize` of the capture under `folder` (the newest `.xplane.pb` there)."""
+def read(folder: str | Path, steps: int, wall_s: float, hlo: str | Path | None = None) -> dict:
+    """`summarize` of the capture under `folder` (the newest `.xplane.pb` there), its ops classed by the optimized
+    HLO XLA dumped under `hlo` (`module_N.PROGRAM....after_optimizations.txt`) where given."""
     from torch_tpu.profiler import xspace
 
     files = sorted(Path(folder).rglob("*.xplane.pb"), key=lambda path: path.stat().st_mtime)
     if not files:
         return {"error": f"no .xplane.pb under {folder}"}
-    return summarize(xspace.read(files[-1]), steps, wall_s)
+    classes = {}
+    for path in sorted(Path(hlo).glob("*after_optimizations.txt")) if hlo else []:
+        classes.setdefault(path.name.split(".")[1], {}).update(hlo_classes(path.read_text()))
+    return summarize(xspace.read(files[-1]), steps, wall_s, classes=classes or None)
 
 
 def report(name: str, summary: dict) -> None:
@@ -87,5 +171,7 @@ def report(name: str, summary: dict) -> None:
           f"busy {summary['device_busy_ms']} of {summary['wall_ms']} ms a step")  # fmt: skip
     print("  programs (ms a step): " + ", ".join(f"{k} {v}" for k, v in summary["top_programs_ms"].items()))
     print("  kinds (ms a step): " + ", ".join(f"{k} {v}" for k, v in summary["top_kinds_ms"].items()))
+    if summary.get("classes_ms"):
+        print("  classes (ms a step): " + ", ".join(f"{k} {v}" for k, v in summary["classes_ms"].items()))
     for op, ms in summary["top_ops_ms"].items():
         print(f"  {ms:9.3f} ms  {op}")

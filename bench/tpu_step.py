@@ -18,12 +18,13 @@ large (12 layers, d 768, 12 heads, seq 512, batch 16, vocab 32768, bfloat16; ~13
 
     python bench/tpu_step.py --size small [--impls ours,jax,google] [--modes strict,fused,compiled,whole_step]
         [--google-env "source /tmp/tpu/env.sh google"] [--steps 10] [--warmup 3] [--json out.json]
-        [--profile DIR] [--precision highest|high|medium]
+        [--profile DIR [--dump-hlo]] [--precision highest|high|medium]
 --precision is the float32 matmul precision of every implementation (torch's default "highest": full float32
 products; plain JAX's jit is traced at the same level, as its own default on a TPU is one bfloat16 pass).
 With --profile, each child of ours and JAX's captures 2 more steps under DIR with JAX's profiler, and the parent
 prints where the device time went (bench/step_profile.py: programs a step, device-busy against wall time, the HLO
-op kinds and ops that take the most).
+op kinds and ops that take the most; with --dump-hlo, the device time by what each fusion computes, from XLA's
+optimized HLO dumped beside the capture).
 The Google runs need its environment (bench/device_run.sh perf passes it on the TPU machine); without
 --google-env they are left out.
 """
@@ -254,6 +255,9 @@ def _launch(impl: str, mode: str, args: argparse.Namespace) -> dict:
     env.pop("TORCH_TPU_DEFER_AND_FUSE", None)
     if mode == "fused":
         env["TORCH_TPU_DEFER_AND_FUSE"] = "1"
+    hlo = folder / "hlo" if folder is not None and args.dump_hlo else None
+    if hlo is not None:  # XLA's HLO of every program, which step_profile classes the device time by
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={hlo} --xla_dump_hlo_as_text".strip()
     if impl == "google":  # its environment set up first (the mode's variable is already in `env`)
         quoted = " ".join(f"'{part}'" for part in ["python3", *command[1:]])
         command = ["bash", "-c", f"{args.google_env} && {quoted}"]
@@ -263,7 +267,7 @@ def _launch(impl: str, mode: str, args: argparse.Namespace) -> dict:
     if "error" in result:
         return {"impl": impl, "mode": mode, "error": f"exit {result.get('returncode')}: {result['error'][:160]}"}
     if folder is not None:
-        result["profile"] = step_profile.read(folder, PROFILE_STEPS, result.pop("profile_wall_s"))
+        result["profile"] = step_profile.read(folder, PROFILE_STEPS, result.pop("profile_wall_s"), hlo)
     return result
 
 
@@ -330,6 +334,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for each child process")
     parser.add_argument("--json", default=None)
     parser.add_argument("--profile", default=None, help="capture each child's last steps under this folder")
+    parser.add_argument(
+        "--dump-hlo", action="store_true", help="with --profile, class the device time by XLA's optimized HLO"
+    )
     parser.add_argument("--child", nargs=2, metavar=("IMPL", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

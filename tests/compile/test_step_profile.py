@@ -34,6 +34,46 @@ def test_summarize_gives_each_program_kind_and_op_its_device_time_per_step():
     assert next(iter(summary["top_ops_ms"].items())) == ("jit_forward/fusion.1", 3.0)
 
 
+HLO = """HloModule jit_step
+
+%fused_product (p0: bf16[8,8], p1: bf16[8,8]) -> bf16[8,8] {
+  %p0 = bf16[8,8]{1,0} parameter(0)
+  %p1 = bf16[8,8]{1,0} parameter(1)
+  %convolution.1 = f32[8,8]{1,0} convolution(%p0, %p1), dim_labels=bf_io->bf
+  ROOT %convert.2 = bf16[8,8]{1,0} convert(%convolution.1)
+}
+
+%fused_softmax (p0: f32[8,8]) -> (f32[8], f32[8,8]) {
+  %p0 = f32[8,8]{1,0} parameter(0)
+  %exponential.3 = f32[8,8]{1,0} exponential(%p0)
+  ROOT %tuple.4 = (f32[8], f32[8,8]) tuple(%p0, %exponential.3)
+}
+
+ENTRY %main (a: bf16[8,8], b: bf16[8,8]) -> bf16[8,8] {
+  %a = bf16[8,8]{1,0} parameter(0)
+  %b = bf16[8,8]{1,0} parameter(1)
+  %fusion.7 = bf16[8,8]{1,0} fusion(%a, %b), kind=kOutput, calls=%fused_product
+  %fusion.8 = (f32[8], f32[8,8]{1,0}) fusion(%a), kind=kLoop, calls=%fused_softmax
+  %copy.9 = bf16[8,8]{0,1} copy(%fusion.7)
+  %dot.10 = f32[8,8]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %slice-done.2 = bf16[8,8]{1,0} async-done(%copy.9)
+}
+"""
+
+
+def test_device_time_is_classed_by_what_each_fusion_computes():
+    """With the programs' optimized HLO, each op's time goes to its class: a fusion by the opcodes its computation
+    holds (a tuple-typed one too), another op by its kind; op names on a TPU are whole instruction texts."""
+    classes = step_profile.hlo_classes(HLO)
+    assert classes["fusion.7"] == "matmul" and classes["fusion.8"] == "exp"
+    assert classes["copy.9"] == "copy" and classes["slice-done.2"] == "slice-done" and classes["dot.10"] == "matmul"
+    ops = [("fusion.7 = bf16[8,8]{1,0} fusion(%a, %b), kind=kOutput", 0, 3), ("fusion.8", 3, 4), ("%copy.9", 4, 6)]
+    executions = [_execution("jit_step", 0, ops)]
+    summary = step_profile.summarize(executions, steps=1, wall_s=0.01, classes={"jit_step": classes})
+    assert summary["classes_ms"] == {"matmul": 3.0, "copy": 2.0, "exp": 1.0}
+    assert summary["top_kinds_ms"]["fusion"] == 4.0 and "jit_step/fusion.7" in summary["top_ops_ms"]
+
+
 def test_capture_holds_whole_steps(tmp_path):
     """The device's queued work is waited for before the trace starts and before it stops."""
     calls = []
