@@ -24,7 +24,8 @@ products; plain JAX's jit is traced at the same level, as its own default on a T
 With --profile, each child of ours and JAX's captures 2 more steps under DIR with JAX's profiler, and the parent
 prints where the device time went (bench/step_profile.py: programs a step, device-busy against wall time, the HLO
 op kinds and ops that take the most; with --dump-hlo, the device time by what each fusion computes, from XLA's
-optimized HLO dumped beside the capture).
+optimized HLO dumped beside the capture: a cold cache's, as a program loaded from the persistent cache is not
+compiled, so not dumped, and its ops keep their kinds).
 The Google runs need its environment (bench/device_run.sh perf passes it on the TPU machine); without
 --google-env they are left out.
 """
