@@ -112,7 +112,7 @@ def hlo_classes(text: str) -> dict[str, str]:
             elif opcode in ("dot", "convolution"):  # a product XLA left unfused
                 classes[name] = "matmul"
             else:  # copy, reshape, pad, slice-done (an async-done), ...
-                classes[name] = _NUMBERED.sub("", name)
+                classes[name] = op_kind(name)
     return classes
 
 
@@ -131,10 +131,11 @@ def summarize(executions: list, steps: int, wall_s: float, top: int = 8, classes
         program_ns[execution.name] += execution.end_ns - execution.start_ns
         known = (classes or {}).get(execution.name, {})
         for op in execution.ops:
-            took = op.end_ns - op.start_ns
-            kinds[op_kind(op.name)] += took
-            by_class[known.get(instruction(op.name), op_kind(op.name))] += took
-            ops[f"{execution.name}/{instruction(op.name)}"] += took
+            took, name = op.end_ns - op.start_ns, instruction(op.name)
+            kind = _NUMBERED.sub("", name)
+            kinds[kind] += took
+            by_class[known.get(name, kind)] += took
+            ops[f"{execution.name}/{name}"] += took
     per_step_ms = lambda ns: round(ns / steps / 1e6, 3)
     return {
         "classes_ms": {kind: per_step_ms(ns) for kind, ns in by_class.most_common(top)} if classes else {},

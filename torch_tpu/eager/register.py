@@ -88,7 +88,6 @@ def writing_kernel(lowering: Lowering) -> Callable:
         if not returns:
             return None
         result = [None if r is None else storage.wrap(r) for r in kept]
-        result = result[0] if returns == 1 else tuple(result)
-        return result
+        return result[0] if returns == 1 else tuple(result)
 
     return kernel
