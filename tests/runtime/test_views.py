@@ -1,5 +1,7 @@
 """Views share storage and in-place writes through any view reach the base and every other view, as on CPU."""
 
+import re
+
 import pytest
 import torch
 
@@ -210,6 +212,27 @@ def test_slices_at_any_offset_share_one_program():
     assert torch.tpu._get_cache_stats()["num_inserts"] - before == 1
     for i, value in zip(range(10, 200, 10), got, strict=True):
         assert_close(value.cpu(), data[i : i + 10] @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_view_at_a_run_time_offset_computes_its_coordinates_in_32_bits():
+    """The offset input is 64-bit (the device runs with JAX's x64); a TPU emulates 64-bit division, and the
+    divisions that turn it into the view's coordinates cost each program that read a view 5 s more to compile
+    on the chip (the small GPT step's Fused cluster 19.5 -> 77.4 s). They run in 32 bits where the buffer fits."""
+    import jax
+    import jax.numpy as jnp
+
+    from torch_tpu.runtime import strided
+
+    shape, stride = (4, 2, 5, 4), (120, 4, 24, 1)
+    flat = jnp.arange(480, dtype=jnp.float32)
+    read_at = jax.jit(lambda flat, offset: strided.read_view(flat, shape, stride, offset, True))
+    with jax.enable_x64(True):
+        offset = jnp.asarray(16, dtype=jnp.int64)
+        text = read_at.lower(flat, offset).as_text()
+        read = read_at(flat, offset)
+    divisions = re.findall(r"stablehlo\.(?:divide|remainder) .*", text)
+    assert divisions and all(line.endswith("tensor<i32>") for line in divisions), divisions
+    assert_close(torch.from_dlpack(read), torch.arange(480.0).as_strided(shape, stride, 16))
 
 
 def test_heads_at_any_offset_inside_their_buffer_share_one_program():

@@ -132,8 +132,11 @@ class Blocked:
 
     def read_at(self, flat: jax.Array, offset: Any) -> jax.Array:
         """The view at a traced `offset` where `aligned` holds for it: its first element's coordinates in `rows`
-        computed in the program, so that one program reads the layout at every such offset."""
+        computed in the program (in 32 bits where they fit), so that one program reads the layout at every such
+        offset."""
         extents, counts = self.rows(flat.shape[0])
+        if flat.shape[0] < 2**31:  # 64-bit integer division is emulated on a TPU: 5 s more to compile a program
+            offset = jnp.asarray(offset).astype(jnp.int32)
         weights = [math.prod(extents[i + 1 :]) for i in range(len(extents))]
         start = [offset // weights[0]]
         start += [offset // weight % extent for weight, extent in zip(weights[1:], extents[1:], strict=True)]
