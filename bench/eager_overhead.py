@@ -3,7 +3,12 @@
 One run, one process, the same chain of 64x64 float32 ops for each. Target: tpu <= 2x the JAX floor.
 Then the host's share of an optimizer step: milliseconds per `AdamW.step()` (foreach) over --params bfloat16
 tensors of 64x64 (a 12-layer GPT's 148 by default), in Strict and Fused eager beside CPU PyTorch's, the device
-synchronised between steps and not timed (the recording and dispatch, not the update's compute).
+synchronised between steps and not timed (the recording and dispatch, not the update's compute). Last, the host's
+share of a GPT's forward and backward: milliseconds from `zero_grad` to the end of `loss.backward()` for
+bench/compile_step.py's model with the large step's 12 layers at tiny sizes (d 64, seq 32, batch 2, bfloat16), in
+Fused eager beside CPU PyTorch's eager pass: on a TPU the large step's Fused recording is time the device waits for
+(docs/performance.md). And a batch's transfer: µs per `.to("tpu")` of a (16, 512) int64 tensor beside
+`jax.device_put` of the same values.
 Usage: python bench/eager_overhead.py [--ops N] [--repeats R] [--params N]
 """
 
@@ -14,9 +19,11 @@ import statistics
 import time
 from collections.abc import Callable
 
+import compile_step
 import jax
 import jax.numpy as jnp
 import torch
+import torch.nn.functional as F
 
 
 def per_op_us(
@@ -83,6 +90,43 @@ def optimizer_step_ms(device: str, params: int, mode: torch.tpu.EagerMode, repea
     return statistics.median(samples)
 
 
+def gpt_pass_ms(device: str, mode: torch.tpu.EagerMode, repeats: int) -> float:
+    """Median host milliseconds of a 12-layer tiny GPT's zero_grad, forward, loss and backward on `device`."""
+    config = compile_step.Config(layers=12, d_model=64, heads=2, seq=32, batch=2, vocab=128)
+    model, batch = compile_step.build(config, "bfloat16")
+    model = model.to(device)
+    optimizer = compile_step.adamw(model.parameters())
+    idx, targets = (t.to(device) for t in batch)
+    samples = []
+    with torch.tpu.set_eager_mode(mode):
+        for step in range(repeats + 3):  # the first steps compile
+            start = time.perf_counter()
+            optimizer.zero_grad()
+            logits = model(idx)
+            F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1)).backward()
+            if step >= 3:
+                samples.append((time.perf_counter() - start) * 1e3)
+            optimizer.step()
+            torch.accelerator.synchronize() if device == "tpu" else None
+    return statistics.median(samples)
+
+
+def transfer_us(repeats: int, calls: int = 200) -> tuple[float, float]:
+    """Median µs per host-to-device transfer of a (16, 512) int64 batch: `.to("tpu")`, and `jax.device_put`."""
+    host = torch.randint(0, 32768, (16, 512))
+    values = host.numpy()
+    device = jax.devices()[0]
+    runs: dict[str, list[float]] = {"ours": [], "jax": []}
+    for _ in range(repeats):
+        for name, move in (("ours", lambda: host.to("tpu")), ("jax", lambda: jax.device_put(values, device))):
+            start = time.perf_counter()
+            for _ in range(calls):
+                move()
+            runs[name].append((time.perf_counter() - start) / calls * 1e6)
+    torch.accelerator.synchronize()
+    return statistics.median(runs["ours"]), statistics.median(runs["jax"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=400)
@@ -128,6 +172,13 @@ def main() -> None:
     for name, mode in (("Strict", torch.tpu.EagerMode.DEFER_NEVER), ("Fused", torch.tpu.EagerMode.DEFER_AND_FUSE)):
         ms = optimizer_step_ms("tpu", args.params, mode, repeats)
         print(f"{'torch_tpu eager (' + name + ')':<28}{ms:>10.2f}{ms / cpu_ms:>13.2f}x CPU's {cpu_ms:.2f}")
+    cpu_ms = gpt_pass_ms("cpu", torch.tpu.EagerMode.DEFER_NEVER, repeats)
+    fused_ms = gpt_pass_ms("tpu", torch.tpu.EagerMode.DEFER_AND_FUSE, repeats)
+    print(f"GPT forward and backward (12 layers, d 64, bfloat16), host ms, median of {repeats}")
+    print(f"{'torch_tpu eager (Fused)':<28}{fused_ms:>10.2f}{fused_ms / cpu_ms:>13.2f}x CPU's {cpu_ms:.2f}")
+    ours_us, jax_us = transfer_us(repeats)
+    print(f"transfer of a (16, 512) int64 batch, us, median of {repeats}")
+    print(f"{'.to(' + repr('tpu') + ')':<28}{ours_us:>10.1f}{ours_us / jax_us:>13.2f}x jax.device_put's {jax_us:.1f}")
 
 
 if __name__ == "__main__":

@@ -207,7 +207,7 @@ def _resource_exhausted(*args, **kwargs):
 def test_a_transfer_out_of_memory_is_torchs_and_the_process_goes_on(monkeypatch):
     host = torch.arange(1024, dtype=torch.float32)
     before = torch.tpu.memory_stats()["num_ooms"]
-    monkeypatch.setattr(jax, "device_put", _resource_exhausted)  # PJRT refusing the transfer's device buffer
+    monkeypatch.setattr(compat, "_batched_device_put", _resource_exhausted)  # PJRT refusing the device buffer
     with pytest.raises(torch.cuda.OutOfMemoryError, match=r"^TPU out of memory\. Tried to allocate 4\.00 KiB\."):
         host.to("tpu")
     monkeypatch.undo()

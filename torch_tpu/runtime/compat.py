@@ -303,7 +303,7 @@ _batched_device_put = _first(
 _shaped_array = _first("jax._src.core.ShapedArray", _jax_private("jax._src.core", "ShapedArray"))
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4096)  # a loader's batches may take many shapes
 def _placement(shape: tuple[int, ...], dtype: Any, device: Any) -> tuple[Any, Any]:
     return _shaped_array(shape, dtype), jax.sharding.SingleDeviceSharding(device)
 
@@ -316,6 +316,8 @@ def put_copy(value: Any, device: Any) -> jax.Array:
     try:
         aval, sharding = _placement(private.shape, private.dtype, device)
         return _batched_device_put(aval, sharding, [private], [device])
+    except jax.errors.JaxRuntimeError:  # the transfer's own failure (out of memory, a type the device lacks)
+        raise
     except (RuntimeError, TypeError):  # an API this release lacks or spells otherwise
         return jax.device_put(private, device)
 

@@ -416,10 +416,10 @@ def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:
     array = (host.view(carrier) if carrier else host).numpy()
     if carrier:
         array = array.view(dtypes.to_jax(host.dtype))
-    # A private copy: device_put may read the host memory after it returns (the transfer is asynchronous; on
+    # A private copy (`put_copy`): the transfer may read the host memory after it returns (it is asynchronous; on
     # the CPU platform the device array may even alias it), and the caller may mutate its tensor right away.
     try:
-        device_array = jax.device_put(np.array(array, copy=True), platform.device(index))
+        device_array = compat.put_copy(array, platform.device(index))
     except jax.errors.JaxRuntimeError as error:
         if _memory.is_oom(error):
             raise _memory.out_of_memory(error, array.nbytes, index) from error
