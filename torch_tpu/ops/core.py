@@ -6,6 +6,8 @@ buffer is shared and writes through any view reach the base, exactly as on CPU.
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -29,10 +31,8 @@ _METADATA_VIEWS = (
 
 
 def _metadata_kernel(op: torch._ops.OpOverload):
-    def view(*args, **kwargs):
-        return op.redispatch(_CPU_KEYS, *args, **kwargs)
-
-    return view
+    """CPU's kernel of `op`, called without a Python frame of ours (views are the commonest ops of a step)."""
+    return functools.partial(op._handle.redispatch_boxed, _CPU_KEYS)
 
 
 for _op in _METADATA_VIEWS:
