@@ -222,9 +222,9 @@ tpu_step() {
 
 part_perf() {
     step warmup 120 "$PYTHON" bench/tpu_warmup.py --json "$OUT/warmup.json" --variants jax,ours,ours_xla,ours_warm
-    local overhead_size=(--repeats 7)
+    local overhead_size=(--repeats 7 --profile 20)
     [ "$SMALL" = 1 ] && overhead_size=(--ops 40 --repeats 2 --params 16)
-    step eager_overhead 90 "$PYTHON" bench/eager_overhead.py "${overhead_size[@]}"
+    step eager_overhead 180 "$PYTHON" bench/eager_overhead.py "${overhead_size[@]}"
     tpu_step small 560  # JAX, ours and Google's: 445 s in the tenth run (a call of its own: DEVICE_RUN_SKIP the rest)
     local eager_size=(--rounds 5 --steps 10 --warmup 3)
     [ "$SMALL" = 1 ] && eager_size=(--rounds 1 --steps 2 --warmup 1)

@@ -8,13 +8,16 @@ share of a GPT's forward and backward: milliseconds from `zero_grad` to the end 
 bench/compile_step.py's model with the large step's 12 layers at tiny sizes (d 64, seq 32, batch 2, bfloat16), in
 Fused eager beside CPU PyTorch's eager pass: on a TPU the large step's Fused recording is time the device waits for
 (docs/performance.md). And a batch's transfer: µs per `.to("tpu")` of a (16, 512) int64 tensor beside
-`jax.device_put` of the same values.
-Usage: python bench/eager_overhead.py [--ops N] [--repeats R] [--params N]
+`jax.device_put` of the same values. With --profile N, the N functions of a Strict chain costliest in themselves
+under cProfile, in µs per op (where a TPU host's op goes beyond the floor).
+Usage: python bench/eager_overhead.py [--ops N] [--repeats R] [--params N] [--profile N]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import time
 from collections.abc import Callable
@@ -127,11 +130,26 @@ def transfer_us(repeats: int, calls: int = 200) -> tuple[float, float]:
     return statistics.median(runs["ours"]), statistics.median(runs["jax"])
 
 
+def profile_chain(run: Callable[[], torch.Tensor], ops: int, top: int) -> None:
+    """Print the `top` functions of one Strict chain costliest in themselves (cProfile), in µs per op."""
+    profile = cProfile.Profile()
+    profile.enable()
+    torch.accelerator.synchronize(run().device)
+    profile.disable()
+    stats = pstats.Stats(profile).stats  # {(file, line, name): (calls, primitive calls, own s, cumulative s, callers)}
+    costliest = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
+    print(f"Strict chain under cProfile, the {top} functions costliest in themselves, us per op")
+    for (file, line, name), (calls, _, own, cumulative, _) in costliest:
+        where = f"{file.rsplit('/', 1)[-1]}:{line}({name})" if line else name
+        print(f"{own / ops * 1e6:8.2f} own {cumulative / ops * 1e6:8.2f} cumulative {calls / ops:6.2f} calls  {where}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=400)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--params", type=int, default=148)
+    parser.add_argument("--profile", type=int, default=0, help="print the N costliest functions of a Strict chain")
     args = parser.parse_args()
 
     cpu_x, cpu_y = torch.rand(64, 64), torch.rand(64, 64) * 0.01
@@ -166,6 +184,8 @@ def main() -> None:
     for name, value in us.items():
         print(f"{name:<28}{value:>10.1f}{value / floor:>13.2f}x")
     print(f"executable-cache misses in the timed tpu runs: {misses} (the first, untimed chain compiled each op)")
+    if args.profile:
+        profile_chain(tpu_run, args.ops, args.profile)
     repeats = max(args.repeats, 5)
     cpu_ms = optimizer_step_ms("cpu", args.params, torch.tpu.EagerMode.DEFER_NEVER, repeats)
     print(f"AdamW step (foreach) over {args.params} bfloat16 64x64 tensors, host ms, median of {repeats}")
