@@ -23,7 +23,8 @@
 #              transcendentals, subnormals, bf16) and bench/tpu_compiled_numerics.py (where compiled and eager
 #              numbers part, node by node, for GPT-2 and Llama)
 # perf         bench/tpu_warmup.py (each op's first call: ours cold, warm and uncached against plain JAX's),
-#              bench/eager_overhead.py (a Strict op against the jitted-call floor), bench/tpu_step.py small (fp32 GPT step: plain JAX, ours in every mode, Google's TorchTPU where staged
+#              bench/eager_overhead.py (a Strict op against the jitted-call floor), bench/tpu_formulations.py
+#              (softmax and log-softmax written other ways, in plain JAX), bench/tpu_step.py small (fp32 GPT step: plain JAX, ours in every mode, Google's TorchTPU where staged
 #              with pack.sh --google), bench/eager_modes.py (MLP steps, the per-op chain; Google's too where staged)
 # perf_large   bench/tpu_step.py large (the ~136M-parameter bf16 GPT step); both tpu_step runs profile 2 more steps
 #              of each child (bench/step_profile.py: programs, device-busy time, the costliest HLO ops, and the
@@ -225,6 +226,9 @@ part_perf() {
     local overhead_size=(--repeats 7 --profile 20)
     [ "$SMALL" = 1 ] && overhead_size=(--ops 40 --repeats 2 --params 16)
     step eager_overhead 180 "$PYTHON" bench/eager_overhead.py "${overhead_size[@]}"
+    local formulation_size=()
+    [ "$SMALL" = 1 ] && formulation_size=(--scale 0.02 --repeats 2)
+    step formulations 90 "$PYTHON" bench/tpu_formulations.py "${formulation_size[@]}"
     tpu_step small 560  # JAX, ours and Google's: 445 s in the tenth run (a call of its own: DEVICE_RUN_SKIP the rest)
     local eager_size=(--rounds 5 --steps 10 --warmup 3)
     [ "$SMALL" = 1 ] && eager_size=(--rounds 1 --steps 2 --warmup 1)

@@ -17,7 +17,7 @@ STEPS = {
     "models": ["models_suite"],
     "kit": ["kit_smoke", "kit_evaluate"],
     "numerics": ["numerics_tables", "compiled_numerics"],
-    "perf": ["warmup", "eager_overhead", "tpu_step_small", "eager_modes"],
+    "perf": ["warmup", "eager_overhead", "formulations", "tpu_step_small", "eager_modes"],
     "perf_large": ["tpu_step_large"],
 }
 FILES = {
