@@ -113,6 +113,42 @@ def test_fused_clusters_align_with_optimizer_steps(monkeypatch, max_ops):
     assert len(set(entries[2:])) == 1, entries
 
 
+@pytest.mark.parametrize("cut_bytes", [1, 1 << 40])
+def test_fused_cuts_a_large_cluster_where_the_backward_begins(monkeypatch, cut_bytes):
+    """With TORCH_TPU_FUSED_BACKWARD_CUT_BYTES, a cluster that large is run when the autograd engine starts
+    recording the backward on its device thread (the device computes the forward meanwhile); a smaller one is
+    not cut. Either way the gradients are CPU's and a loop replays the same clusters every step."""
+    from torch_tpu import metrics
+    from torch_tpu.eager import fused
+
+    monkeypatch.setattr(fused, "BACKWARD_CUT_BYTES", cut_bytes)
+    model, data = make("transformer")
+    ours = copy.deepcopy(model).to("tpu")
+    optimizer = torch.optim.SGD(ours.parameters(), lr=0.05, momentum=0.9)
+    runs, entries = [], []
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        for inputs, target in data:
+            optimizer.zero_grad()
+            logits = ours(inputs.to("tpu"))
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.to("tpu").reshape(-1))
+            before = sum(metrics.fused_clusters.values())
+            loss.backward()
+            runs.append(sum(metrics.fused_clusters.values()) - before)
+            grads = [p.grad.cpu() for p in ours.parameters()]
+            optimizer.step()
+            loss.item()
+            entries.append(torch.tpu._get_cache_stats()["num_inserts"])
+    assert runs == [1 if cut_bytes == 1 else 0] * len(data), runs  # the forward's cluster, run by the backward
+    assert len(set(entries[2:])) == 1, entries
+    reference, _ = train(model, data[:-1], "cpu")
+    reference.zero_grad()
+    inputs, target = data[-1]
+    logits = reference(inputs)
+    F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1)).backward()
+    for got, expected in zip(grads, (p.grad for p in reference.parameters()), strict=True):
+        torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL)  # the training test's, after 3 steps
+
+
 def test_fused_size_bound_cuts_a_loop_in_phase(monkeypatch):
     """A loop that never synchronises is cut by the size bound before the op that began the cluster, so its
     clusters repeat (6 ops per iteration against a bound of 20: cut at fixed counts, they would begin at three

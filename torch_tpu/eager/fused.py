@@ -3,8 +3,8 @@
 A storage's buffer may hold a `Pending` value (`runtime.deferred`: shape and dtype known, data not computed yet).
 When data is needed on the host (`.item()`, `.cpu()`, `print`, `torch.save`, Python control flow on values), at
 `torch.tpu.synchronize()`, on leaving the mode, before a compiled graph or a data-dependent op runs, before and
-after every `optimizer.step()` (`eager.steps`), or past `TORCH_TPU_FUSED_MAX_OPS` ops, the recorded cluster runs
-as one executable.
+after every `optimizer.step()` (`eager.steps`), where a large forward's backward begins, or past
+`TORCH_TPU_FUSED_MAX_OPS` ops, the recorded cluster runs as one executable.
 A cluster's fingerprint — the op sequence with shapes, dtypes and static arguments, and which values live storages
 still hold — is built while recording and keys the executable cache; scalars and PRNG keys are run-time inputs, so
 a training loop's steady state replays the same cached executables every step. Values no live storage holds are
@@ -12,7 +12,8 @@ dead: the executable neither computes nor returns them.
 
 The cuts are placed so that clusters repeat. The optimizer's keep them aligned with training steps and pipeline
 a step: the forward-and-backward cluster computes while Python records the optimizer's ops, and the optimizer's
-while it records the next step's forward. The size bound cuts a cluster before the next op that begins as the
+while it records the next step's forward; a large forward (`BACKWARD_CUT_BYTES`) computes while Python records
+its backward. The size bound cuts a cluster before the next op that begins as the
 cluster began (at the latest at twice the bound), so a loop that never synchronises replays one cluster instead
 of starting each at another point of the loop's body and compiling it anew.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -44,6 +46,12 @@ from torch_tpu.runtime.deferred import is_pending as is_pending  # re-exported: 
 from torch_tpu.runtime.hooks import hooks
 
 MAX_CLUSTER_OPS = int(os.environ.get("TORCH_TPU_FUSED_MAX_OPS", "1024"))
+BACKWARD_CUT_BYTES = int(os.environ.get("TORCH_TPU_FUSED_BACKWARD_CUT_BYTES", str(1 << 30)))
+"""Where the recording moves to or from another thread — the autograd engine runs a `tpu` backward pass on a
+device thread of its own — a cluster whose values total at least this many bytes is cut (0: never), so that the
+device computes the forward while Python records the backward. The default, 1 GiB (over a millisecond of a
+TPU's memory traffic), cuts the large GPT step's forward (8.8 GiB of values) and not the small one's (139 MiB),
+which is bound by the host: there a cut costs more than the overlap saves."""
 
 
 class Trace:
@@ -51,7 +59,7 @@ class Trace:
     their tree, and `id`, which stands for it in node fingerprints. `layout` is for the dispatcher: the storage
     layout of a single tensor output."""
 
-    __slots__ = ("fn", "avals", "tree", "single", "id", "layout", "checks", "flags")
+    __slots__ = ("fn", "avals", "tree", "single", "id", "layout", "checks", "flags", "nbytes")
 
     def __init__(self, fn: Callable, out_avals: Any, id: int) -> None:
         self.fn = fn
@@ -60,6 +68,7 @@ class Trace:
             self.checks, self.flags, out_avals = out_avals.checks, out_avals.flags, out_avals.result
         self.avals, self.tree = jax.tree_util.tree_flatten(out_avals)
         self.single = jax.tree_util.treedef_is_leaf(self.tree) and len(self.avals) == 1 and self.checks is None
+        self.nbytes = sum(aval.size * aval.dtype.itemsize for aval in self.avals)
         self.id = id
         self.layout: Any = None
 
@@ -81,10 +90,12 @@ class _Recorder:
         self.first = -1  # the trace id of the cluster's first op
         self.checks: list[tuple[tuple, Pending]] = []  # per node that makes device-side checks: those, its flags
         self.ranks: tuple[int, ...] | None = None  # the cluster's collectives are over these ranks' devices
+        self.nbytes = 0  # the bytes of the values recorded (with BACKWARD_CUT_BYTES)
+        self.thread = 0  # the thread that recorded the last op (with BACKWARD_CUT_BYTES)
 
     def reset(self) -> tuple[list, list, list, list, tuple[int, ...] | None]:
         taken = self.plan, self.leaves, list(self.buffers.values()), self.checks, self.ranks
-        self.plan, self.leaves, self.checks, self.ranks = [], [], [], None
+        self.plan, self.leaves, self.checks, self.ranks, self.nbytes = [], [], [], None, 0
         self.positions.clear()
         self.buffers.clear()
         return taken
@@ -129,6 +140,10 @@ def record(trace: Trace, inputs: list) -> Any:
     if len(plan) >= MAX_CLUSTER_OPS and (trace.id == rec.first or len(plan) >= 2 * MAX_CLUSTER_OPS):
         flush(extra=[x for x in inputs if type(x) is Pending and x.value is None])
         plan = rec.plan
+    if BACKWARD_CUT_BYTES:
+        _cut_at_thread_change(rec, inputs)
+        plan = rec.plan
+        rec.nbytes += trace.nbytes
     if not plan:
         rec.first = trace.id
     leaves = rec.leaves
@@ -159,6 +174,16 @@ def record(trace: Trace, inputs: list) -> Any:
     if trace.checks is not None:  # the cluster computes its flags too (the node's last output)
         rec.checks.append((trace.checks, Pending(trace.flags, (index, len(outputs)))))
     return jax.tree_util.tree_unflatten(trace.tree, outputs)
+
+
+def _cut_at_thread_change(rec: _Recorder, inputs: list) -> None:
+    """`BACKWARD_CUT_BYTES`: run the cluster so far if this op is recorded on another thread than the last one
+    and the cluster is large enough."""
+    thread = threading.get_ident()
+    if thread != rec.thread:
+        if rec.plan and rec.nbytes >= BACKWARD_CUT_BYTES:
+            flush(extra=[x for x in inputs if type(x) is Pending and x.value is None])
+        rec.thread = thread
 
 
 def _record_helper(key: Hashable, fn: Callable, inputs: list) -> Any:
