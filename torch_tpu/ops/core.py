@@ -31,8 +31,12 @@ _METADATA_VIEWS = (
 
 
 def _metadata_kernel(op: torch._ops.OpOverload):
-    """CPU's kernel of `op`, called without a Python frame of ours (views are the commonest ops of a step)."""
-    return functools.partial(op._handle.redispatch_boxed, _CPU_KEYS)
+    """CPU's kernel of `op`, called without a Python frame of ours (views are the commonest ops of a step) where
+    the release has the operator handle `OpOverload.redispatch` calls."""
+    handle = getattr(op, "_handle", None)
+    if handle is not None and hasattr(handle, "redispatch_boxed"):
+        return functools.partial(handle.redispatch_boxed, _CPU_KEYS)
+    return functools.partial(op.redispatch, _CPU_KEYS)
 
 
 for _op in _METADATA_VIEWS:
