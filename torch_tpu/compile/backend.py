@@ -55,6 +55,10 @@ class CompiledGraph:
         self.kept = [i for i in range(arity) if i not in self.opaque]  # the arguments the executable takes
         self.spmd = hooks.spmd_plan(gm) if hooks.spmd_plan is not None else None
         self.donated = self._donated() if self.spmd is None and self.plan is None else []
+        # the arguments that may arrive as their storage's array in another shape, reshaped in the program
+        written = {index for index, _ in self.mutations}
+        plain = self.spmd is None and self.plan is None
+        self.as_stored = frozenset(i for i in self.kept if i not in written) if plain else frozenset()
         output_node = next(n for n in gm.graph.nodes if n.op == "output")
         self.host_outputs = [
             isinstance(v := getattr(o, "meta", {}).get("val"), torch.Tensor) and v.device.type == "cpu"
@@ -82,15 +86,22 @@ class CompiledGraph:
             if sys.getrefcount(array) > 3 + held[position]:
                 inputs[position] = storage.copy_array(array)
 
-    def _compile(self, key: Any, inputs: list[Any]) -> tuple[Any, Entry]:
+    def _compile(self, key: Any, inputs: list[Any], reshapes: tuple = ()) -> tuple[Any, Entry]:
         """Trace (afresh: the precision in force is read while tracing), compile or load, and run once.
 
         Integer inputs are sizes of dynamic dimensions: they are compiled in, one program per size (per bucket
-        when padded; the real sizes are then traced scalar inputs).
+        when padded; the real sizes are then traced scalar inputs). `reshapes`: (position, shape) of each input
+        given as its storage's array (`arguments.read`), which the program reshapes to the argument's shape.
         """
         platform.devices()
         start = time.perf_counter()
-        fresh = lambda *values: self.fn(*values)  # a new function: JAX caches traces per function
+        targets = {position + 1: shape for position, shape in reshapes}  # after the RNG key
+
+        def fresh(*values: Any) -> Any:  # a new function: JAX caches traces per function
+            if targets:
+                values = tuple(v.reshape(targets[i]) if i in targets else v for i, v in enumerate(values))
+            return self.fn(*values)
+
         fresh.__name__ = fresh.__qualname__ = f"compiled_{self.name}"  # its module: jit_compiled_graph_forward
         sizes = tuple(i + 1 for i, value in enumerate(inputs) if isinstance(value, int))
 
@@ -129,7 +140,8 @@ class CompiledGraph:
     def __call__(self, *args: Any) -> list[Any]:
         key = tpu_random.next_key()
         fused.flush()  # a compiled graph runs on computed values
-        inputs, held = arguments.read(args, self.kept)
+        inputs, held, stored = arguments.read(args, self.kept, self.as_stored)
+        reshapes = tuple((position, tuple(args[self.kept[position]].shape)) for position in stored)
         self._owned_or_copied(inputs, held)
         if self.plan is None:
             shape_key = tuple(value for value in inputs if isinstance(value, int))
@@ -137,11 +149,11 @@ class CompiledGraph:
             real = self.plan.sizes(inputs)
             shape_key = self._bucket(real)
             inputs = self.plan.pad(inputs, real, shape_key)
-        cache_key = ("graph", self.name, id(self), trace_context.cache_token(), shape_key)
+        cache_key = ("graph", self.name, id(self), trace_context.cache_token(), shape_key, reshapes)
         entry = executables.lookup(cache_key)
         try:
             if entry is None:  # first call, or first call under this precision state
-                outputs, entry = self._compile(key, inputs)
+                outputs, entry = self._compile(key, inputs, reshapes)
                 executables.insert(cache_key, entry)
                 metrics.compiled("graph", entry.source, entry.compilation_duration)
             else:

@@ -10,14 +10,14 @@ thing the general way.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import jax
 import torch
 
 from torch_tpu.runtime import storage
-from torch_tpu.runtime.mapping import WHOLE_BUFFER, classify
+from torch_tpu.runtime.mapping import RESHAPE, WHOLE_BUFFER, classify
 
 _ATTR = storage._ATTR
 _Tensor = torch.Tensor
@@ -32,12 +32,17 @@ def _whole(tensor: torch.Tensor, buffer: Any) -> bool:
     )
 
 
-def read(args: Sequence[Any], kept: Sequence[int]) -> tuple[list[Any], list[bool]]:
+def read(
+    args: Sequence[Any], kept: Sequence[int], as_stored: Collection[int] = ()
+) -> tuple[list[Any], list[bool], list[int]]:
     """The values of `args[i]` for each i in `kept`, as an executable takes them (a `tpu` tensor's logical value,
-    a host tensor copied to the device, anything else as it is), and for each whether it is the very array its
-    tensor's storage holds (which a donation may then consume in place)."""
+    a host tensor copied to the device, anything else as it is), for each whether it is the very array its
+    tensor's storage holds (which a donation may then consume in place), and the positions of the values given
+    as stored: an argument in `as_stored` that is all of its storage's array in another shape (a `view` of an op's
+    result) is that array as it is, for the program to reshape, where reading it would copy it."""
     values: list[Any] = []
     held: list[bool] = []
+    stored: list[int] = []
     for index in kept:
         value = args[index]
         whole = False
@@ -45,13 +50,24 @@ def read(args: Sequence[Any], kept: Sequence[int]) -> tuple[list[Any], list[bool
             buffer = getattr(value.untyped_storage(), _ATTR, None) if value.layout is torch.strided else None
             if buffer is not None and buffer._array is not None and _whole(value, buffer):
                 value, whole = buffer._array, True
+            elif index in as_stored and buffer is not None and _reshaped(value, buffer):
+                stored.append(len(values))
+                value = buffer._array
             elif value.device.type == "tpu":
                 value = storage.value(value)
             else:
                 value = storage.to_device(value)
         values.append(value)
         held.append(whole)
-    return values, held
+    return values, held, stored
+
+
+def _reshaped(tensor: torch.Tensor, buffer: Any) -> bool:
+    """Whether `tensor` is all of `buffer`'s computed array in order, in another shape (`RESHAPE`), with no lazy
+    conjugate or negative bit to apply."""
+    if not isinstance(buffer._array, jax.Array) or tensor.is_conj() or tensor.is_neg():
+        return False
+    return classify(tensor, buffer, tensor.shape, tensor.dtype)[0] == RESHAPE
 
 
 def write_back(targets: Sequence[torch.Tensor], values: Sequence[jax.Array]) -> None:
