@@ -138,43 +138,44 @@ def test_compiled_dropout_is_reproducible_under_manual_seed():
     assert 0.4 < kept < 0.6 and set(first.unique().tolist()) <= {0.0, 2.0}
 
 
-def test_a_reshaped_view_argument_is_reshaped_in_the_program_not_copied(monkeypatch):
-    """A graph argument that is all of its storage in another shape — the compiled model's backward takes the
-    logits' gradient as a `view` of the eager loss's result — arrives as the stored array and the program reshapes
-    it: reading it first made a helper program copy it (1.6 ms a step on the chip for the large GPT's logits). Its
-    values are CPU's; a contiguous argument of the same shape takes a program of its own."""
+@pytest.fixture
+def reshape_copies(monkeypatch):
+    """The calls of the storage helper that copies a tensor read in another shape than its storage's array."""
     from torch_tpu.runtime import storage
 
     copies = []
     reshape = storage._reshape
     monkeypatch.setattr(storage, "_reshape", lambda *a: copies.append(a) or reshape(*a))
+    return copies
+
+
+def test_a_reshaped_view_argument_is_reshaped_in_the_program_not_copied(reshape_copies):
+    """A graph argument that is all of its storage in another shape — the compiled model's backward takes the
+    logits' gradient as a `view` of the eager loss's result — arrives as the stored array and the program reshapes
+    it: reading it first made a helper program copy it (1.6 ms a step on the chip for the large GPT's logits). Its
+    values are CPU's; a contiguous argument of the same shape takes a program of its own."""
     compiled = torch.compile(lambda x, w: (x * w).sum(-1), backend="tpu")
     torch.manual_seed(0)
     base, w = torch.randn(4, 6), torch.randn(6)
     ours = (base.to("tpu") * 2).view(2, 2, 6)  # an op's result, read as a view of another shape
     before = torch.tpu._get_cache_stats()["num_inserts"]
     torch.testing.assert_close(compiled(ours, w.to("tpu")).cpu(), ((base * 2).view(2, 2, 6) * w).sum(-1))
-    assert copies == []
+    assert reshape_copies == []
     whole = (base.view(2, 2, 6) * 2).to("tpu")
     torch.testing.assert_close(compiled(whole, w.to("tpu")).cpu(), ((base * 2).view(2, 2, 6) * w).sum(-1))
     assert torch.tpu._get_cache_stats()["num_inserts"] - before == 2  # the view's program, the contiguous one's
 
 
-def test_a_compiled_models_backward_takes_the_logits_gradient_without_a_copy(monkeypatch):
+def test_a_compiled_models_backward_takes_the_logits_gradient_without_a_copy(reshape_copies):
     """The compiled model's loss outside it, as users write it: the backward graph's gradient argument is a
     reshaped view of `log_softmax`'s backward; the gradients are CPU's."""
-    from torch_tpu.runtime import storage
-
-    copies = []
-    reshape = storage._reshape
-    monkeypatch.setattr(storage, "_reshape", lambda *a: copies.append(a) or reshape(*a))
     torch.manual_seed(0)
     model, x, target = torch.nn.Linear(16, 10), torch.randn(2, 4, 16), torch.randint(0, 10, (2, 4))
     ours = torch.compile(copy.deepcopy(model).to("tpu"), backend="tpu")
     for net, inputs, labels in ((ours, x.to("tpu"), target.to("tpu")), (model, x, target)):
         logits = net(inputs)
         torch.nn.functional.cross_entropy(logits.view(-1, 10), labels.view(-1)).backward()
-    assert copies == []
+    assert reshape_copies == []
     for got, expected in zip(ours.parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(got.grad.cpu(), expected.grad, rtol=RTOL, atol=ATOL)
 

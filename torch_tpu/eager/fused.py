@@ -138,7 +138,7 @@ def record(trace: Trace, inputs: list) -> Any:
     rec = recorder
     plan = rec.plan
     if len(plan) >= MAX_CLUSTER_OPS and (trace.id == rec.first or len(plan) >= 2 * MAX_CLUSTER_OPS):
-        flush(extra=[x for x in inputs if type(x) is Pending and x.value is None])
+        flush(extra=_unrecorded(inputs))
         plan = rec.plan
     if BACKWARD_CUT_BYTES:
         _cut_at_thread_change(rec, inputs)
@@ -176,13 +176,18 @@ def record(trace: Trace, inputs: list) -> Any:
     return jax.tree_util.tree_unflatten(trace.tree, outputs)
 
 
+def _unrecorded(inputs: list) -> list[Pending]:
+    """The pending inputs of an op about to open a new cluster: values the cluster being cut must produce."""
+    return [x for x in inputs if type(x) is Pending and x.value is None]
+
+
 def _cut_at_thread_change(rec: _Recorder, inputs: list) -> None:
     """`BACKWARD_CUT_BYTES`: run the cluster so far if this op is recorded on another thread than the last one
     and the cluster is large enough."""
     thread = threading.get_ident()
     if thread != rec.thread:
         if rec.plan and rec.nbytes >= BACKWARD_CUT_BYTES:
-            flush(extra=[x for x in inputs if type(x) is Pending and x.value is None])
+            flush(extra=_unrecorded(inputs))
         rec.thread = thread
 
 

@@ -57,6 +57,17 @@ def flat_indices(shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -
     return index
 
 
+def _coordinates(offset: Any, extents: tuple[int, ...]) -> tuple[list[Any], Any]:
+    """`offset`'s coordinates in a row-major array of `extents` (Python ints, or traced values in the program), and
+    what is left over past its first extent (0 where the offset lies inside)."""
+    start, rest = [], offset
+    for extent in reversed(extents):
+        start.append(rest % extent)
+        rest //= extent
+    start.reverse()
+    return start, rest
+
+
 class Blocked:
     """A strided view as a block of the flat buffer: `flat[offset:offset + length]` reshaped to `block`, the
     leading `shape`-sized corner of each block dimension (and element 0 of the trailing step dimension) taken,
@@ -107,11 +118,7 @@ class Blocked:
         if rows is None:
             return None
         extents, counts = rows
-        start, rest = [], self.offset
-        for extent in reversed(extents):
-            start.append(rest % extent)
-            rest //= extent
-        start.reverse()
+        start, rest = _coordinates(self.offset, extents)
         if rest or any(begin + count > extent for begin, count, extent in zip(start, counts, extents, strict=True)):
             return None
         return extents, counts, tuple(start)
@@ -137,9 +144,7 @@ class Blocked:
         extents, counts = self.rows(flat.shape[0])
         if flat.shape[0] < 2**31:  # 64-bit integer division is emulated on a TPU: 5 s more to compile a program
             offset = jnp.asarray(offset).astype(jnp.int32)
-        weights = [math.prod(extents[i + 1 :]) for i in range(len(extents))]
-        start = [offset // weights[0]]
-        start += [offset // weight % extent for weight, extent in zip(weights[1:], extents[1:], strict=True)]
+        start, _ = _coordinates(offset, extents)  # the view lies inside: nothing is left over
         return self.arrange(jax.lax.dynamic_slice(flat.reshape(extents), start, counts).reshape(self.sizes))
 
     def write(self, flat: jax.Array, value: jax.Array) -> jax.Array:
