@@ -357,16 +357,17 @@ def test_boolean_mask_index_in_a_graph_is_refused_clearly():
 
 def test_a_compiled_graph_reports_its_programs_scratch_memory():
     """`temp_bytes` in the cache stats: the memory XLA planned for a graph's intermediates, which the buffers the
-    user holds do not show. Here tanh of the first product is an operand of the second, so it cannot fuse away:
-    the program needs at least its 256x256 float32 values (256 KiB) beside its inputs and output. (Summing the
-    last product instead lets XLA rewrite the chain without the intermediate: a 0-byte plan on the CPU platform.)"""
-    x, w = torch.randn(256, 256), torch.randn(256, 256) / 16
+    user holds do not show. Here tanh of the first product, (8192, 8192) float32 = 256 MiB, is an operand of the
+    second product, so it cannot fuse away, and it is larger than a TPU core's on-chip memory: the program needs it
+    in device memory beside its inputs and output (a 256x256 one stayed on a v5e's chip: 0 bytes planned). Summing
+    the last product instead lets XLA rewrite the chain without the intermediate."""
+    x, w, back = torch.randn(8192, 32), torch.randn(32, 8192) / 4, torch.randn(8192, 32) / 90
 
-    def chain(x, w):
-        return torch.tanh(torch.tanh(x @ w) @ w)
+    def chain(x, w, back):
+        return torch.tanh(torch.tanh(x @ w) @ back)
 
     compiled = torch.compile(chain, backend="tpu", options={"name": "scratch"})
-    result = compiled(x.to("tpu"), w.to("tpu"))
-    torch.testing.assert_close(result.cpu(), chain(x, w), rtol=1e-4, atol=1e-2)
+    result = compiled(x.to("tpu"), w.to("tpu"), back.to("tpu"))
+    torch.testing.assert_close(result.cpu(), chain(x, w, back), rtol=1e-4, atol=1e-4)
     [entry] = [e for e in torch.tpu._get_cache_stats()["per_entry_stats"] if e["name"].startswith("scratch:")]
-    assert entry["temp_bytes"] >= 256 * 256 * 4, entry
+    assert entry["temp_bytes"] >= 8192 * 8192 * 4, entry

@@ -8,7 +8,9 @@ at most 1 MiB is from the small pool, a larger one from the large pool. A storag
 
 Where PJRT reports memory statistics (`jax.Device.memory_stats()`: TPU and GPU; XLA:CPU reports none),
 `reserved_bytes.all.current`/`.peak` are PJRT's figures instead, for every buffer the process holds on the device
-(JAX arrays outside torch tensors, cached constants), and `mem_get_info` reads PJRT's limit.
+(JAX arrays outside torch tensors, cached constants), but never less than the allocated ones, as CUDA's: a storage
+not written yet (`torch.empty`) or a Fused eager value not computed yet holds no device memory, and a caller's
+`reserved - allocated` must not turn negative. `mem_get_info` reads PJRT's limit.
 """
 
 from __future__ import annotations
@@ -199,10 +201,10 @@ def stats_as_nested_dict(index: int = 0) -> dict[str, Any]:
     for name in ("oversize_allocations", "oversize_segments"):  # none: nothing is cached to be oversize
         result[name] = dict.fromkeys(_STAT_FIELDS, 0)
     pjrt = _pjrt_stats(index)
-    if pjrt:
+    if pjrt:  # at least the allocated figures: an unwritten storage or a Fused value holds no device memory yet
         reserved = result["reserved_bytes"]["all"]
-        reserved["current"] = pjrt.get("pool_bytes", pjrt.get("bytes_in_use", reserved["current"]))
-        reserved["peak"] = pjrt.get("peak_pool_bytes", pjrt.get("peak_bytes_in_use", reserved["peak"]))
+        reserved["current"] = max(pjrt.get("pool_bytes", pjrt.get("bytes_in_use", 0)), reserved["current"])
+        reserved["peak"] = max(pjrt.get("peak_pool_bytes", pjrt.get("peak_bytes_in_use", 0)), reserved["peak"])
     return result
 
 
