@@ -39,6 +39,7 @@ class Entry:
     layout: Any = None  # a single tensor output's storage layout (`storage.layout`), for the eager fast path
     nbytes: int = 0  # the size estimate the byte bound counts (set on insert)
     donated: tuple[int, ...] = ()  # the inputs a Fused cluster's executable consumes (`fused._donatable`)
+    undonated: tuple[int, ...] = ()  # inputs it never consumes: values still to compute when it compiled
     temp_bytes: int | None = None  # a compiled graph's scratch memory as XLA planned it (`persistent.temp_bytes`)
 
 

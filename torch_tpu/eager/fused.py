@@ -4,7 +4,9 @@ A storage's buffer may hold a `Pending` value (`runtime.deferred`: shape and dty
 When data is needed on the host (`.item()`, `.cpu()`, `print`, `torch.save`, Python control flow on values), at
 `torch.tpu.synchronize()`, on leaving the mode, before a compiled graph or a data-dependent op runs, before and
 after every `optimizer.step()` (`eager.steps`), where a large forward's backward begins, or past
-`TORCH_TPU_FUSED_MAX_OPS` ops, the recorded cluster runs as one executable.
+`TORCH_TPU_FUSED_MAX_OPS` ops, the recorded cluster runs as one executable. A cut where nothing waits for a value
+(the last four) of a cluster without a program yet seals it instead: its program compiles on a background thread
+while Python records on, and it runs before the next cluster does or a value is read (`ASYNC_COMPILE`).
 A cluster's fingerprint — the op sequence with shapes, dtypes and static arguments, and which values live storages
 still hold — is built while recording and keys the executable cache; scalars and PRNG keys are run-time inputs, so
 a training loop's steady state replays the same cached executables every step. Values no live storage holds are
@@ -24,6 +26,7 @@ int, which makes the cluster's fingerprint a tuple of ints.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -31,7 +34,8 @@ import time
 import warnings
 import weakref
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -46,6 +50,12 @@ from torch_tpu.runtime.deferred import is_pending as is_pending  # re-exported: 
 from torch_tpu.runtime.hooks import hooks
 
 MAX_CLUSTER_OPS = int(os.environ.get("TORCH_TPU_FUSED_MAX_OPS", "1024"))
+ASYNC_COMPILE = os.environ.get("TORCH_TPU_FUSED_ASYNC_COMPILE", "1") != "0"
+"""A cluster cut where nothing waits for its values (a large forward's end, an optimizer step's edges, the size
+bound) and without a program yet compiles on a background thread while Python records on; it runs when a value
+is needed or a cluster with a program runs, in the order they were cut. A cold first step's clusters then compile
+side by side instead of one after another (0: each compiles where it is cut)."""
+COMPILE_THREADS = 4
 BACKWARD_CUT_BYTES = int(os.environ.get("TORCH_TPU_FUSED_BACKWARD_CUT_BYTES", str(1 << 30)))
 """Where the recording moves to or from another thread — the autograd engine runs a `tpu` backward pass on a
 device thread of its own — a cluster whose values total at least this many bytes is cut (0: never), so that the
@@ -138,7 +148,7 @@ def record(trace: Trace, inputs: list) -> Any:
     rec = recorder
     plan = rec.plan
     if len(plan) >= MAX_CLUSTER_OPS and (trace.id == rec.first or len(plan) >= 2 * MAX_CLUSTER_OPS):
-        flush(extra=_unrecorded(inputs))
+        flush(extra=_unrecorded(inputs), urgent=False)
         plan = rec.plan
     if BACKWARD_CUT_BYTES:
         _cut_at_thread_change(rec, inputs)
@@ -151,9 +161,12 @@ def record(trace: Trace, inputs: list) -> Any:
     for x in inputs:
         if type(x) is Pending:
             if x.value is None:
-                refs.append(x.ref)
-                continue
-            x = x.value
+                if not x.sealed:
+                    refs.append(x.ref)
+                    continue
+                # else a value of a cluster cut before, whose program compiles: an input, read when it has run
+            else:
+                x = x.value
         if getattr(x, "ndim", 0):  # an array: once among the leaves, which lets the cluster consume it (donation)
             position = rec.positions.setdefault(id(x), len(leaves))
             if position < len(leaves):
@@ -178,7 +191,7 @@ def record(trace: Trace, inputs: list) -> Any:
 
 def _unrecorded(inputs: list) -> list[Pending]:
     """The pending inputs of an op about to open a new cluster: values the cluster being cut must produce."""
-    return [x for x in inputs if type(x) is Pending and x.value is None]
+    return [x for x in inputs if type(x) is Pending and x.value is None and not x.sealed]
 
 
 def _cut_at_thread_change(rec: _Recorder, inputs: list) -> None:
@@ -187,7 +200,7 @@ def _cut_at_thread_change(rec: _Recorder, inputs: list) -> None:
     thread = threading.get_ident()
     if thread != rec.thread:
         if rec.plan and rec.nbytes >= BACKWARD_CUT_BYTES:
-            flush(extra=_unrecorded(inputs))
+            flush(extra=_unrecorded(inputs), urgent=False)
         rec.thread = thread
 
 
@@ -196,36 +209,129 @@ def _record_helper(key: Hashable, fn: Callable, inputs: list) -> Any:
     return record(trace((key, *[_signature(x) for x in inputs]), fn, inputs), inputs)
 
 
-def flush(extra: list[Pending] = ()) -> None:
-    """Run the recorded cluster for the values live storages (and `extra`) hold."""
+def flush(extra: list[Pending] = (), urgent: bool = True) -> None:
+    """Run the recorded cluster for the values live storages (and `extra`) hold. Not `urgent` (nothing waits
+    for a value: a cut), a cluster without a program yet is sealed instead (`ASYNC_COMPILE`)."""
+    if urgent:
+        _drain()
     plan, leaves, references, flagged, ranks = recorder.reset()
     if not plan:
         return
     buffers = [b for b in (r() for r in references) if b is not None]
     flags = [f for _, f in flagged]
-    wanted = {p.ref: p for p in [b._array for b in buffers] + list(extra) + flags if is_pending(p)}
+    wanted = {p.ref: p for p in [b._array for b in buffers] + list(extra) + flags if is_pending(p) and not p.sealed}
     if wanted:
         out_refs = tuple(sorted(wanted))
-        try:
+        if not urgent and ASYNC_COMPILE and ranks is None and _seal(plan, leaves, wanted, references, flagged):
+            return
+        _drain()
+        if any(type(leaf) is Pending for leaf in leaves):  # values of clusters sealed before: run by now
+            leaves = [leaf.value if type(leaf) is Pending else leaf for leaf in leaves]
+        with _errors_named(leaves, buffers):
             results = _run(plan, leaves, out_refs, ranks, [wanted[ref].aval for ref in out_refs])
-        except jax.errors.JaxRuntimeError as error:
-            if memory.is_oom(error):
-                pending = sum(b.nbytes for b in buffers if is_pending(b._array))
-                raise memory.out_of_memory(error, pending=pending) from error
-            raise
-        except RuntimeError as error:  # an input a jax_op's donation consumed: say so
-            donated = next((e for e in map(storage.donated_error, leaves) if e is not None), None)
-            if donated is not None:
-                raise donated from error
-            raise
-        metrics.fused_clusters[len(plan)] += 1
-        for ref, value in zip(out_refs, results, strict=True):
-            wanted[ref].value = value
-        for found, flag in flagged:
-            checks.stash(found, flag.value)
+        _finish(len(plan), wanted, out_refs, results, flagged)
+    _swap(buffers)
+
+
+@contextlib.contextmanager
+def _errors_named(leaves: list, buffers: list) -> Iterator[None]:
+    """A cluster's run: running out of memory is torch's error (with the bytes pending), an input a jax_op's
+    donation consumed says so."""
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as error:
+        if memory.is_oom(error):
+            pending = sum(b.nbytes for b in buffers if is_pending(b._array))
+            raise memory.out_of_memory(error, pending=pending) from error
+        raise
+    except RuntimeError as error:
+        donated = next((e for e in map(storage.donated_error, leaves) if e is not None), None)
+        if donated is not None:
+            raise donated from error
+        raise
+
+
+def _finish(ops: int, wanted: dict, out_refs: tuple, results: Any, flagged: list) -> None:
+    """A cluster has run: its values into their Pending, its device-side checks' flags to `checks`."""
+    metrics.fused_clusters[ops] += 1
+    for ref, value in zip(out_refs, results, strict=True):
+        wanted[ref].value = value
+    for found, flag in flagged:
+        checks.stash(found, flag.value)
+
+
+def _swap(buffers: list) -> None:
+    """The buffers holding computed values hold the arrays themselves from now on."""
     for buffer in buffers:
-        if type(buffer._array) is Pending:
-            buffer._array = buffer._array.value
+        value = buffer._array
+        if type(value) is Pending and value.value is not None:
+            buffer._array = value.value
+
+
+class _Sealed:
+    """A cluster cut while its program compiles on `_compiler` (`ASYNC_COMPILE`): what running it takes."""
+
+    def __init__(self, fingerprint: tuple, ops: int, leaves: list, wanted: dict, flagged: list) -> None:
+        self.fingerprint, self.ops, self.leaves, self.wanted, self.flagged = fingerprint, ops, leaves, wanted, flagged
+        self.out_refs = fingerprint[2]
+        self.undonated = tuple(i for i, leaf in enumerate(leaves) if type(leaf) is Pending)
+        self.donated: tuple[int, ...] = ()
+        self.references: list[weakref.ref] = []  # weak: a storage that dies meanwhile need not be kept
+        self.compiled: Callable[[], tuple[Any, bool, float]] = lambda: (None, False, 0.0)
+
+
+_sealed: list[_Sealed] = []  # in the order they were cut, which is the order they run
+_compiler: list[ThreadPoolExecutor] = []  # made on first use
+
+
+def _seal(plan: list[int], leaves: list, wanted: dict, references: list, flagged: list) -> bool:
+    """Start compiling a cut cluster that has no program yet and keep it to run later (`_drain`), its values
+    sealed; False where it has a program, or one is compiling (then it runs now, after those before it)."""
+    out_refs = tuple(sorted(wanted))
+    fingerprint = ("fused", tuple(plan), out_refs, trace_context.cache_token(), None)
+    if fingerprint in executables.entries or any(s.fingerprint == fingerprint for s in _sealed):
+        return False
+    sealed = _Sealed(fingerprint, len(plan), leaves, wanted, flagged)
+    sealed.references = references
+    out_avals = [wanted[ref].aval for ref in out_refs]
+    sealed.donated = _donatable(leaves, out_avals, _alone())  # a sealed value (a Pending) is never consumed
+    avals = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_home()) if type(x) is Pending else x for x in leaves]
+    lowered = _lower(_replay([recorder.node_table[n] for n in plan], out_refs), sealed.donated, avals)
+    if not _compiler:
+        _compiler.append(ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="torch_tpu_fused_compile"))
+    sealed.compiled = persistent.compile_soon(lowered, _compiler[0])
+    for pending in wanted.values():
+        pending.sealed = True
+    _sealed.append(sealed)
+    return True
+
+
+def _drain() -> None:
+    """Run the sealed clusters, in order, each once its program is ready."""
+    while _sealed:
+        sealed = _sealed[0]
+        try:
+            _run_sealed(sealed)
+        except BaseException:
+            _sealed.clear()  # the clusters after it read its values
+            raise
+        _sealed.pop(0)
+
+
+def _run_sealed(sealed: _Sealed) -> None:
+    leaves = [leaf.value if type(leaf) is Pending else leaf for leaf in sealed.leaves]
+    sealed.leaves = []  # a consumed (donated) input is held by `leaves` alone
+    buffers = [b for b in (r() for r in sealed.references) if b is not None]
+    executable, from_disk, seconds = sealed.compiled()
+    executable = persistent.fast_call(executable)
+    with _errors_named(leaves, buffers):
+        results = jax.block_until_ready(executable(*leaves))
+    entry = Entry(f"fused cluster of {sealed.ops} ops", executable, seconds, "fused")
+    entry.donated, entry.undonated = sealed.donated, sealed.undonated
+    executables.insert(sealed.fingerprint, entry)
+    metrics.compiled("fused", "disk" if from_disk else "compiled", seconds)
+    _finish(sealed.ops, sealed.wanted, sealed.out_refs, results, sealed.flagged)
+    _swap(buffers)
 
 
 def _donatable(leaves: list, out_avals: list, alone: int) -> tuple[int, ...]:
@@ -279,6 +385,8 @@ def _run(plan: list[int], leaves: list, out_refs: tuple, ranks: tuple[int, ...] 
     alone = _alone()
     donated = () if ranks is not None else _donatable(leaves, out_avals, alone)
     if entry is not None:
+        if entry.undonated:  # compiled sealed: those inputs were values still to compute, never consumed
+            donated = tuple(p for p in donated if p not in entry.undonated)
         if set(donated) <= set(entry.donated):
             _copy_held(leaves, entry.donated, alone)
             return entry.executable(*leaves)
@@ -305,9 +413,21 @@ def _compile(replay: Callable, donated: tuple[int, ...], leaves: list) -> tuple[
     """A cluster's executable (from disk or compiled: then True, False) as it is called."""
     with warnings.catch_warnings():  # a donated buffer no output could reuse: consumed all the same
         warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-        lowered = jax.jit(replay, donate_argnums=donated).lower(*leaves)
-        executable, from_disk = persistent.compile_lowered(lowered)
+        executable, from_disk = persistent.compile_lowered(_lower(replay, donated, leaves))
     return persistent.fast_call(executable), from_disk
+
+
+@compat.without_dynamo_frames
+def _lower(replay: Callable, donated: tuple[int, ...], leaves: list) -> jax.stages.Lowered:
+    """A cluster's program, traced (on this thread: its lowerings read settings) for `leaves` (arrays or avals)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+        return jax.jit(replay, donate_argnums=donated).lower(*leaves)
+
+
+def _home() -> jax.sharding.Sharding:
+    """Where a single-device cluster runs: this process's device."""
+    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
 
 def install() -> None:

@@ -39,7 +39,7 @@ def _step_begins(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) ->
     _end_scope()  # a step that raised never reached its post-hook
     state = modes.state
     if state.fused:
-        fused.flush()
+        fused.flush(urgent=False)
     elif FUSE_OPTIMIZER_STEP and not state.blocking and _without_closure(args, kwargs) and _on_tpu(optimizer):
         scope.optimizer = optimizer
         state.record_step(True)
@@ -52,7 +52,7 @@ def _step_ends(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> N
     if scope.optimizer is optimizer:
         _end_scope()
     elif modes.state.fused:
-        fused.flush()
+        fused.flush(urgent=False)
 
 
 def _end_scope() -> None:

@@ -19,14 +19,17 @@ from torch_tpu.runtime.hooks import hooks
 
 
 class Pending:
-    """Output `ref` = (node, index) of the cluster being recorded; `value` is set once the cluster has run."""
+    """Output `ref` = (node, index) of the cluster being recorded; `value` is set once the cluster has run.
+    `sealed`: its cluster has been cut and waits for its program (Fused eager's `ASYNC_COMPILE`), so a cluster
+    recorded meanwhile takes the value as an input, not as one of its own nodes'."""
 
-    __slots__ = ("aval", "ref", "value")
+    __slots__ = ("aval", "ref", "value", "sealed")
 
     def __init__(self, aval: jax.ShapeDtypeStruct, ref: tuple[int, int]) -> None:
         self.aval = aval
         self.ref = ref
         self.value: jax.Array | None = None
+        self.sealed = False
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -27,9 +27,11 @@ import pickle
 import struct
 import sys
 import tempfile
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from importlib.metadata import version
 from typing import Any
 
@@ -311,11 +313,7 @@ def compile_keyed(
     options = precision.compiler_options() | (_eager_program_options(lowered) if eager else {})
     if not enabled():
         return lowered.compile(options), False, None
-    # The signature too: jax.jit drops unused arguments, so two calling conventions can share one StableHLO.
-    signature = f"{lowered.in_tree}\n{lowered.args_info}\n{lowered.out_tree}"
-    assignment = "" if devices is None else f"devices={[device.id for device in devices]}\n"
-    text = f"{environment()}\n{assignment}{sorted(options.items())}\n{signature}\n{lowered.as_text()}"
-    key = hashlib.sha256(text.encode()).hexdigest()
+    key = _program_key(lowered, devices, options)
     compiled = load(key, devices)
     if compiled is not None:
         stats.hits += 1
@@ -324,6 +322,43 @@ def compile_keyed(
     compiled = lowered.compile(options)
     _store(key, compiled)
     return compiled, False, key
+
+
+def _program_key(lowered: jax.stages.Lowered, devices: Sequence[Any] | None, options: dict) -> str:
+    """The key a program's executable is stored under: its StableHLO, the compile options, the environment."""
+    # The signature too: jax.jit drops unused arguments, so two calling conventions can share one StableHLO.
+    signature = f"{lowered.in_tree}\n{lowered.args_info}\n{lowered.out_tree}"
+    assignment = "" if devices is None else f"devices={[device.id for device in devices]}\n"
+    text = f"{environment()}\n{assignment}{sorted(options.items())}\n{signature}\n{lowered.as_text()}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def compile_soon(lowered: jax.stages.Lowered, pool: Executor) -> Callable[[], tuple[Any, bool, float]]:
+    """`compile_lowered` with XLA's compile on `pool`, so that the caller goes on meanwhile (XLA releases the GIL
+    while it compiles). The options, key and disk read happen now, on the caller's thread: they read settings a
+    later change must not reach. The returned call waits for the executable and stores it (on the caller's
+    thread too): (executable, from disk, seconds XLA took)."""
+    options = precision.compiler_options()
+    key = _program_key(lowered, None, options) if enabled() else None
+    compiled = load(key, None) if key is not None else None
+    if compiled is not None:
+        stats.hits += 1
+        return lambda: (compiled, True, 0.0)
+    future = pool.submit(_timed_compile, lowered, options)
+
+    def wait() -> tuple[Any, bool, float]:
+        compiled, seconds = future.result()
+        if key is not None:
+            stats.misses += 1
+            _store(key, compiled)
+        return compiled, False, seconds
+
+    return wait
+
+
+def _timed_compile(lowered: jax.stages.Lowered, options: dict) -> tuple[Any, float]:
+    start = time.perf_counter()
+    return lowered.compile(options), time.perf_counter() - start
 
 
 class Helper:

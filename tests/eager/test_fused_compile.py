@@ -1,0 +1,138 @@
+"""Fused eager compiles a cut cluster on a background thread (`fused.ASYNC_COMPILE`): a cold step's clusters
+compile side by side, and every value is still the one CPU PyTorch computes."""
+
+import threading
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_tpu.eager import fused
+from torch_tpu.runtime import persistent
+
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """XLA's compiles of sealed clusters, each held 0.3 s: the most that ran at once, and their count. The
+    persistent tier is off, so that every cluster compiles."""
+    seen = {"running": 0, "most": 0, "count": 0}
+    lock = threading.Lock()
+    compile_now = persistent._timed_compile
+
+    def held(lowered, options):
+        with lock:
+            seen["running"] += 1
+            seen["count"] += 1
+            seen["most"] = max(seen["most"], seen["running"])
+        time.sleep(0.3)
+        try:
+            return compile_now(lowered, options)
+        finally:
+            with lock:
+                seen["running"] -= 1
+
+    monkeypatch.setattr(persistent, "_timed_compile", held)
+    monkeypatch.setattr(persistent, "enabled", lambda: False)
+    monkeypatch.setattr(fused, "ASYNC_COMPILE", True)
+    return seen
+
+
+def _mlp(width: int) -> tuple[torch.nn.Module, list]:
+    """Shapes no other test uses, so that the step's clusters are compiled here."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(13, width), torch.nn.Tanh(), torch.nn.Linear(width, 7))
+    data = [(torch.randn(11, 13), torch.randint(0, 7, (11,))) for _ in range(4)]
+    return model, data
+
+
+def _train(model: torch.nn.Module, data: list, device: str) -> tuple[list[float], list[int]]:
+    model = model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    losses, inserts = [], []
+    for inputs, target in data:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(inputs.to(device)), target.to(device))
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        inserts.append(torch.tpu._get_cache_stats()["num_inserts"])
+    return losses, inserts
+
+
+def test_a_cold_steps_clusters_compile_side_by_side_with_cpus_values(compiles):
+    """The forward-and-backward cluster, cut before `optimizer.step()`, compiles while Python records the
+    optimizer's; that one, cut after the step, compiles beside it; `loss.item()` runs both in order. Later steps
+    replay them: nothing compiles again (an input that was still being computed when its program compiled is never
+    donated, in later steps too, where it would have made the cache recompile)."""
+    model, data = _mlp(29)
+    reference = [p.detach().clone() for p in model.parameters()]
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        losses, inserts = _train(model, data, "tpu")
+    assert compiles["most"] >= 2 and compiles["count"] >= 2, compiles
+    assert len(set(inserts[1:])) == 1, inserts
+    cpu_model, _ = _mlp(29)
+    for parameter, initial in zip(cpu_model.parameters(), reference, strict=True):
+        torch.testing.assert_close(parameter.detach(), initial)  # the same init
+    expected, _ = _train(cpu_model, data, "cpu")
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-4, atol=1e-5)
+    for got, want in zip(model.parameters(), cpu_model.parameters(), strict=True):
+        torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_without_async_compile_each_cluster_compiles_where_it_is_cut(compiles, monkeypatch):
+    monkeypatch.setattr(fused, "ASYNC_COMPILE", False)
+    model, data = _mlp(31)
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        _train(model, data[:1], "tpu")
+    assert compiles["count"] == 0 and not fused._sealed
+
+
+def test_a_cluster_recorded_while_another_compiles_reads_its_values(compiles):
+    x = torch.randn(7, 19)
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        a = torch.sin(x.to("tpu")) * 3
+        fused.flush(urgent=False)  # a cut nothing waits on: the cluster is sealed, its value still to compute
+        assert len(fused._sealed) == 1 and fused.is_pending(a.untyped_storage()._tpu_buffer._array)
+        b = torch.cos(a) + a  # recorded with `a` as an input of the new cluster
+        fused.flush(urgent=False)
+        assert len(fused._sealed) == 2
+        got = b.cpu()  # a read runs both, in order
+        assert not fused._sealed
+    torch.testing.assert_close(got, torch.cos(torch.sin(x) * 3) + torch.sin(x) * 3)
+    torch.testing.assert_close(a.cpu(), torch.sin(x) * 3)
+
+
+def test_a_failed_compile_raises_at_the_read_and_later_work_goes_on(compiles, monkeypatch):
+    def fails(lowered, options):
+        raise RuntimeError("XLA refused the program")
+
+    monkeypatch.setattr(persistent, "_timed_compile", fails)
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        a = torch.ones(4, 3, device="tpu") * 2 + 1
+        fused.flush(urgent=False)
+        with pytest.raises(RuntimeError, match="XLA refused the program"):
+            a.cpu()
+        assert not fused._sealed
+    monkeypatch.undo()
+    torch.testing.assert_close((torch.ones(4, 3, device="tpu") * 5).cpu(), torch.full((4, 3), 5.0))
+
+
+def test_an_input_that_was_still_to_compute_is_never_donated_so_nothing_recompiles(compiles):
+    """The second cluster's input `a` was a sealed value when its program compiled, so that program does not
+    consume it; when it runs again with `a` computed and held by nothing else (which would let it be donated),
+    it keeps the program instead of compiling one that consumes `a`."""
+    x = torch.randn(9, 17)
+    inserts = []
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        for _ in range(3):
+            a = torch.sin(x.to("tpu")) * 3
+            fused.flush(urgent=False)
+            b = torch.cos(a) + 1
+            del a  # its value is an input of b's cluster alone
+            fused.flush(urgent=False)
+            torch.testing.assert_close(b.cpu(), torch.cos(torch.sin(x) * 3) + 1)
+            inserts.append(torch.tpu._get_cache_stats()["num_inserts"])
+    assert inserts[0] == inserts[1] == inserts[2], inserts
