@@ -8,8 +8,9 @@ share of a GPT's forward and backward: milliseconds from `zero_grad` to the end 
 bench/compile_step.py's model with the large step's 12 layers at tiny sizes (d 64, seq 32, batch 2, bfloat16), in
 Fused eager beside CPU PyTorch's eager pass: on a TPU the large step's Fused recording is time the device waits for
 (docs/performance.md). And a batch's transfer: µs per `.to("tpu")` of a (16, 512) int64 tensor beside
-`jax.device_put` of the same values. With --profile N, the N functions of a Strict chain costliest in themselves
-under cProfile, in µs per op (where a TPU host's op goes beyond the floor).
+`jax.device_put` of the same values, and a jitted call's floor by its inputs and outputs (donated or not). With
+--profile N, the N functions of a Strict chain costliest in themselves under cProfile, in µs per op (where a TPU
+host's op goes beyond the floor).
 Usage: python bench/eager_overhead.py [--ops N] [--repeats R] [--params N] [--profile N]
 """
 
@@ -130,6 +131,39 @@ def transfer_us(repeats: int, calls: int = 200) -> tuple[float, float]:
     return statistics.median(runs["ours"]), statistics.median(runs["jax"])
 
 
+def call_floor_us(inputs: int, outputs: int, donate: bool, repeats: int, calls: int = 200) -> float:
+    """Median µs per call of a jitted function of `inputs` 64x64 float32 arrays returning `outputs` of them, the
+    inputs consumed (donated: each call's outputs are the next call's inputs) or not: what the device's runtime
+    charges per input and per output, which an op's program pays for its check flags or extra results."""
+
+    def function(*xs: jax.Array) -> tuple[jax.Array, ...]:
+        total = sum(xs)
+        return tuple(total * (i + 1) for i in range(outputs))
+
+    jitted = jax.jit(function, donate_argnums=tuple(range(inputs)) if donate else ())
+    fresh = [jnp.full((64, 64), i, jnp.float32) for i in range(inputs)]
+    xs = jitted(*fresh)[:inputs] if donate else fresh
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            out = jitted(*xs)
+            if donate:
+                xs = out
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def print_call_floors(repeats: int) -> None:
+    print(f"JAX jitted call by inputs and outputs (64x64 float32), us, median of {repeats}")
+    base = call_floor_us(1, 1, False, repeats)
+    for inputs, outputs, donate in ((1, 1, False), (1, 4, False), (16, 1, False), (4, 4, False), (4, 4, True)):
+        us = base if (inputs, outputs, donate) == (1, 1, False) else call_floor_us(inputs, outputs, donate, repeats)
+        name = f"{inputs} in, {outputs} out" + (", donated" if donate else "")
+        print(f"{name:<28}{us:>10.1f}{us / base:>13.2f}x one in, one out")
+
+
 def profile_chain(run: Callable[[], torch.Tensor], ops: int, top: int) -> None:
     """Print the `top` functions of one Strict chain costliest in themselves (cProfile), in µs per op."""
     profile = cProfile.Profile()
@@ -187,6 +221,7 @@ def main() -> None:
     if args.profile:
         profile_chain(tpu_run, args.ops, args.profile)
     repeats = max(args.repeats, 5)
+    print_call_floors(repeats)
     cpu_ms = optimizer_step_ms("cpu", args.params, torch.tpu.EagerMode.DEFER_NEVER, repeats)
     print(f"AdamW step (foreach) over {args.params} bfloat16 64x64 tensors, host ms, median of {repeats}")
     for name, mode in (("Strict", torch.tpu.EagerMode.DEFER_NEVER), ("Fused", torch.tpu.EagerMode.DEFER_AND_FUSE)):
