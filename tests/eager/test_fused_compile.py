@@ -136,3 +136,27 @@ def test_an_input_that_was_still_to_compute_is_never_donated_so_nothing_recompil
             torch.testing.assert_close(b.cpu(), torch.cos(torch.sin(x) * 3) + 1)
             inserts.append(torch.tpu._get_cache_stats()["num_inserts"])
     assert inserts[0] == inserts[1] == inserts[2], inserts
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="fork")
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # JAX's; the child only reports and exits
+def test_a_forked_child_starts_with_a_pool_of_its_own(compiles):
+    """A child forked while the parent's pool exists (a DataLoader worker) has none of its threads: its own
+    sealed clusters would wait forever on the parent's pool."""
+    import os
+
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        a = torch.ones(3, 2, device="tpu") * 4 - 1
+        fused.flush(urgent=False)  # sealed: compiling on the pool
+        assert fused._compiler and fused._sealed
+        torch.testing.assert_close(a.cpu(), torch.full((3, 2), 3.0))
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no pytest here, only an exit status
+        ok = not fused._compiler and not fused._sealed
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write)
+    reported = os.read(read, 1)
+    os.waitpid(pid, 0)
+    assert reported == b"1"

@@ -284,6 +284,15 @@ _sealed: list[_Sealed] = []  # in the order they were cut, which is the order th
 _compiler: list[ThreadPoolExecutor] = []  # made on first use
 
 
+def _forget_in_child() -> None:
+    """A forked child has none of the parent's threads: a pool of its own, and none of the parent's clusters."""
+    _compiler.clear()
+    _sealed.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def _seal(plan: list[int], leaves: list, wanted: dict, references: list, flagged: list) -> bool:
     """Start compiling a cut cluster that has no program yet and keep it to run later (`_drain`), its values
     sealed; False where it has a program, or one is compiling (then it runs now, after those before it)."""
