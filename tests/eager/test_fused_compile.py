@@ -2,7 +2,6 @@
 compile side by side, and every value is still the one CPU PyTorch computes."""
 
 import threading
-import time
 
 import pytest
 import torch
@@ -16,22 +15,25 @@ pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/devic
 
 @pytest.fixture
 def compiles(monkeypatch):
-    """XLA's compiles of sealed clusters, each held 0.3 s: the most that ran at once, and their count. The
-    persistent tier is off, so that every cluster compiles."""
-    seen = {"running": 0, "most": 0, "count": 0}
-    lock = threading.Lock()
+    """XLA's compiles of sealed clusters: their count, and the most that ran at once. With `pair` set, a compile
+    waits (up to 10 s) for another to be running beside it, so that whether they can overlap does not depend on
+    how fast the machine records. The persistent tier is off, so that every cluster compiles."""
+    seen = {"running": 0, "most": 0, "count": 0, "pair": False}
+    changed = threading.Condition()
     compile_now = persistent._timed_compile
 
     def held(lowered, options):
-        with lock:
+        with changed:
             seen["running"] += 1
             seen["count"] += 1
             seen["most"] = max(seen["most"], seen["running"])
-        time.sleep(0.3)
+            changed.notify_all()
+            if seen["pair"]:
+                changed.wait_for(lambda: seen["running"] >= 2, timeout=10)
         try:
             return compile_now(lowered, options)
         finally:
-            with lock:
+            with changed:
                 seen["running"] -= 1
 
     monkeypatch.setattr(persistent, "_timed_compile", held)
@@ -67,6 +69,7 @@ def test_a_cold_steps_clusters_compile_side_by_side_with_cpus_values(compiles):
     optimizer's; that one, cut after the step, compiles beside it; `loss.item()` runs both in order. Later steps
     replay them: nothing compiles again (an input that was still being computed when its program compiled is never
     donated, in later steps too, where it would have made the cache recompile)."""
+    compiles["pair"] = True
     model, data = _mlp(29)
     reference = [p.detach().clone() for p in model.parameters()]
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
