@@ -263,6 +263,11 @@ def _next_marker(previous: jax.Array) -> jax.Array:
 _last_marker: list[jax.Array] = []
 
 
+def _unissued() -> bool:
+    """Whether Fused eager holds work not issued to the device yet: recorded, or sealed while it compiles."""
+    return bool(_pending_buffers) or bool(fused._sealed)
+
+
 def _marker() -> jax.Array:
     """A one-byte program on this process's device, issued now: ready once all work issued before it is done."""
     if not _last_marker:
@@ -298,7 +303,7 @@ class Stream(torch.Stream):
 
     def query(self) -> bool:
         """Whether all work issued to the device is done (without waiting for it)."""
-        return not _pending_buffers and all(array.is_ready() for array in jax.live_arrays())
+        return not _unissued() and all(array.is_ready() for array in jax.live_arrays())
 
     def record_event(self, event: Event | None = None) -> Event:
         event = event or Event()
@@ -334,7 +339,7 @@ class Event(torch.Event):
         self._time: float | None = None
 
     def record(self, stream: torch.Stream | None = None) -> None:
-        self._after_pending = bool(_pending_buffers)
+        self._after_pending = _unissued()
         self._marker = _marker()
         if self.enable_timing:
             self.synchronize()

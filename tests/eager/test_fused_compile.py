@@ -163,3 +163,22 @@ def test_a_forked_child_starts_with_a_pool_of_its_own(compiles):
     reported = os.read(read, 1)
     os.waitpid(pid, 0)
     assert reported == b"1"
+
+
+def test_streams_and_events_count_a_sealed_cluster_as_work_not_done(compiles):
+    """A sealed cluster is work issued to the `tpu` device from the user's view: a stream is not idle and an event
+    recorded after it waits for it (its values are then computed)."""
+    compiles["pair"] = False
+    x = torch.randn(5, 23)
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        a = torch.exp(x.to("tpu")) - 2
+        fused.flush(urgent=False)
+        assert fused._sealed
+        assert not torch.tpu.current_stream().query()
+        event = torch.tpu.Event()
+        event.record()
+        assert not event.query()
+        event.synchronize()
+        assert event.query() and not fused._sealed
+        assert not fused.is_pending(a.untyped_storage()._tpu_buffer._array)
+    torch.testing.assert_close(a.cpu(), torch.exp(x) - 2)
