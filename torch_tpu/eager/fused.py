@@ -271,12 +271,13 @@ def _swap(buffers: list) -> None:
 class _Sealed:
     """A cluster cut while its program compiles on `_compiler` (`ASYNC_COMPILE`): what running it takes."""
 
-    def __init__(self, fingerprint: tuple, ops: int, leaves: list, wanted: dict, flagged: list) -> None:
-        self.fingerprint, self.ops, self.leaves, self.wanted, self.flagged = fingerprint, ops, leaves, wanted, flagged
+    def __init__(self, fingerprint: tuple, plan: list[int], leaves: list, wanted: dict, references: list) -> None:
+        self.fingerprint, self.ops, self.leaves, self.wanted = fingerprint, len(plan), leaves, wanted
         self.out_refs = fingerprint[2]
+        self.references = references  # weak: a storage that dies meanwhile need not be kept
         self.undonated = tuple(i for i, leaf in enumerate(leaves) if type(leaf) is Pending)
         self.donated: tuple[int, ...] = ()
-        self.references: list[weakref.ref] = []  # weak: a storage that dies meanwhile need not be kept
+        self.flagged: list = []
         self.compiled: Callable[[], tuple[Any, bool, float]] = lambda: (None, False, 0.0)
 
 
@@ -300,8 +301,8 @@ def _seal(plan: list[int], leaves: list, wanted: dict, references: list, flagged
     fingerprint = ("fused", tuple(plan), out_refs, trace_context.cache_token(), None)
     if fingerprint in executables.entries or any(s.fingerprint == fingerprint for s in _sealed):
         return False
-    sealed = _Sealed(fingerprint, len(plan), leaves, wanted, flagged)
-    sealed.references = references
+    sealed = _Sealed(fingerprint, plan, leaves, wanted, references)
+    sealed.flagged = flagged
     out_avals = [wanted[ref].aval for ref in out_refs]
     sealed.donated = _donatable(leaves, out_avals, _alone())  # a sealed value (a Pending) is never consumed
     avals = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_home()) if type(x) is Pending else x for x in leaves]
@@ -328,6 +329,8 @@ def _drain() -> None:
 
 
 def _run_sealed(sealed: _Sealed) -> None:
+    """Run a sealed cluster once its program is ready (the clusters sealed before it have run: its sealed inputs
+    are computed), and cache the program as `_run` would have."""
     leaves = [leaf.value if type(leaf) is Pending else leaf for leaf in sealed.leaves]
     sealed.leaves = []  # a consumed (donated) input is held by `leaves` alone
     buffers = [b for b in (r() for r in sealed.references) if b is not None]
