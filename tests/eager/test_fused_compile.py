@@ -108,18 +108,33 @@ def test_a_cluster_recorded_while_another_compiles_reads_its_values(compiles):
     torch.testing.assert_close(a.cpu(), torch.sin(x) * 3)
 
 
-def test_a_failed_compile_raises_at_the_read_and_later_work_goes_on(compiles, monkeypatch):
-    def fails(lowered, options):
+@pytest.mark.parametrize("sealed", [True, False])
+def test_a_failed_compile_raises_at_the_read_and_later_work_goes_on(compiles, monkeypatch, sealed):
+    """The compile's error at the read that runs the cluster (sealed: when it was cut; else there); then every
+    read or use of its values names the failure — none is taken for a value of a later cluster — while new work
+    runs."""
+
+    def fails(*args, **kwargs):
         raise RuntimeError("XLA refused the program")
 
-    monkeypatch.setattr(persistent, "_timed_compile", fails)
+    monkeypatch.setattr(persistent, "_timed_compile" if sealed else "compile_lowered", fails)
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
         a = torch.ones(4, 3, device="tpu") * 2 + 1
-        fused.flush(urgent=False)
+        if sealed:
+            fused.flush(urgent=False)
         with pytest.raises(RuntimeError, match="XLA refused the program"):
             a.cpu()
         assert not fused._sealed
-    monkeypatch.undo()
+        monkeypatch.undo()
+        with pytest.raises(RuntimeError, match=r"shape \(4, 3\).* has no value.*XLA refused the program"):
+            a.cpu()
+        b = torch.arange(12.0, device="tpu").reshape(4, 3) * 2  # recorded after the failure: its own cluster
+        e, f = torch.full((4, 3), 7.0), torch.full((4, 3), 0.25)
+        with pytest.raises(RuntimeError, match="has no value"):
+            e.to("tpu") * a  # refused where it is recorded
+        d = b + f.to("tpu") * 3  # later work reads its own inputs
+        torch.testing.assert_close(d.cpu(), torch.arange(12.0).reshape(4, 3) * 2 + f * 3)
+        torch.testing.assert_close(b.cpu(), torch.arange(12.0).reshape(4, 3) * 2)
     torch.testing.assert_close((torch.ones(4, 3, device="tpu") * 5).cpu(), torch.full((4, 3), 5.0))
 
 

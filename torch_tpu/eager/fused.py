@@ -34,7 +34,7 @@ import time
 import warnings
 import weakref
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -157,6 +157,7 @@ def record(trace: Trace, inputs: list) -> Any:
     if not plan:
         rec.first = trace.id
     leaves = rec.leaves
+    first_leaf = len(leaves)
     refs = []
     for x in inputs:
         if type(x) is Pending:
@@ -164,6 +165,9 @@ def record(trace: Trace, inputs: list) -> Any:
                 if not x.sealed:
                     refs.append(x.ref)
                     continue
+                if isinstance(x.sealed, BaseException):  # its cluster failed: no op can read it
+                    _drop_leaves(rec, first_leaf)
+                    raise deferred.never_computed(x)
                 # else a value of a cluster cut before, whose program compiles: an input, read when it has run
             else:
                 x = x.value
@@ -187,6 +191,15 @@ def record(trace: Trace, inputs: list) -> Any:
     if trace.checks is not None:  # the cluster computes its flags too (the node's last output)
         rec.checks.append((trace.checks, Pending(trace.flags, (index, len(outputs)))))
     return jax.tree_util.tree_unflatten(trace.tree, outputs)
+
+
+def _drop_leaves(rec: _Recorder, first: int) -> None:
+    """Take back the leaves an op that is not recorded after all added (from `first`): a node reads its leaves in
+    order, so one without its node would shift the inputs of every node after it."""
+    for leaf in rec.leaves[first:]:
+        if rec.positions.get(id(leaf), -1) >= first:
+            del rec.positions[id(leaf)]
+    del rec.leaves[first:]
 
 
 def _unrecorded(inputs: list) -> list[Pending]:
@@ -222,15 +235,39 @@ def flush(extra: list[Pending] = (), urgent: bool = True) -> None:
     wanted = {p.ref: p for p in [b._array for b in buffers] + list(extra) + flags if is_pending(p) and not p.sealed}
     if wanted:
         out_refs = tuple(sorted(wanted))
-        if not urgent and ASYNC_COMPILE and ranks is None and _seal(plan, leaves, wanted, references, flagged):
-            return
-        _drain()
-        if any(type(leaf) is Pending for leaf in leaves):  # values of clusters sealed before: run by now
-            leaves = [leaf.value if type(leaf) is Pending else leaf for leaf in leaves]
-        with _errors_named(leaves, buffers):
-            results = _run(plan, leaves, out_refs, ranks, [wanted[ref].aval for ref in out_refs])
+        with _failing(wanted.values()):
+            if not urgent and ASYNC_COMPILE and ranks is None and _seal(plan, leaves, wanted, references, flagged):
+                return
+            _drain()
+            if any(type(leaf) is Pending for leaf in leaves):  # values of clusters sealed before: run by now
+                leaves = _computed(leaves)
+            with _errors_named(leaves, buffers):
+                results = _run(plan, leaves, out_refs, ranks, [wanted[ref].aval for ref in out_refs])
         _finish(len(plan), wanted, out_refs, results, flagged)
     _swap(buffers)
+
+
+@contextlib.contextmanager
+def _failing(values: Iterable[Pending]) -> Iterator[None]:
+    """A cluster that raises leaves its values without one for good: each keeps the error (`Pending.sealed`), so
+    that no later cluster takes it for one of its own nodes and a read names the failure."""
+    try:
+        yield
+    except BaseException as error:
+        for pending in values:
+            pending.sealed = error
+        raise
+
+
+def _computed(leaves: list) -> list:
+    """A cluster's inputs with the values of the clusters sealed before it, which have run."""
+    return [_value(leaf) if type(leaf) is Pending else leaf for leaf in leaves]
+
+
+def _value(pending: Pending) -> Any:
+    if pending.value is None:
+        raise deferred.never_computed(pending)
+    return pending.value
 
 
 @contextlib.contextmanager
@@ -319,11 +356,11 @@ def _seal(plan: list[int], leaves: list, wanted: dict, references: list, flagged
 def _drain() -> None:
     """Run the sealed clusters, in order, each once its program is ready."""
     while _sealed:
-        sealed = _sealed[0]
         try:
-            _run_sealed(sealed)
+            with _failing(value for sealed in _sealed for value in sealed.wanted.values()):
+                _run_sealed(_sealed[0])
         except BaseException:
-            _sealed.clear()  # the clusters after it read its values
+            _sealed.clear()  # failed with it: the clusters after it read its values
             raise
         _sealed.pop(0)
 
@@ -331,7 +368,7 @@ def _drain() -> None:
 def _run_sealed(sealed: _Sealed) -> None:
     """Run a sealed cluster once its program is ready (the clusters sealed before it have run: its sealed inputs
     are computed), and cache the program as `_run` would have."""
-    leaves = [leaf.value if type(leaf) is Pending else leaf for leaf in sealed.leaves]
+    leaves = _computed(sealed.leaves)
     sealed.leaves = []  # a consumed (donated) input is held by `leaves` alone
     buffers = [b for b in (r() for r in sealed.references) if b is not None]
     executable, from_disk, seconds = sealed.compiled()

@@ -21,7 +21,8 @@ from torch_tpu.runtime.hooks import hooks
 class Pending:
     """Output `ref` = (node, index) of the cluster being recorded; `value` is set once the cluster has run.
     `sealed`: its cluster has been cut and waits for its program (Fused eager's `ASYNC_COMPILE`), so a cluster
-    recorded meanwhile takes the value as an input, not as one of its own nodes'."""
+    recorded meanwhile takes the value as an input, not as one of its own nodes'; or the error that stopped its
+    cluster, which a read of the value then names (`never_computed`)."""
 
     __slots__ = ("aval", "ref", "value", "sealed")
 
@@ -82,4 +83,17 @@ def concrete(value: Any) -> Any:
         return value
     if value.value is None:
         hooks.flush([value])
+        if value.value is None:
+            raise never_computed(value)
     return value.value
+
+
+def never_computed(value: Pending) -> RuntimeError:
+    """The error of a read of a value whose cluster failed to compile or run (it raised then): no value, ever."""
+    cause = value.sealed if isinstance(value.sealed, BaseException) else None
+    error = RuntimeError(
+        f"torch_tpu: a tpu tensor of shape {tuple(value.shape)} and dtype {value.dtype} has no value: the Fused "
+        f"eager cluster computing it failed earlier" + (f" ({type(cause).__name__}: {cause})" if cause else "")
+    )
+    error.__cause__ = cause
+    return error
