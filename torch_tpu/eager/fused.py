@@ -235,14 +235,16 @@ def flush(extra: list[Pending] = (), urgent: bool = True) -> None:
     wanted = {p.ref: p for p in [b._array for b in buffers] + list(extra) + flags if is_pending(p) and not p.sealed}
     if wanted:
         out_refs = tuple(sorted(wanted))
+        fingerprint = ("fused", tuple(plan), out_refs, trace_context.cache_token(), ranks)
         with _failing(wanted.values()):
-            if not urgent and ASYNC_COMPILE and ranks is None and _seal(plan, leaves, wanted, references, flagged):
-                return
+            if not urgent and ASYNC_COMPILE and ranks is None and fingerprint not in executables.entries:
+                if _seal(fingerprint, plan, leaves, wanted, references, flagged):
+                    return
             _drain()
             if any(type(leaf) is Pending for leaf in leaves):  # values of clusters sealed before: run by now
                 leaves = _computed(leaves)
             with _errors_named(leaves, buffers):
-                results = _run(plan, leaves, out_refs, ranks, [wanted[ref].aval for ref in out_refs])
+                results = _run(fingerprint, plan, leaves, ranks, [wanted[ref].aval for ref in out_refs])
         _finish(len(plan), wanted, out_refs, results, flagged)
     _swap(buffers)
 
@@ -308,13 +310,15 @@ def _swap(buffers: list) -> None:
 class _Sealed:
     """A cluster cut while its program compiles on `_compiler` (`ASYNC_COMPILE`): what running it takes."""
 
-    def __init__(self, fingerprint: tuple, plan: list[int], leaves: list, wanted: dict, references: list) -> None:
+    def __init__(
+        self, fingerprint: tuple, plan: list[int], leaves: list, wanted: dict, references: list, flagged: list
+    ) -> None:
         self.fingerprint, self.ops, self.leaves, self.wanted = fingerprint, len(plan), leaves, wanted
         self.out_refs = fingerprint[2]
         self.references = references  # weak: a storage that dies meanwhile need not be kept
+        self.flagged = flagged
         self.undonated = tuple(i for i, leaf in enumerate(leaves) if type(leaf) is Pending)
         self.donated: tuple[int, ...] = ()
-        self.flagged: list = []
         self.compiled: Callable[[], tuple[Any, bool, float]] = lambda: (None, False, 0.0)
 
 
@@ -331,15 +335,13 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
-def _seal(plan: list[int], leaves: list, wanted: dict, references: list, flagged: list) -> bool:
+def _seal(fingerprint: tuple, plan: list[int], leaves: list, wanted: dict, references: list, flagged: list) -> bool:
     """Start compiling a cut cluster that has no program yet and keep it to run later (`_drain`), its values
-    sealed; False where it has a program, or one is compiling (then it runs now, after those before it)."""
-    out_refs = tuple(sorted(wanted))
-    fingerprint = ("fused", tuple(plan), out_refs, trace_context.cache_token(), None)
-    if fingerprint in executables.entries or any(s.fingerprint == fingerprint for s in _sealed):
+    sealed; False where the same cluster is compiling already (then it runs now, after those before it)."""
+    if any(s.fingerprint == fingerprint for s in _sealed):
         return False
-    sealed = _Sealed(fingerprint, plan, leaves, wanted, references)
-    sealed.flagged = flagged
+    sealed = _Sealed(fingerprint, plan, leaves, wanted, references, flagged)
+    out_refs = sealed.out_refs
     out_avals = [wanted[ref].aval for ref in out_refs]
     sealed.donated = _donatable(leaves, out_avals, _alone())  # a sealed value (a Pending) is never consumed
     avals = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_home()) if type(x) is Pending else x for x in leaves]
@@ -427,9 +429,10 @@ def _copy_held(leaves: list, donated: tuple[int, ...], alone: int) -> None:
             leaves[position] = storage.copy_array(leaf)
 
 
-def _run(plan: list[int], leaves: list, out_refs: tuple, ranks: tuple[int, ...] | None, out_avals: list) -> Any:
-    """The cluster's results: its cached executable, else compiled (or loaded) and cached."""
-    fingerprint = ("fused", tuple(plan), out_refs, trace_context.cache_token(), ranks)
+def _run(fingerprint: tuple, plan: list[int], leaves: list, ranks: tuple[int, ...] | None, out_avals: list) -> Any:
+    """The cluster's results: its cached executable, else compiled (or loaded) and cached under `fingerprint`
+    (the op sequence, the values it returns, the trace context, the ranks)."""
+    out_refs = fingerprint[2]
     entry = executables.lookup(fingerprint)
     alone = _alone()
     donated = () if ranks is not None else _donatable(leaves, out_avals, alone)
@@ -460,16 +463,14 @@ def _run(plan: list[int], leaves: list, out_refs: tuple, ranks: tuple[int, ...] 
 @compat.without_dynamo_frames
 def _compile(replay: Callable, donated: tuple[int, ...], leaves: list) -> tuple[Any, bool]:
     """A cluster's executable (from disk or compiled: then True, False) as it is called."""
-    with warnings.catch_warnings():  # a donated buffer no output could reuse: consumed all the same
-        warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-        executable, from_disk = persistent.compile_lowered(_lower(replay, donated, leaves))
+    executable, from_disk = persistent.compile_lowered(_lower(replay, donated, leaves))
     return persistent.fast_call(executable), from_disk
 
 
 @compat.without_dynamo_frames
 def _lower(replay: Callable, donated: tuple[int, ...], leaves: list) -> jax.stages.Lowered:
     """A cluster's program, traced (on this thread: its lowerings read settings) for `leaves` (arrays or avals)."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # a donated buffer no output could reuse: consumed all the same
         warnings.filterwarnings("ignore", "Some donated buffers were not usable")
         return jax.jit(replay, donate_argnums=donated).lower(*leaves)
 

@@ -310,18 +310,30 @@ def compile_keyed(
 
     An SPMD program's executable is bound to its device assignment, which its StableHLO does not name (only the
     device count): the key holds the ids of `devices`, besides the process count and this process's device."""
+    options, key, compiled = _look_up(lowered, devices, eager)
+    if compiled is not None:
+        return compiled, True, key
+    compiled = lowered.compile(options)
+    if key is not None:
+        _store(key, compiled)
+    return compiled, False, key
+
+
+def _look_up(
+    lowered: jax.stages.Lowered, devices: Sequence[Any] | None, eager: bool
+) -> tuple[dict, str | None, Any | None]:
+    """A program's compile options, its key (None with the tier off) and its executable where stored (None to
+    compile, a miss)."""
     options = precision.compiler_options() | (_eager_program_options(lowered) if eager else {})
     if not enabled():
-        return lowered.compile(options), False, None
+        return options, None, None
     key = _program_key(lowered, devices, options)
     compiled = load(key, devices)
     if compiled is not None:
         stats.hits += 1
-        return compiled, True, key
-    stats.misses += 1
-    compiled = lowered.compile(options)
-    _store(key, compiled)
-    return compiled, False, key
+    else:
+        stats.misses += 1
+    return options, key, compiled
 
 
 def _program_key(lowered: jax.stages.Lowered, devices: Sequence[Any] | None, options: dict) -> str:
@@ -338,18 +350,14 @@ def compile_soon(lowered: jax.stages.Lowered, pool: Executor) -> Callable[[], tu
     while it compiles). The options, key and disk read happen now, on the caller's thread: they read settings a
     later change must not reach. The returned call waits for the executable and stores it (on the caller's
     thread too): (executable, from disk, seconds XLA took)."""
-    options = precision.compiler_options()
-    key = _program_key(lowered, None, options) if enabled() else None
-    compiled = load(key, None) if key is not None else None
+    options, key, compiled = _look_up(lowered, None, False)
     if compiled is not None:
-        stats.hits += 1
         return lambda: (compiled, True, 0.0)
     future = pool.submit(_timed_compile, lowered, options)
 
     def wait() -> tuple[Any, bool, float]:
         compiled, seconds = future.result()
         if key is not None:
-            stats.misses += 1
             _store(key, compiled)
         return compiled, False, seconds
 
