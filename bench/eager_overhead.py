@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import pstats
 import statistics
 import time
@@ -164,6 +165,76 @@ def print_call_floors(repeats: int) -> None:
         print(f"{name:<28}{us:>10.1f}{us / base:>13.2f}x one in, one out")
 
 
+def strict_parts_us(x: torch.Tensor, y: torch.Tensor, ops: int, repeats: int) -> dict[str, float]:
+    """µs per op of a chain of `ops` Strict adds taken apart: JAX's jitted add, the op's cached program called on
+    arrays, then with the result wrapped as a `tpu` tensor (and the last one freed), with the cache key built from
+    the tensors, and the whole op through PyTorch's dispatcher (with Python's garbage collector on and off). The
+    differences are what each layer of the eager path costs on this host; run after a warm chain compiled the add.
+    """
+    from torch_tpu.eager import dispatch
+    from torch_tpu.eager.cache import executables
+    from torch_tpu.ops.registry import LOWERINGS
+    from torch_tpu.runtime import storage
+
+    op = torch.ops.aten.add.Tensor
+    runner = dispatch.Runner(LOWERINGS[op])
+    key, (x_array, y_array), _ = runner.inputs(op, (x, y), {})
+    entry = executables.entries[key]
+    call, layout, wrap_as, entries, inputs = (
+        entry.executable,
+        entry.layout,
+        storage.wrap_as,
+        executables.entries,
+        runner.inputs,
+    )
+    jax_add = jax.jit(jnp.add)
+
+    def chain(step: Callable[[object], object], start: object) -> Callable[[], object]:
+        def run() -> object:
+            z = start
+            for _ in range(ops):
+                z = step(z)
+            return z
+
+        return run
+
+    def wrapped(z: tuple) -> tuple:
+        array = call(z[1], y_array)
+        return wrap_as(array, layout), array
+
+    def keyed(z: torch.Tensor) -> torch.Tensor:
+        found, leaves, _ = inputs(op, (z, y), {})
+        return wrap_as(entries[found].executable(*leaves), layout)
+
+    def collected_off() -> torch.Tensor:
+        gc.disable()
+        try:
+            return dispatched()
+        finally:
+            gc.enable()
+
+    dispatched = chain(lambda z: z + y, x)
+    runners = {
+        "JAX jitted add (floor)": (chain(lambda z: jax_add(z, y_array), x_array), jax.block_until_ready),
+        "our program's call": (chain(lambda z: call(z, y_array), x_array), jax.block_until_ready),
+        "+ result as a tensor": (chain(wrapped, (x, x_array)), lambda z: torch.accelerator.synchronize()),
+        "+ cache key from tensors": (chain(keyed, x), lambda z: torch.accelerator.synchronize()),
+        "+ PyTorch's dispatcher": (dispatched, lambda z: torch.accelerator.synchronize()),
+        "  the same, gc off": (collected_off, lambda z: torch.accelerator.synchronize()),
+    }
+    return per_op_us(runners, ops, repeats)
+
+
+def print_strict_parts(x: torch.Tensor, y: torch.Tensor, ops: int, repeats: int) -> None:
+    us = strict_parts_us(x, y, ops, repeats)
+    floor = us["JAX jitted add (floor)"]
+    print(f"a Strict add taken apart (chain of {ops}, 64x64 float32), us per op, median of {repeats}")
+    previous = floor
+    for name, value in us.items():
+        print(f"{name:<28}{value:>10.1f}{value / floor:>13.2f}x floor {value - previous:>+8.1f} us")
+        previous = value if not name.startswith(" ") else previous
+
+
 def profile_chain(run: Callable[[], torch.Tensor], ops: int, top: int) -> None:
     """Print the `top` functions of one Strict chain costliest in themselves (cProfile), in µs per op."""
     profile = cProfile.Profile()
@@ -221,6 +292,7 @@ def main() -> None:
     if args.profile:
         profile_chain(tpu_run, args.ops, args.profile)
     repeats = max(args.repeats, 5)
+    print_strict_parts(tpu_x, tpu_y, args.ops, repeats)
     print_call_floors(repeats)
     cpu_ms = optimizer_step_ms("cpu", args.params, torch.tpu.EagerMode.DEFER_NEVER, repeats)
     print(f"AdamW step (foreach) over {args.params} bfloat16 64x64 tensors, host ms, median of {repeats}")
