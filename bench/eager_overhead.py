@@ -8,7 +8,8 @@ share of a GPT's forward and backward: milliseconds from `zero_grad` to the end 
 bench/compile_step.py's model with the large step's 12 layers at tiny sizes (d 64, seq 32, batch 2, bfloat16), in
 Fused eager beside CPU PyTorch's eager pass: on a TPU the large step's Fused recording is time the device waits for
 (docs/performance.md). And a batch's transfer: µs per `.to("tpu")` of a (16, 512) int64 tensor beside
-`jax.device_put` of the same values, and a jitted call's floor by its inputs and outputs (donated or not). With
+`jax.device_put` of the same values, a jitted call's floor by its inputs and outputs (donated or not), and a Strict
+add taken apart layer by layer (the program's call, the tensor, the key, the dispatcher). With
 --profile N, the N functions of a Strict chain costliest in themselves under cProfile, in µs per op (where a TPU
 host's op goes beyond the floor).
 Usage: python bench/eager_overhead.py [--ops N] [--repeats R] [--params N] [--profile N]
