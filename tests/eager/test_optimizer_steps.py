@@ -70,7 +70,9 @@ def test_debug_mode_a_closure_and_the_switch_keep_the_step_op_by_op(monkeypatch)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     recorded = []
     original = steps.fused.flush
-    monkeypatch.setattr(steps.fused, "flush", lambda *a: recorded.append(steps.fused.recorder.plan[:]) or original(*a))
+    monkeypatch.setattr(
+        steps.fused, "flush", lambda *a, **k: recorded.append(steps.fused.recorder.plan[:]) or original(*a, **k)
+    )
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING):
         _backward(model, "tpu", 0)
         optimizer.step()

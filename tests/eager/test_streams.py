@@ -60,9 +60,8 @@ def test_event_record_does_not_synchronise_the_device(device_syncs):
     assert isinstance(event, torch.Event) and event.query()  # nothing recorded yet: nothing to wait for
     event.record()
     assert not device_syncs, "Event.record synchronised the whole device"
-    array = storage.buffer_of(result)._array
-    event.synchronize()  # waits for the work issued before the record
-    assert array.is_ready() and event.query() and not device_syncs
+    event.synchronize()  # waits for the work issued before the record (a cold op's queued: run by now)
+    assert storage.buffer_of(result)._array.is_ready() and event.query() and not device_syncs
     torch.tpu.current_stream().wait_event(event)
     torch.accelerator.current_stream().wait_event(event)  # torch's own Stream accepts the event too
     event.wait()

@@ -11,6 +11,7 @@ import jax
 import pytest
 import torch
 
+import torch_tpu
 from tests.helpers import ROOT
 from torch_tpu.testing.compare import EAGER_MODES as MODES
 from torch_tpu.testing.processes import child_env
@@ -47,7 +48,7 @@ def plain():
 
 def _pointer(tensor: torch.Tensor) -> int:
     """The device address of the tensor's buffer (held by nothing but the buffer afterwards)."""
-    return tensor.untyped_storage()._tpu_buffer._array.unsafe_buffer_pointer()
+    return torch_tpu.to_jax(tensor).unsafe_buffer_pointer()  # (computed: a cold op's value may still be queued)
 
 
 @pytest.mark.parametrize("mode", MODES)

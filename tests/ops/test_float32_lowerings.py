@@ -13,7 +13,7 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
 from tests.helpers import jaxpr_equations
-from torch_tpu.eager import dispatch
+from torch_tpu.eager import dispatch, warmup
 from torch_tpu.eager.cache import executables
 from torch_tpu.testing.compare import to_tpu
 
@@ -72,6 +72,7 @@ def traced_ops(monkeypatch):
         return original(self, meta_op, key, args, kwargs, leaves, template)
 
     monkeypatch.setattr(dispatch.Runner, "_compile", recording)
+    monkeypatch.setattr(warmup, "ASYNC_COMPILE", False)  # every cold op compiles where it is called, here
     executables.clear()
     yield seen
     executables.clear()

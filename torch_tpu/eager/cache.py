@@ -41,6 +41,8 @@ class Entry:
     donated: tuple[int, ...] = ()  # the inputs a Fused cluster's executable consumes (`fused._donatable`)
     undonated: tuple[int, ...] = ()  # inputs it never consumes: values still to compute when it compiled
     temp_bytes: int | None = None  # a compiled graph's scratch memory as XLA planned it (`persistent.temp_bytes`)
+    out_avals: Any = None  # an eager op's result as avals (a pytree), for Strict eager's queue (`eager.warmup`)
+    compiling: Any = None  # Strict eager's cold op while its program compiles (`eager.warmup._Program`)
 
 
 def _limit(name: str, default: int) -> int:
@@ -94,6 +96,19 @@ class ExecutableCache:
         self.nbytes += entry.nbytes
         self.num_inserts += 1
         return entry
+
+    def refit(self, key: Hashable, entry: Entry) -> None:
+        """`entry`'s executable has changed (a compile finished: `eager.warmup`): its size again, if still cached."""
+        if self.entries.get(key) is entry:
+            size = persistent.footprint(entry.executable)
+            self.nbytes += size - entry.nbytes
+            entry.nbytes = size
+
+    def discard(self, key: Hashable, entry: Entry) -> None:
+        """Drop `entry` if it is still the one cached under `key` (its compile failed: the next call tries again)."""
+        if self.entries.get(key) is entry:
+            del self.entries[key]
+            self.nbytes -= entry.nbytes
 
     def _evict(self, incoming: int) -> None:
         """Drop the least recently read entries until `incoming` fits under both bounds with room to spare."""

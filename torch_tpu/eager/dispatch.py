@@ -19,7 +19,7 @@ from torch._ops import OpOverload
 
 from torch_tpu import metrics, precision
 from torch_tpu import random as tpu_random
-from torch_tpu.eager import encoding, fused, modes, validation
+from torch_tpu.eager import encoding, fused, modes, validation, warmup
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import Lowering, mutated_args
 from torch_tpu.runtime import checks as device_checks
@@ -81,8 +81,13 @@ class Runner:
         return self.execute(meta_op, key, args, kwargs, leaves, template)
 
     def execute(self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list, template: tuple) -> Any:
-        """Strict and Debug modes: the executable cached under `key` (compiled on a miss) applied to `leaves`."""
+        """Strict and Debug modes: the executable cached under `key` (compiled on a miss) applied to `leaves`; in
+        Strict mode, queued while its program compiles or others are queued (`eager.warmup`)."""
         entry = executables.lookup(key)
+        if entry is None or fused._sealed:
+            queued = warmup.queue(self, meta_op, key, (args, kwargs, template), leaves, entry)
+            if queued is not None:
+                return queued
         if entry is None:
             result = self._compile(meta_op, key, args, kwargs, leaves, template)
         else:
@@ -146,6 +151,8 @@ class Runner:
         metrics.compiled("eager", "traced" if source == "eager" else source, entry.compilation_duration)
         if self.lowering.jit and isinstance(result, jax.Array):  # a fixed output shape: wrap it directly
             entry.layout = storage.layout(result.shape, result.dtype)
+        if self.lowering.jit:  # what Strict eager's queue makes of its outputs while it waits (`eager.warmup`)
+            entry.out_avals = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), result)
         executables.insert(key, entry)
         return result
 
@@ -366,6 +373,7 @@ def _tensor_kernel(runner: Runner, op: OpOverload) -> Callable:
     entries = cache.entries
     traces = fused.recorder.traces
     record = fused.record
+    queued = fused._sealed
     wrap_as = storage.wrap_as
     now = time.time
 
@@ -378,7 +386,7 @@ def _tensor_kernel(runner: Runner, op: OpOverload) -> Callable:
                 trace = traces.get(key) or runner._fused_trace(op, key, args, kwargs, leaves, template)
                 return wrap_as(record(trace, leaves), trace.layout)
             entry = entries.get(key)
-            if entry is None or state.blocking:
+            if entry is None or state.blocking or queued:
                 return storage.wrap(runner.execute(op, key, args, kwargs, leaves, template))
             cache.num_cache_reqs += 1  # ExecutableCache.lookup's counting of a hit
             cache.num_cache_hits += 1

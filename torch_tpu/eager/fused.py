@@ -27,6 +27,7 @@ int, which makes the cluster's fingerprint a tuple of ints.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import sys
 import threading
@@ -104,10 +105,17 @@ class _Recorder:
         self.thread = 0  # the thread that recorded the last op (with BACKWARD_CUT_BYTES)
 
     def reset(self) -> tuple[list, list, list, list, tuple[int, ...] | None]:
-        taken = self.plan, self.leaves, list(self.buffers.values()), self.checks, self.ranks
+        """Take the cluster; the buffers of values sealed before it stay tracked until they are computed."""
+        references = list(self.buffers.values())
+        taken = self.plan, self.leaves, references, self.checks, self.ranks
         self.plan, self.leaves, self.checks, self.ranks, self.nbytes = [], [], [], None, 0
         self.positions.clear()
         self.buffers.clear()
+        if _sealed:
+            for reference in references:
+                buffer = reference()
+                if buffer is not None and type(buffer._array) is Pending and buffer._array.sealed is True:
+                    self.buffers[id(buffer)] = reference
         return taken
 
 
@@ -225,10 +233,10 @@ def _record_helper(key: Hashable, fn: Callable, inputs: list) -> Any:
 def flush(extra: list[Pending] = (), urgent: bool = True) -> None:
     """Run the recorded cluster for the values live storages (and `extra`) hold. Not `urgent` (nothing waits
     for a value: a cut), a cluster without a program yet is sealed instead (`ASYNC_COMPILE`)."""
-    if urgent:
-        _drain()
-    plan, leaves, references, flagged, ranks = recorder.reset()
+    plan, leaves, references, flagged, ranks = recorder.reset()  # first: work sealed before may fail, this too
     if not plan:
+        if urgent:
+            _drain()
         return
     buffers = [b for b in (r() for r in references) if b is not None]
     flags = [f for _, f in flagged]
@@ -242,10 +250,12 @@ def flush(extra: list[Pending] = (), urgent: bool = True) -> None:
                     return
             _drain()
             if any(type(leaf) is Pending for leaf in leaves):  # values of clusters sealed before: run by now
-                leaves = _computed(leaves)
-            with _errors_named(leaves, buffers):
+                leaves = computed(leaves)
+            with errors_named(leaves, buffers):
                 results = _run(fingerprint, plan, leaves, ranks, [wanted[ref].aval for ref in out_refs])
         _finish(len(plan), wanted, out_refs, results, flagged)
+    elif urgent:
+        _drain()
     _swap(buffers)
 
 
@@ -256,12 +266,24 @@ def _failing(values: Iterable[Pending]) -> Iterator[None]:
     try:
         yield
     except BaseException as error:
+        kept = _detached(error)
         for pending in values:
-            pending.sealed = error
+            pending.sealed = kept
         raise
 
 
-def _computed(leaves: list) -> list:
+def _detached(error: BaseException) -> BaseException:
+    """`error` without its traceback, whose frames hold the failed values' tensors: kept by their Pending, it
+    would make a cycle that holds their memory until Python's collector runs."""
+    try:
+        kept = copy.copy(error)
+    except Exception:  # an exception that cannot be rebuilt from its arguments: its name and message
+        kept = RuntimeError(f"{type(error).__name__}: {error}")
+    kept.__traceback__ = kept.__cause__ = kept.__context__ = None
+    return kept
+
+
+def computed(leaves: list) -> list:
     """A cluster's inputs with the values of the clusters sealed before it, which have run."""
     return [_value(leaf) if type(leaf) is Pending else leaf for leaf in leaves]
 
@@ -273,14 +295,15 @@ def _value(pending: Pending) -> Any:
 
 
 @contextlib.contextmanager
-def _errors_named(leaves: list, buffers: list) -> Iterator[None]:
-    """A cluster's run: running out of memory is torch's error (with the bytes pending), an input a jax_op's
-    donation consumed says so."""
+def errors_named(leaves: list, buffers: list, queued: Iterable[Pending] = ()) -> Iterator[None]:
+    """A cluster's run: running out of memory is torch's error (with the bytes pending: `buffers`' values, and
+    `queued` ones not computed), an input a jax_op's donation consumed says so."""
     try:
         yield
     except jax.errors.JaxRuntimeError as error:
         if memory.is_oom(error):
             pending = sum(b.nbytes for b in buffers if is_pending(b._array))
+            pending += sum(value.nbytes for value in queued if value.value is None)
             raise memory.out_of_memory(error, pending=pending) from error
         raise
     except RuntimeError as error:
@@ -301,10 +324,17 @@ def _finish(ops: int, wanted: dict, out_refs: tuple, results: Any, flagged: list
 
 def _swap(buffers: list) -> None:
     """The buffers holding computed values hold the arrays themselves from now on."""
+    tracked = deferred.buffers
     for buffer in buffers:
         value = buffer._array
         if type(value) is Pending and value.value is not None:
             buffer._array = value.value
+            tracked.pop(id(buffer), None)
+
+
+def _swap_tracked() -> None:
+    """`_swap` for every buffer still tracked: Strict eager's kernels take arrays from storages as they are."""
+    _swap([b for b in (r() for r in list(deferred.buffers.values())) if b is not None])
 
 
 class _Sealed:
@@ -321,15 +351,28 @@ class _Sealed:
         self.donated: tuple[int, ...] = ()
         self.compiled: Callable[[], tuple[Any, bool, float]] = lambda: (None, False, 0.0)
 
+    def ready(self) -> bool:
+        """Whether its program has compiled (it can run without waiting)."""
+        done = getattr(self.compiled, "done", None)
+        return done is None or done()
 
-_sealed: list[_Sealed] = []  # in the order they were cut, which is the order they run
+    def run(self) -> None:
+        _run_sealed(self)
+
+
+_sealed: list[Any] = []  # in the order they were cut, which is the order they run: `_Sealed`, `warmup.Queued`
 _compiler: list[ThreadPoolExecutor] = []  # made on first use
+queue_lock = threading.RLock()
+"""Held while the queue of sealed work changes or runs: two threads issuing Strict ops while it holds cold ops'
+(`eager.warmup`) take turns instead of running one entry twice."""
 
 
 def _forget_in_child() -> None:
     """A forked child has none of the parent's threads: a pool of its own, and none of the parent's clusters."""
+    global queue_lock
     _compiler.clear()
     _sealed.clear()
+    queue_lock = threading.RLock()  # another thread may have held the parent's
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
@@ -344,38 +387,60 @@ def _seal(fingerprint: tuple, plan: list[int], leaves: list, wanted: dict, refer
     out_refs = sealed.out_refs
     out_avals = [wanted[ref].aval for ref in out_refs]
     sealed.donated = _donatable(leaves, out_avals, _alone())  # a sealed value (a Pending) is never consumed
-    avals = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_home()) if type(x) is Pending else x for x in leaves]
+    avals = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=home()) if type(x) is Pending else x for x in leaves]
     lowered = _lower(_replay([recorder.node_table[n] for n in plan], out_refs), sealed.donated, avals)
-    if not _compiler:
-        _compiler.append(ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="torch_tpu_fused_compile"))
-    sealed.compiled = persistent.compile_soon(lowered, _compiler[0])
+    sealed.compiled = persistent.compile_soon(lowered, compiler())
     for pending in wanted.values():
         pending.sealed = True
     _sealed.append(sealed)
     return True
 
 
-def _drain() -> None:
-    """Run the sealed clusters, in order, each once its program is ready."""
-    while _sealed:
-        try:
-            with _failing(value for sealed in _sealed for value in sealed.wanted.values()):
-                _run_sealed(_sealed[0])
-        except BaseException:
-            _sealed.clear()  # failed with it: the clusters after it read its values
-            raise
-        _sealed.pop(0)
+def _drain(ready_only: bool = False) -> None:
+    """Run the sealed clusters (and Strict eager's queued ops), in order, each once its program is ready; with
+    `ready_only`, only up to the first whose program is still compiling."""
+    ran = False
+    with queue_lock:
+        while _sealed and (not ready_only or _sealed[0].ready()):
+            try:
+                with _failing(value for sealed in _sealed for value in sealed.wanted.values()):
+                    _sealed[0].run()
+            except BaseException:
+                _sealed.clear()  # failed with it: the clusters after it read its values
+                raise
+            _sealed.pop(0)
+            ran = True
+        if ran:  # a storage that took a sealed value after its cut (a copy, an op queued in Strict eager) too
+            _swap_tracked()
+
+
+def drain() -> None:
+    """Run the sealed clusters and queued ops, waiting for their programs (a profile's window then holds only the
+    work it issues)."""
+    _drain()
+
+
+def drain_ready() -> None:
+    """Run the sealed clusters and queued ops whose programs are ready, in order (nothing waits for a compile)."""
+    _drain(ready_only=True)
+
+
+def compiler() -> ThreadPoolExecutor:
+    """The pool sealed clusters (and Strict eager's cold ops) compile on, made on first use."""
+    if not _compiler:
+        _compiler.append(ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="torch_tpu_fused_compile"))
+    return _compiler[0]
 
 
 def _run_sealed(sealed: _Sealed) -> None:
     """Run a sealed cluster once its program is ready (the clusters sealed before it have run: its sealed inputs
     are computed), and cache the program as `_run` would have."""
-    leaves = _computed(sealed.leaves)
+    leaves = computed(sealed.leaves)
     sealed.leaves = []  # a consumed (donated) input is held by `leaves` alone
     buffers = [b for b in (r() for r in sealed.references) if b is not None]
     executable, from_disk, seconds = sealed.compiled()
     executable = persistent.fast_call(executable)
-    with _errors_named(leaves, buffers):
+    with errors_named(leaves, buffers):
         results = jax.block_until_ready(executable(*leaves))
     entry = Entry(f"fused cluster of {sealed.ops} ops", executable, seconds, "fused")
     entry.donated, entry.undonated = sealed.donated, sealed.undonated
@@ -475,7 +540,7 @@ def _lower(replay: Callable, donated: tuple[int, ...], leaves: list) -> jax.stag
         return jax.jit(replay, donate_argnums=donated).lower(*leaves)
 
 
-def _home() -> jax.sharding.Sharding:
+def home() -> jax.sharding.Sharding:
     """Where a single-device cluster runs: this process's device."""
     return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 

@@ -59,8 +59,10 @@ def _end_scope() -> None:
     if scope.optimizer is None:
         return
     scope.optimizer = None
-    fused.flush()
-    modes.state.record_step(False)
+    try:
+        fused.flush(urgent=False)  # a step without a program yet compiles while the next ops queue (`eager.warmup`)
+    finally:  # the user's mode again, even where the step's cluster failed
+        modes.state.record_step(False)
 
 
 def _without_closure(args: tuple, kwargs: dict) -> bool:

@@ -91,6 +91,8 @@ def _claim(name: str, values: dict[str, Any], donate: frozenset[str]) -> list[tu
                 where = f"argument {others[0]!r}" if others else "another tensor (a view or alias of it)"
                 raise _refuse(name, arg, f"its storage is shared with {where}, which the donation would consume too")
             claimed.append((arg, tensor))
+    if fused._sealed:  # queued ops (Strict eager's warm-up, `eager.warmup`) may read what the call consumes
+        fused.flush()
     for _, tensor in claimed:
         buffer = storage.buffer_of(tensor)
         if deferred.is_pending(buffer._array):

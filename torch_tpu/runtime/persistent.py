@@ -27,11 +27,12 @@ import pickle
 import struct
 import sys
 import tempfile
+import threading
 import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from importlib.metadata import version
 from typing import Any
 
@@ -345,23 +346,51 @@ def _program_key(lowered: jax.stages.Lowered, devices: Sequence[Any] | None, opt
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def compile_soon(lowered: jax.stages.Lowered, pool: Executor) -> Callable[[], tuple[Any, bool, float]]:
-    """`compile_lowered` with XLA's compile on `pool`, so that the caller goes on meanwhile (XLA releases the GIL
-    while it compiles). The options, key and disk read happen now, on the caller's thread: they read settings a
-    later change must not reach. The returned call waits for the executable and stores it (on the caller's
-    thread too): (executable, from disk, seconds XLA took)."""
-    options, key, compiled = _look_up(lowered, None, False)
-    if compiled is not None:
-        return lambda: (compiled, True, 0.0)
-    future = pool.submit(_timed_compile, lowered, options)
+class Soon:
+    """An executable compiling on a pool (`compile_soon`): call it to wait for (executable, from disk, seconds XLA
+    took); `done()` says whether that call would return at once. The first call stores it in this tier, on the
+    caller's thread; calls from several threads wait for the one compile."""
 
-    def wait() -> tuple[Any, bool, float]:
-        compiled, seconds = future.result()
-        if key is not None:
-            _store(key, compiled)
+    def __init__(self, future: Future | None, key: str | None, loaded: Any = None) -> None:
+        self._future, self._key = future, key
+        self._result: tuple[Any, bool, float] | None = None if future is not None else (loaded, True, 0.0)
+        self._lock = threading.Lock()
+
+    def done(self) -> bool:
+        future = self._future
+        return future is None or future.done()
+
+    def __call__(self) -> tuple[Any, bool, float]:
+        if self._result is None:
+            with self._lock:
+                if self._result is None:
+                    self._result = self._wait()
+        return self._result
+
+    def _wait(self) -> tuple[Any, bool, float]:
+        future = self._future
+        if future is None:
+            raise RuntimeError("torch_tpu: this program's compile failed (raised where it was first needed)")
+        try:
+            compiled, seconds = future.result()
+        except BaseException:
+            # the future would keep the error, whose traceback grows by every frame it is raised through (the
+            # failed values' tensors among their locals): only the raise holds it now
+            self._future = future = None
+            raise
+        if self._key is not None:
+            _store(self._key, compiled)
         return compiled, False, seconds
 
-    return wait
+
+def compile_soon(lowered: jax.stages.Lowered, pool: Executor, eager: bool = False) -> Soon:
+    """`compile_lowered` with XLA's compile on `pool`, so that the caller goes on meanwhile (XLA releases the GIL
+    while it compiles). The options, key and disk read happen now, on the caller's thread: they read settings a
+    later change must not reach. `eager`: an eager per-op program (its compile effort by size)."""
+    options, key, compiled = _look_up(lowered, None, eager)
+    if compiled is not None:
+        return Soon(None, key, compiled)
+    return Soon(pool.submit(_timed_compile, lowered, options), key)
 
 
 def _timed_compile(lowered: jax.stages.Lowered, options: dict) -> tuple[Any, float]:

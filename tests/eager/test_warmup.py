@@ -1,0 +1,204 @@
+"""Strict eager's warm-up (`eager.warmup`): a cold op's program compiles on a background thread while the ops
+after it queue; every value is CPU PyTorch's, a warm op takes the steady path, a failed compile raises where a
+value is read and the op compiles again at its next call."""
+
+import gc
+import threading
+import time
+
+import jax
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_tpu.eager import fused, warmup
+from torch_tpu.runtime import persistent
+from torch_tpu.testing.compare import assert_close, float32_tolerance
+
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """XLA's compiles on the pool: their count and the most that ran at once. Each waits (up to 10 s) for another
+    to run beside it while `pair` is set, so that the queue does not depend on how fast the machine compiles; the
+    persistent tier is off, so that every program compiles; `failing` names ops whose compile raises `error()`
+    after `fail_after` seconds."""
+    seen = {"running": 0, "most": 0, "count": 0, "pair": False, "failing": (), "fail_after": 0.0}
+    seen["error"] = lambda: RuntimeError("an XLA compile that failed")
+    changed = threading.Condition()
+    compile_now = persistent._timed_compile
+
+    def held(lowered, options):
+        if any(name in lowered.as_text() for name in seen["failing"]):
+            time.sleep(seen["fail_after"])
+            raise seen["error"]()
+        with changed:
+            seen["running"] += 1
+            seen["count"] += 1
+            seen["most"] = max(seen["most"], seen["running"])
+            changed.notify_all()
+            if seen["pair"]:
+                changed.wait_for(lambda: seen["running"] >= 2, timeout=10)
+        try:
+            return compile_now(lowered, options)
+        finally:
+            with changed:
+                seen["running"] -= 1
+
+    monkeypatch.setattr(persistent, "_timed_compile", held)
+    monkeypatch.setattr(persistent, "enabled", lambda: False)
+    monkeypatch.setattr(warmup, "ASYNC_COMPILE", True)
+    return seen
+
+
+def test_cold_ops_compile_side_by_side_and_queue_with_cpus_values(compiles):
+    compiles["pair"] = True
+    x = torch.randn(9, 17)
+    t = x.to("tpu")
+    a = torch.sinh(t) * 3
+    b = a @ a.T
+    c = torch.relu(b - 2).sum(0)
+    assert fused._sealed  # queued behind their compiles: nothing waited for XLA
+    assert compiles["most"] >= 2
+    expected = torch.relu((torch.sinh(x) * 3) @ (torch.sinh(x) * 3).T - 2).sum(0)
+    assert_close(c, expected)
+    assert not fused._sealed  # the read ran the queue
+    assert type(c.untyped_storage()._tpu_buffer._array) is not fused.Pending  # and the storages hold arrays
+
+
+def test_a_warm_op_queues_nothing(compiles, monkeypatch):
+    t = torch.randn(5, 19).to("tpu")
+    torch.cosh(t).cpu()  # cold: compiled
+    made = []
+    original = warmup.Queued.__init__
+    monkeypatch.setattr(warmup.Queued, "__init__", lambda self, *args: made.append(1) or original(self, *args))
+    value = torch.cosh(t)
+    assert not made and not fused._sealed
+    assert type(value.untyped_storage()._tpu_buffer._array) is not fused.Pending
+
+
+def test_in_place_writes_into_views_of_queued_values(compiles):
+    x = torch.randn(6, 11)
+    t = x.to("tpu")
+    d = torch.cos(t)
+    d[1:3] += 5
+    e = d.t().contiguous()
+    f = e * 2
+    expected = torch.cos(x)
+    expected[1:3] += 5
+    assert_close(f, expected.t() * 2)
+    assert_close(d, expected)
+
+
+def _mlp(width: int) -> tuple[torch.nn.Module, list]:
+    """Shapes no other test uses, so that every program of the step compiles here."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(13, width), torch.nn.Tanh(), torch.nn.Linear(width, 7))
+    data = [(torch.randn(11, 13), torch.randint(0, 7, (11,))) for _ in range(4)]
+    return model, data
+
+
+def _train(model: torch.nn.Module, data: list, device: str) -> tuple[list[float], list[int]]:
+    model = model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    losses, compiled = [], []
+    for inputs, target in data:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(inputs.to(device)), target.to(device))
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        compiled.append(torch.tpu._get_cache_stats()["num_inserts"])
+    return losses, compiled
+
+
+@pytest.mark.parametrize("queued", [True, False])
+def test_a_cold_training_step_gives_cpus_values_and_compiles_each_program_once(compiles, monkeypatch, queued):
+    """Queued or not (`TORCH_TPU_STRICT_ASYNC_COMPILE=0`), the first step's programs are the steady ones: the
+    steps after it compile nothing, and the losses and parameters are CPU's."""
+    monkeypatch.setattr(warmup, "ASYNC_COMPILE", queued)
+    made = []
+    original = warmup.Queued.__init__
+    monkeypatch.setattr(warmup.Queued, "__init__", lambda self, *args: made.append(1) or original(self, *args))
+    model, data = _mlp(31 if queued else 37)
+    reference = [p.detach().clone() for p in model.parameters()]
+    losses, compiled = _train(model, data, "tpu")
+    assert compiled[1] == compiled[-1], compiled  # the first step compiled every program of the loop
+    assert bool(made) == queued
+    cpu_model, _ = _mlp(31 if queued else 37)
+    expected, _ = _train(cpu_model, data, "cpu")
+    rtol, atol = float32_tolerance(1e-5, 1e-6)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=rtol, atol=atol)
+    for got, want, initial in zip(model.parameters(), cpu_model.parameters(), reference, strict=True):
+        torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=rtol, atol=atol)
+        assert not torch.equal(want.detach(), initial)  # (the steps did update them)
+
+
+def test_a_failed_compile_raises_where_the_queue_runs_and_the_op_compiles_again(compiles):
+    """The queue runs at the next op or read once the compile is over: the failure raises there."""
+    compiles["failing"] = ("aten__atan",)
+    t = torch.randn(4, 23).to("tpu")
+    with pytest.raises(RuntimeError, match="an XLA compile that failed"):
+        (torch.atan(t) + 1).cpu()
+    assert not fused._sealed
+    compiles["failing"] = ()
+    assert_close(torch.atan(t), torch.atan(t.cpu()))  # its next call compiles it again
+    assert_close(t + 1, t.cpu() + 1)  # the process goes on
+
+
+def test_debug_mode_and_unqueued_ops_run_the_queue_first(compiles):
+    compiles["pair"] = True
+    x = torch.randn(3, 29)
+    t = x.to("tpu")
+    a = torch.tanh(t) + 1
+    b = torch.exp(a)
+    assert fused._sealed
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING):
+        c = b * 2  # Debug mode runs each op at once: the queue first
+        assert not fused._sealed
+    assert_close(c, torch.exp(torch.tanh(x) + 1) * 2)
+
+
+def test_two_threads_warming_up_at_once_get_their_values(compiles):
+    """Ops of two threads queue behind the same cold programs (one compile each) and run once each."""
+    results, errors = {}, []
+
+    def work(seed: int) -> None:
+        try:
+            x = torch.randn(5, 31, generator=torch.Generator().manual_seed(seed))
+            values = [torch.sin(x.to("tpu")) * 2 + seed for _ in range(20)]
+            results[seed] = ([v.cpu() for v in values], torch.sin(x) * 2 + seed)
+        except BaseException as error:  # raised again in the test's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    for got, want in results.values():
+        for value in got:
+            assert_close(value, want)
+    assert compiles["count"] == 3  # sin, mul, add: one program each, for both threads
+
+
+def test_a_compile_out_of_memory_is_torchs_and_holds_none_of_the_failed_values(compiles):
+    """A TPU refuses a program whose buffers exceed its memory when it compiles (an execution's error on CPU):
+    raised where the queue runs as torch's error; neither the error nor the Fused recorder's cluster of the read
+    that ran the queue keeps the failed values (a 1 PiB tensor stayed allocated on the chip), the next runs."""
+    compiles["failing"], compiles["fail_after"] = ("aten__clone",), 0.3  # queued, its output a tensor, then fails
+    message = "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (1.00P)"
+    compiles["error"] = lambda: jax.errors.JaxRuntimeError(message)
+    one = torch.ones(1, dtype=torch.uint8, device="tpu")
+    gc.collect()  # (an earlier test's garbage)
+    allocated, before = torch.tpu.memory_allocated(), torch.tpu.memory_stats()["num_ooms"]
+    with pytest.raises(torch.cuda.OutOfMemoryError, match=r"^TPU out of memory\. Tried to allocate 1024\.00 TiB\."):
+        one.expand(1 << 50).clone().flatten()[3].item()
+    assert torch.tpu.memory_allocated() == allocated  # without a collection
+    assert torch.tpu.memory_stats()["num_ooms"] == before + 1
+    compiles["failing"] = ()
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        assert (one * 3).item() == 3
+    assert (one.expand(5).clone() + 1).tolist() == [2] * 5
