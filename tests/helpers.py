@@ -20,6 +20,31 @@ SMOKE = ROOT.parent / "shared" / "seeds" / "smoke.py"  # the seed article's smok
 needs_smoke = pytest.mark.skipif(not SMOKE.exists(), reason="../shared/seeds/smoke.py is not beside this checkout")
 
 
+def small_mlp(width: int) -> tuple[torch.nn.Module, list]:
+    """A 2-layer MLP (13 -> `width` -> 7) and 4 batches of 11: a width no other test uses makes every program of
+    its training step compile in the test that picks it."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(13, width), torch.nn.Tanh(), torch.nn.Linear(width, 7))
+    data = [(torch.randn(11, 13), torch.randint(0, 7, (11,))) for _ in range(4)]
+    return model, data
+
+
+def train_steps(model: torch.nn.Module, data: list, device: str) -> tuple[list[float], list[int]]:
+    """AdamW steps of `model` on `device`, a batch each: the losses, and after each step the executable cache's
+    insert count (what the step compiled)."""
+    model = model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    losses, inserts = [], []
+    for inputs, target in data:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(inputs.to(device)), target.to(device))
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        inserts.append(torch.tpu._get_cache_stats()["num_inserts"])
+    return losses, inserts
+
+
 def cross_entropy_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Callable:
     """A training step as users write it, `step(x, y) -> loss`: zero_grad, a cross-entropy forward, backward and
     `optimizer.step()` (the function the tests compile whole, or run eagerly as the reference)."""

@@ -1,68 +1,15 @@
 """Fused eager compiles a cut cluster on a background thread (`fused.ASYNC_COMPILE`): a cold step's clusters
 compile side by side, and every value is still the one CPU PyTorch computes."""
 
-import threading
-
 import pytest
 import torch
-import torch.nn.functional as F
 
+from tests.helpers import small_mlp, train_steps
 from torch_tpu.eager import fused
 from torch_tpu.runtime import persistent
 from torch_tpu.testing.compare import assert_close
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
-
-
-@pytest.fixture
-def compiles(monkeypatch):
-    """XLA's compiles of sealed clusters: their count, and the most that ran at once. With `pair` set, a compile
-    waits (up to 10 s) for another to be running beside it, so that whether they can overlap does not depend on
-    how fast the machine records. The persistent tier is off, so that every cluster compiles."""
-    seen = {"running": 0, "most": 0, "count": 0, "pair": False}
-    changed = threading.Condition()
-    compile_now = persistent._timed_compile
-
-    def held(lowered, options):
-        with changed:
-            seen["running"] += 1
-            seen["count"] += 1
-            seen["most"] = max(seen["most"], seen["running"])
-            changed.notify_all()
-            if seen["pair"]:
-                changed.wait_for(lambda: seen["running"] >= 2, timeout=10)
-        try:
-            return compile_now(lowered, options)
-        finally:
-            with changed:
-                seen["running"] -= 1
-
-    monkeypatch.setattr(persistent, "_timed_compile", held)
-    monkeypatch.setattr(persistent, "enabled", lambda: False)
-    monkeypatch.setattr(fused, "ASYNC_COMPILE", True)
-    return seen
-
-
-def _mlp(width: int) -> tuple[torch.nn.Module, list]:
-    """Shapes no other test uses, so that the step's clusters are compiled here."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(13, width), torch.nn.Tanh(), torch.nn.Linear(width, 7))
-    data = [(torch.randn(11, 13), torch.randint(0, 7, (11,))) for _ in range(4)]
-    return model, data
-
-
-def _train(model: torch.nn.Module, data: list, device: str) -> tuple[list[float], list[int]]:
-    model = model.to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    losses, inserts = [], []
-    for inputs, target in data:
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(inputs.to(device)), target.to(device))
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        inserts.append(torch.tpu._get_cache_stats()["num_inserts"])
-    return losses, inserts
 
 
 def test_a_cold_steps_clusters_compile_side_by_side_with_cpus_values(compiles):
@@ -71,16 +18,16 @@ def test_a_cold_steps_clusters_compile_side_by_side_with_cpus_values(compiles):
     replay them: nothing compiles again (an input that was still being computed when its program compiled is never
     donated, in later steps too, where it would have made the cache recompile)."""
     compiles["pair"] = True
-    model, data = _mlp(29)
+    model, data = small_mlp(29)
     reference = [p.detach().clone() for p in model.parameters()]
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
-        losses, inserts = _train(model, data, "tpu")
+        losses, inserts = train_steps(model, data, "tpu")
     assert compiles["most"] >= 2 and compiles["count"] >= 2, compiles
     assert len(set(inserts[1:])) == 1, inserts
-    cpu_model, _ = _mlp(29)
+    cpu_model, _ = small_mlp(29)
     for parameter, initial in zip(cpu_model.parameters(), reference, strict=True):
         torch.testing.assert_close(parameter.detach(), initial)  # the same init
-    expected, _ = _train(cpu_model, data, "cpu")
+    expected, _ = train_steps(cpu_model, data, "cpu")
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-4, atol=1e-5)
     for got, want in zip(model.parameters(), cpu_model.parameters(), strict=True):
         torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-4, atol=1e-5)
@@ -88,9 +35,9 @@ def test_a_cold_steps_clusters_compile_side_by_side_with_cpus_values(compiles):
 
 def test_without_async_compile_each_cluster_compiles_where_it_is_cut(compiles, monkeypatch):
     monkeypatch.setattr(fused, "ASYNC_COMPILE", False)
-    model, data = _mlp(31)
+    model, data = small_mlp(31)
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
-        _train(model, data[:1], "tpu")
+        train_steps(model, data[:1], "tpu")
     assert compiles["count"] == 0 and not fused._sealed
 
 

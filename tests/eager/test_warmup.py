@@ -4,52 +4,16 @@ value is read and the op compiles again at its next call."""
 
 import gc
 import threading
-import time
 
 import jax
 import pytest
 import torch
-import torch.nn.functional as F
 
+from tests.helpers import small_mlp, train_steps
 from torch_tpu.eager import fused, warmup
-from torch_tpu.runtime import persistent
 from torch_tpu.testing.compare import assert_close, float32_tolerance
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
-
-
-@pytest.fixture
-def compiles(monkeypatch):
-    """XLA's compiles on the pool: their count and the most that ran at once. Each waits (up to 10 s) for another
-    to run beside it while `pair` is set, so that the queue does not depend on how fast the machine compiles; the
-    persistent tier is off, so that every program compiles; `failing` names ops whose compile raises `error()`
-    after `fail_after` seconds."""
-    seen = {"running": 0, "most": 0, "count": 0, "pair": False, "failing": (), "fail_after": 0.0}
-    seen["error"] = lambda: RuntimeError("an XLA compile that failed")
-    changed = threading.Condition()
-    compile_now = persistent._timed_compile
-
-    def held(lowered, options):
-        if any(name in lowered.as_text() for name in seen["failing"]):
-            time.sleep(seen["fail_after"])
-            raise seen["error"]()
-        with changed:
-            seen["running"] += 1
-            seen["count"] += 1
-            seen["most"] = max(seen["most"], seen["running"])
-            changed.notify_all()
-            if seen["pair"]:
-                changed.wait_for(lambda: seen["running"] >= 2, timeout=10)
-        try:
-            return compile_now(lowered, options)
-        finally:
-            with changed:
-                seen["running"] -= 1
-
-    monkeypatch.setattr(persistent, "_timed_compile", held)
-    monkeypatch.setattr(persistent, "enabled", lambda: False)
-    monkeypatch.setattr(warmup, "ASYNC_COMPILE", True)
-    return seen
 
 
 def test_cold_ops_compile_side_by_side_and_queue_with_cpus_values(compiles):
@@ -91,28 +55,6 @@ def test_in_place_writes_into_views_of_queued_values(compiles):
     assert_close(d, expected)
 
 
-def _mlp(width: int) -> tuple[torch.nn.Module, list]:
-    """Shapes no other test uses, so that every program of the step compiles here."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(13, width), torch.nn.Tanh(), torch.nn.Linear(width, 7))
-    data = [(torch.randn(11, 13), torch.randint(0, 7, (11,))) for _ in range(4)]
-    return model, data
-
-
-def _train(model: torch.nn.Module, data: list, device: str) -> tuple[list[float], list[int]]:
-    model = model.to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    losses, compiled = [], []
-    for inputs, target in data:
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(inputs.to(device)), target.to(device))
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        compiled.append(torch.tpu._get_cache_stats()["num_inserts"])
-    return losses, compiled
-
-
 @pytest.mark.parametrize("queued", [True, False])
 def test_a_cold_training_step_gives_cpus_values_and_compiles_each_program_once(compiles, monkeypatch, queued):
     """Queued or not (`TORCH_TPU_STRICT_ASYNC_COMPILE=0`), the first step's programs are the steady ones: the
@@ -121,13 +63,13 @@ def test_a_cold_training_step_gives_cpus_values_and_compiles_each_program_once(c
     made = []
     original = warmup.Queued.__init__
     monkeypatch.setattr(warmup.Queued, "__init__", lambda self, *args: made.append(1) or original(self, *args))
-    model, data = _mlp(31 if queued else 37)
+    model, data = small_mlp(41 if queued else 43)
     reference = [p.detach().clone() for p in model.parameters()]
-    losses, compiled = _train(model, data, "tpu")
+    losses, compiled = train_steps(model, data, "tpu")
     assert compiled[1] == compiled[-1], compiled  # the first step compiled every program of the loop
     assert bool(made) == queued
-    cpu_model, _ = _mlp(31 if queued else 37)
-    expected, _ = _train(cpu_model, data, "cpu")
+    cpu_model, _ = small_mlp(41 if queued else 43)
+    expected, _ = train_steps(cpu_model, data, "cpu")
     rtol, atol = float32_tolerance(1e-5, 1e-6)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=rtol, atol=atol)
     for got, want, initial in zip(model.parameters(), cpu_model.parameters(), reference, strict=True):

@@ -1,0 +1,45 @@
+"""Fixtures of the eager tests that watch XLA's compiles on the background pool (Fused eager's sealed clusters,
+Strict eager's cold ops: tests/eager/test_fused_compile.py, test_warmup.py)."""
+
+import threading
+import time
+
+import pytest
+
+from torch_tpu.eager import fused, warmup
+from torch_tpu.runtime import persistent
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """XLA's compiles on the pool: their count and the most that ran at once. While `pair` is set, each waits (up
+    to 10 s) for another to run beside it, so that whether they overlap does not depend on how fast the machine
+    records; `failing` names programs (by a word of their text) whose compile raises `error()` after `fail_after`
+    seconds. The persistent tier is off, so that every program compiles; both background compiles are on."""
+    seen = {"running": 0, "most": 0, "count": 0, "pair": False, "failing": (), "fail_after": 0.0}
+    seen["error"] = lambda: RuntimeError("an XLA compile that failed")
+    changed = threading.Condition()
+    compile_now = persistent._timed_compile
+
+    def held(lowered, options):
+        if any(name in lowered.as_text() for name in seen["failing"]):
+            time.sleep(seen["fail_after"])
+            raise seen["error"]()
+        with changed:
+            seen["running"] += 1
+            seen["count"] += 1
+            seen["most"] = max(seen["most"], seen["running"])
+            changed.notify_all()
+            if seen["pair"]:
+                changed.wait_for(lambda: seen["running"] >= 2, timeout=10)
+        try:
+            return compile_now(lowered, options)
+        finally:
+            with changed:
+                seen["running"] -= 1
+
+    monkeypatch.setattr(persistent, "_timed_compile", held)
+    monkeypatch.setattr(persistent, "enabled", lambda: False)
+    monkeypatch.setattr(fused, "ASYNC_COMPILE", True)
+    monkeypatch.setattr(warmup, "ASYNC_COMPILE", True)
+    return seen
