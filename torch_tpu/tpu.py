@@ -264,7 +264,8 @@ _last_marker: list[jax.Array] = []
 
 
 def _unissued() -> bool:
-    """Whether Fused eager holds work not issued to the device yet: recorded, or sealed while it compiles."""
+    """Whether work is held back from the device: recorded in Fused eager, or sealed or queued (Strict eager's
+    warm-up) while a program compiles."""
     return bool(_pending_buffers) or bool(fused._sealed)
 
 

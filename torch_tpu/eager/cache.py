@@ -20,8 +20,10 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
+import jax
+
 from torch_tpu import metrics
-from torch_tpu.runtime import persistent
+from torch_tpu.runtime import persistent, storage
 
 _EVICT_TO = 0.9  # on overflow, evict down to this fraction of the bounds: the scan runs once per many inserts
 
@@ -43,6 +45,13 @@ class Entry:
     temp_bytes: int | None = None  # a compiled graph's scratch memory as XLA planned it (`persistent.temp_bytes`)
     out_avals: Any = None  # an eager op's result as avals (a pytree), for Strict eager's queue (`eager.warmup`)
     compiling: Any = None  # Strict eager's cold op while its program compiles (`eager.warmup._Program`)
+
+    def describe(self, out_avals: Any) -> None:
+        """An eager op's result as avals (a pytree: what Strict eager's queue makes of it while it waits,
+        `eager.warmup`) and, for a single array, its storage layout (the dispatcher's fast path wraps it)."""
+        self.out_avals = out_avals
+        if isinstance(out_avals, jax.ShapeDtypeStruct):
+            self.layout = storage.layout(out_avals.shape, out_avals.dtype)
 
 
 def _limit(name: str, default: int) -> int:

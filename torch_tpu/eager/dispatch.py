@@ -129,13 +129,21 @@ class Runner:
         traced = _named_after(traced, meta_op)
         return (device_checks.collecting(traced) if self.lowering.jit else traced), out_dtypes
 
+    def trace_checked(
+        self, meta_op: OpOverload, args: tuple, kwargs: dict, template: tuple, leaves: list
+    ) -> tuple[Callable, list]:
+        """`_trace`'s function, and the dtypes the float64 policy counts for the call (its inputs `leaves` and
+        outputs), after the policy's refusal of complex128 on a TPU."""
+        traced, out_dtypes = self._trace(meta_op, args, kwargs, template)
+        dtypes = float64.counted(leaves, out_dtypes)
+        float64.check(str(meta_op), dtypes)
+        return traced, dtypes
+
     def _compile(
         self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list, template: tuple
     ) -> Any:
         """Trace and compile the lowering for this signature, cache it, and return its first result."""
-        traced, out_dtypes = self._trace(meta_op, args, kwargs, template)
-        wide = float64.counted(leaves, out_dtypes)
-        float64.check(str(meta_op), wide)
+        traced, wide = self.trace_checked(meta_op, args, kwargs, template, leaves)
         start = time.perf_counter()
         try:
             executable, result, source = self._build(meta_op, traced, args, kwargs, leaves)
@@ -149,10 +157,8 @@ class Runner:
             executable, result = device_checks.stashing(executable), device_checks.take(result)
         entry = Entry(str(meta_op), executable, time.perf_counter() - start, source=source)
         metrics.compiled("eager", "traced" if source == "eager" else source, entry.compilation_duration)
-        if self.lowering.jit and isinstance(result, jax.Array):  # a fixed output shape: wrap it directly
-            entry.layout = storage.layout(result.shape, result.dtype)
-        if self.lowering.jit:  # what Strict eager's queue makes of its outputs while it waits (`eager.warmup`)
-            entry.out_avals = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), result)
+        if self.lowering.jit:
+            entry.describe(jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), result))
         executables.insert(key, entry)
         return result
 
@@ -203,8 +209,7 @@ class Runner:
         self, meta_op: OpOverload, key: tuple, args: tuple, kwargs: dict, leaves: list, template: tuple
     ) -> fused.Trace:
         """The lowering traced for Fused mode under `key`, with the layout of a single tensor output."""
-        traced, out_dtypes = self._trace(meta_op, args, kwargs, template)
-        float64.check(str(meta_op), float64.counted(leaves, out_dtypes))
+        traced, _ = self.trace_checked(meta_op, args, kwargs, template, leaves)
         trace = fused.trace(key, traced, leaves)
         if trace.single or trace.checks is not None and len(trace.avals) == 1 and trace.tree.num_nodes == 1:
             trace.layout = storage.layout(trace.avals[0].shape, trace.avals[0].dtype)

@@ -236,7 +236,7 @@ def flush(extra: list[Pending] = (), urgent: bool = True) -> None:
     plan, leaves, references, flagged, ranks = recorder.reset()  # first: work sealed before may fail, this too
     if not plan:
         if urgent:
-            _drain()
+            drain()
         return
     buffers = [b for b in (r() for r in references) if b is not None]
     flags = [f for _, f in flagged]
@@ -248,14 +248,14 @@ def flush(extra: list[Pending] = (), urgent: bool = True) -> None:
             if not urgent and ASYNC_COMPILE and ranks is None and fingerprint not in executables.entries:
                 if _seal(fingerprint, plan, leaves, wanted, references, flagged):
                     return
-            _drain()
+            drain()
             if any(type(leaf) is Pending for leaf in leaves):  # values of clusters sealed before: run by now
                 leaves = computed(leaves)
             with errors_named(leaves, buffers):
                 results = _run(fingerprint, plan, leaves, ranks, [wanted[ref].aval for ref in out_refs])
         _finish(len(plan), wanted, out_refs, results, flagged)
     elif urgent:
-        _drain()
+        drain()
     _swap(buffers)
 
 
@@ -349,12 +349,11 @@ class _Sealed:
         self.flagged = flagged
         self.undonated = tuple(i for i, leaf in enumerate(leaves) if type(leaf) is Pending)
         self.donated: tuple[int, ...] = ()
-        self.compiled: Callable[[], tuple[Any, bool, float]] = lambda: (None, False, 0.0)
+        self.compiled: persistent.Soon | None = None  # set by `_seal` before it joins the queue
 
     def ready(self) -> bool:
         """Whether its program has compiled (it can run without waiting)."""
-        done = getattr(self.compiled, "done", None)
-        return done is None or done()
+        return self.compiled.done()
 
     def run(self) -> None:
         _run_sealed(self)
@@ -379,7 +378,7 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _seal(fingerprint: tuple, plan: list[int], leaves: list, wanted: dict, references: list, flagged: list) -> bool:
-    """Start compiling a cut cluster that has no program yet and keep it to run later (`_drain`), its values
+    """Start compiling a cut cluster that has no program yet and keep it to run later (`drain`), its values
     sealed; False where the same cluster is compiling already (then it runs now, after those before it)."""
     if any(s.fingerprint == fingerprint for s in _sealed):
         return False
@@ -396,7 +395,7 @@ def _seal(fingerprint: tuple, plan: list[int], leaves: list, wanted: dict, refer
     return True
 
 
-def _drain(ready_only: bool = False) -> None:
+def drain(ready_only: bool = False) -> None:
     """Run the sealed clusters (and Strict eager's queued ops), in order, each once its program is ready; with
     `ready_only`, only up to the first whose program is still compiling."""
     ran = False
@@ -412,17 +411,6 @@ def _drain(ready_only: bool = False) -> None:
             ran = True
         if ran:  # a storage that took a sealed value after its cut (a copy, an op queued in Strict eager) too
             _swap_tracked()
-
-
-def drain() -> None:
-    """Run the sealed clusters and queued ops, waiting for their programs (a profile's window then holds only the
-    work it issues)."""
-    _drain()
-
-
-def drain_ready() -> None:
-    """Run the sealed clusters and queued ops whose programs are ready, in order (nothing waits for a compile)."""
-    _drain(ready_only=True)
 
 
 def compiler() -> ThreadPoolExecutor:

@@ -28,7 +28,7 @@ from torch_tpu import metrics
 from torch_tpu.eager import fused, modes
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.runtime import checks as device_checks
-from torch_tpu.runtime import compat, float64, persistent, storage
+from torch_tpu.runtime import compat, float64, persistent
 from torch_tpu.runtime.deferred import Pending
 
 ASYNC_COMPILE = os.environ.get("TORCH_TPU_STRICT_ASYNC_COMPILE", "1") != "0"
@@ -141,9 +141,7 @@ def _start(runner: Any, meta_op: OpOverload, key: Hashable, call: tuple, leaves:
     """Trace and lower a cold op's program here (its lowering reads settings), start compiling it and cache its
     entry; None where it must compile now (64-bit floats on a TPU, device-side checks)."""
     args, kwargs, template = call
-    traced, out_dtypes = runner._trace(meta_op, args, kwargs, template)
-    dtypes = float64.counted(leaves, out_dtypes)
-    float64.check(str(meta_op), dtypes)
+    traced, dtypes = runner.trace_checked(meta_op, args, kwargs, template, leaves)
     if float64.applies(dtypes):
         return None
     home = fused.home()
@@ -152,9 +150,7 @@ def _start(runner: Any, meta_op: OpOverload, key: Hashable, call: tuple, leaves:
     if type(lowered.out_info) is device_checks.Checked:
         return None
     entry = Entry(str(meta_op), lambda *leaves: program.executable()(*leaves), source="compiling")
-    entry.out_avals = out_avals = lowered.out_info
-    if isinstance(out_avals, jax.ShapeDtypeStruct):  # a fixed output shape: the dispatcher's fast path wraps it
-        entry.layout = storage.layout(out_avals.shape, out_avals.dtype)
+    entry.describe(lowered.out_info)
     program = entry.compiling = _Program(key, entry, persistent.compile_soon(lowered, fused.compiler(), eager=True))
     executables.insert(key, entry)
     return entry
@@ -173,6 +169,6 @@ def _enqueue(key: Hashable, entry: Entry, leaves: list) -> tuple[Any, list[Pendi
 def _run_ready() -> None:
     """Run the queue up to the first op still compiling. Once it is empty, what the Fused recorder took meanwhile
     runs too: in Strict eager no buffer holds a value to compute while nothing is queued."""
-    fused.drain_ready()
+    fused.drain(ready_only=True)
     if not fused._sealed and fused.recorder.plan and not modes.state.fused:
         fused.flush()

@@ -91,12 +91,11 @@ def _claim(name: str, values: dict[str, Any], donate: frozenset[str]) -> list[tu
                 where = f"argument {others[0]!r}" if others else "another tensor (a view or alias of it)"
                 raise _refuse(name, arg, f"its storage is shared with {where}, which the donation would consume too")
             claimed.append((arg, tensor))
-    if fused._sealed:  # queued ops (Strict eager's warm-up, `eager.warmup`) may read what the call consumes
+    # a value still to compute is computed first, and so is all queued work, which may read what the call consumes
+    if fused._sealed or any(deferred.is_pending(storage.buffer_of(t)._array) for _, t in claimed):
         fused.flush()
     for _, tensor in claimed:
         buffer = storage.buffer_of(tensor)
-        if deferred.is_pending(buffer._array):
-            fused.flush()
         array = buffer.array  # an unwritten buffer: its zeros
         if sys.getrefcount(array) > 3:  # the buffer, `array`, and the call's argument: anyone else holds it too
             buffer._array = storage.copy_array(array)

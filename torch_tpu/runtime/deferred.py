@@ -92,8 +92,9 @@ def never_computed(value: Pending) -> RuntimeError:
     """The error of a read of a value whose cluster failed to compile or run (it raised then): no value, ever."""
     cause = value.sealed if isinstance(value.sealed, BaseException) else None
     error = RuntimeError(
-        f"torch_tpu: a tpu tensor of shape {tuple(value.shape)} and dtype {value.dtype} has no value: the Fused "
-        f"eager cluster computing it failed earlier" + (f" ({type(cause).__name__}: {cause})" if cause else "")
+        f"torch_tpu: a tpu tensor of shape {tuple(value.shape)} and dtype {value.dtype} has no value: the program "
+        f"computing it (a Fused eager cluster, or a Strict op queued while it compiled) failed earlier"
+        + (f" ({type(cause).__name__}: {cause})" if cause else "")
     )
     error.__cause__ = cause
     return error
