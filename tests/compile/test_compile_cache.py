@@ -290,9 +290,10 @@ def test_eager_compile_effort_is_applied_and_keyed(tmp_path, monkeypatch):
     assert own["stats"]["hits"] + own["stats"]["misses"] == quick["stats"]["misses"]
 
 
-def test_a_large_eager_program_keeps_xlas_own_effort(monkeypatch):
-    """Unset, the quickest effort is for programs under QUICK_EFFORT_MAX_BYTES of arguments and results (a large
-    matmul ran 2.25x as long at it on a v5e); a number set in TORCH_TPU_EAGER_COMPILE_EFFORT applies to every one."""
+def test_a_large_eager_program_with_a_matmul_keeps_xlas_own_effort(monkeypatch):
+    """Unset, the quickest effort is for programs under QUICK_EFFORT_MAX_BYTES of arguments and results and for
+    those without a matrix product or convolution (a large matmul ran 2.25x as long at it on a v5e); a number set in
+    TORCH_TPU_EAGER_COMPILE_EFFORT applies to every one."""
     import jax
     import jax.numpy as jnp
 
@@ -300,13 +301,36 @@ def test_a_large_eager_program_keeps_xlas_own_effort(monkeypatch):
 
     monkeypatch.setenv("TORCH_TPU_PERSISTENT_CACHE", "0")
     half = cache.QUICK_EFFORT_MAX_BYTES // 2 // 4  # float32 elements: argument + result = the limit
-    small = jax.jit(lambda a: a + 1).lower(jax.ShapeDtypeStruct((half - 1,), jnp.float32))
-    large = jax.jit(lambda a: a + 1).lower(jax.ShapeDtypeStruct((half,), jnp.float32))
-    assert cache._operand_bytes(large) == cache.QUICK_EFFORT_MAX_BYTES
-    assert cache._eager_program_options(small) == {"exec_time_optimization_effort": -1.0}
-    assert cache._eager_program_options(large) == {}
+    weight = jnp.eye(4, dtype=jnp.float32)
+
+    def programs(n: int) -> tuple:
+        aval = jax.ShapeDtypeStruct((n // 4, 4), jnp.float32)
+        return jax.jit(lambda a: a @ weight).lower(aval), jax.jit(lambda a: a + 1).lower(aval)
+
+    (small, _), (large, large_elementwise) = programs(half - 4), programs(half)
+    assert cache._operand_bytes(large) == cache._operand_bytes(large_elementwise) == cache.QUICK_EFFORT_MAX_BYTES
+    quickest = {"exec_time_optimization_effort": -1.0}
+    options = {name: cache._eager_program_options(p, p.as_text()) for name, p in (("small", small), ("large", large))}
+    assert options == {"small": quickest, "large": {}}
+    assert cache._eager_program_options(large_elementwise, large_elementwise.as_text()) == quickest
     monkeypatch.setattr(cache, "EAGER_OPTIONS_BY_SIZE", False)
-    assert cache._eager_program_options(large) == {"exec_time_optimization_effort": -1.0}
+    assert cache._eager_program_options(large, large.as_text()) == quickest
+
+
+def test_a_fused_cluster_compiles_as_an_eager_program(monkeypatch):
+    """A Fused cluster takes the eager programs' effort (an optimizer step's is elementwise: the quickest)."""
+    import jax
+    import torch
+
+    seen, original = [], jax.stages.Lowered.compile
+    monkeypatch.setattr(
+        jax.stages.Lowered, "compile", lambda self, options=None: seen.append(options) or original(self, options)
+    )
+    x = torch.arange(6.0, device="tpu")
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        y = (x * 2 + 1).cpu()
+    torch.testing.assert_close(y, torch.arange(6.0) * 2 + 1, rtol=0, atol=0)
+    assert seen and all(options.get("exec_time_optimization_effort") == -1.0 for options in seen)
 
 
 def test_a_bad_eager_compile_effort_is_named():

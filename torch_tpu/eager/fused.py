@@ -388,7 +388,7 @@ def _seal(fingerprint: tuple, plan: list[int], leaves: list, wanted: dict, refer
     sealed.donated = _donatable(leaves, out_avals, _alone())  # a sealed value (a Pending) is never consumed
     avals = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=home()) if type(x) is Pending else x for x in leaves]
     lowered = _lower(_replay([recorder.node_table[n] for n in plan], out_refs), sealed.donated, avals)
-    sealed.compiled = persistent.compile_soon(lowered, compiler())
+    sealed.compiled = persistent.compile_soon(lowered, compiler(), eager=True)
     for pending in wanted.values():
         pending.sealed = True
     _sealed.append(sealed)
@@ -516,7 +516,7 @@ def _run(fingerprint: tuple, plan: list[int], leaves: list, ranks: tuple[int, ..
 @compat.without_dynamo_frames
 def _compile(replay: Callable, donated: tuple[int, ...], leaves: list) -> tuple[Any, bool]:
     """A cluster's executable (from disk or compiled: then True, False) as it is called."""
-    executable, from_disk = persistent.compile_lowered(_lower(replay, donated, leaves))
+    executable, from_disk = persistent.compile_lowered(_lower(replay, donated, leaves), eager=True)
     return persistent.fast_call(executable), from_disk
 
 

@@ -266,12 +266,14 @@ def _eager_options(effort: str) -> dict[str, float]:
         ) from None
 
 
-# TORCH_TPU_EAGER_COMPILE_EFFORT sets the effort of every eager per-op executable. Unset, a program whose arguments
-# and results take less than QUICK_EFFORT_MAX_BYTES is compiled at the quickest effort and a larger one at XLA's
-# own. On a v5e the quickest halved the XLA compiles of the small float32 step's first Strict call (32.7 -> 17.8 s,
-# full-float32 matmuls the most) with its steps as fast, but made the large bfloat16 step's matmuls run 2.25x as
-# long (Strict device time 127 -> 208 ms a step); that step's smallest matmul touches 25 MiB, the small step's
-# largest program 24 and its largest matmul 11.
+# TORCH_TPU_EAGER_COMPILE_EFFORT sets the effort of every eager program (an op's own, a Fused or sealed cluster).
+# Unset, a program whose arguments and results take less than QUICK_EFFORT_MAX_BYTES, or that has no matrix product
+# or convolution, is compiled at the quickest effort and any other at XLA's own. On a v5e the quickest halved the
+# XLA compiles of the small float32 step's first Strict call (32.7 -> 17.8 s, full-float32 matmuls the most) with its
+# steps as fast, but made the large bfloat16 step's matmuls run 2.25x as long (Strict device time 127 -> 208 ms a
+# step); that step's smallest matmul touches 25 MiB, the small step's largest program 24 and its largest matmul 11.
+# An optimizer step's cluster is elementwise only and the largest program a Strict step compiles (the large step's
+# AdamW over 148 tensors: 18.7 s of the first step at XLA's own effort).
 _EFFORT_SETTING = os.environ.get("TORCH_TPU_EAGER_COMPILE_EFFORT")
 EAGER_OPTIONS = _eager_options("-1" if _EFFORT_SETTING is None else _EFFORT_SETTING)
 EAGER_OPTIONS_BY_SIZE = _EFFORT_SETTING is None
@@ -286,11 +288,17 @@ def _operand_bytes(lowered: jax.stages.Lowered) -> int:
     return total
 
 
-def _eager_program_options(lowered: jax.stages.Lowered) -> dict[str, float]:
-    """The effort options of an eager program: `EAGER_OPTIONS`, but XLA's own for a large one unless set."""
-    if EAGER_OPTIONS_BY_SIZE and _operand_bytes(lowered) >= QUICK_EFFORT_MAX_BYTES:
+def _eager_program_options(lowered: jax.stages.Lowered, text: str) -> dict[str, float]:
+    """The effort options of an eager program (`text`: its StableHLO): `EAGER_OPTIONS`, but XLA's own for a large
+    one with a matrix product or convolution unless set."""
+    if EAGER_OPTIONS_BY_SIZE and _operand_bytes(lowered) >= QUICK_EFFORT_MAX_BYTES and _contracts(text):
         return {}
     return EAGER_OPTIONS
+
+
+def _contracts(text: str) -> bool:
+    """Whether a program's StableHLO has a matrix product or a convolution (the ops XLA's effort speeds up)."""
+    return "stablehlo.dot_general" in text or "stablehlo.convolution" in text or "stablehlo.dot " in text
 
 
 def compile_lowered(
@@ -298,7 +306,7 @@ def compile_lowered(
 ) -> tuple[Any, bool]:
     """The executable of `lowered`, from disk if present (and then True), else compiled and stored. `devices`:
     an SPMD program's devices, in its mesh's order (default: the program runs on this process's device); `eager`:
-    an eager op's own program (compiled with `EAGER_OPTIONS`, by its size)."""
+    an eager program, an op's own or a fused cluster (compiled with `EAGER_OPTIONS`, by its size and ops)."""
     compiled, from_disk, _ = compile_keyed(lowered, devices, eager)
     return compiled, from_disk
 
@@ -325,10 +333,11 @@ def _look_up(
 ) -> tuple[dict, str | None, Any | None]:
     """A program's compile options, its key (None with the tier off) and its executable where stored (None to
     compile, a miss)."""
-    options = precision.compiler_options() | (_eager_program_options(lowered) if eager else {})
+    text = lowered.as_text() if eager or enabled() else ""
+    options = precision.compiler_options() | (_eager_program_options(lowered, text) if eager else {})
     if not enabled():
         return options, None, None
-    key = _program_key(lowered, devices, options)
+    key = _program_key(lowered, text, devices, options)
     compiled = load(key, devices)
     if compiled is not None:
         stats.hits += 1
@@ -337,13 +346,14 @@ def _look_up(
     return options, key, compiled
 
 
-def _program_key(lowered: jax.stages.Lowered, devices: Sequence[Any] | None, options: dict) -> str:
-    """The key a program's executable is stored under: its StableHLO, the compile options, the environment."""
+def _program_key(lowered: jax.stages.Lowered, text: str, devices: Sequence[Any] | None, options: dict) -> str:
+    """The key a program's executable is stored under: its StableHLO (`text`), the compile options, the
+    environment."""
     # The signature too: jax.jit drops unused arguments, so two calling conventions can share one StableHLO.
     signature = f"{lowered.in_tree}\n{lowered.args_info}\n{lowered.out_tree}"
     assignment = "" if devices is None else f"devices={[device.id for device in devices]}\n"
-    text = f"{environment()}\n{assignment}{sorted(options.items())}\n{signature}\n{lowered.as_text()}"
-    return hashlib.sha256(text.encode()).hexdigest()
+    keyed = f"{environment()}\n{assignment}{sorted(options.items())}\n{signature}\n{text}"
+    return hashlib.sha256(keyed.encode()).hexdigest()
 
 
 class Soon:
@@ -386,7 +396,7 @@ class Soon:
 def compile_soon(lowered: jax.stages.Lowered, pool: Executor, eager: bool = False) -> Soon:
     """`compile_lowered` with XLA's compile on `pool`, so that the caller goes on meanwhile (XLA releases the GIL
     while it compiles). The options, key and disk read happen now, on the caller's thread: they read settings a
-    later change must not reach. `eager`: an eager per-op program (its compile effort by size)."""
+    later change must not reach. `eager`: an eager program (its compile effort by its size and ops)."""
     options, key, compiled = _look_up(lowered, None, eager)
     if compiled is not None:
         return Soon(None, key, compiled)
