@@ -145,3 +145,33 @@ def test_streams_and_events_count_a_sealed_cluster_as_work_not_done(compiles):
         assert event.query() and not fused._sealed
         assert not fused.is_pending(a.untyped_storage()._tpu_buffer._array)
     assert_close(a, torch.exp(x) - 2)  # (a TPU's float32 exp errs by up to ~1e-5: the chip's tolerance)
+
+
+def test_a_program_is_lowered_alike_whatever_its_inputs_were_when_it_was_made():
+    """A cluster's StableHLO (and so its persistent cache key) is the same whether an input was still queued (a
+    Pending value), an uncommitted or a committed array, and a number a Python float or its cached array: otherwise
+    a second process, whose inputs are ready sooner, misses the first one's programs. The program computes the same
+    values from each kind of input."""
+    import jax
+    import jax.numpy as jnp
+
+    from torch_tpu.runtime.deferred import Pending
+
+    device = jax.local_devices()[0]
+    data = jnp.arange(6.0, dtype=jnp.float32)
+    uncommitted, committed = jnp.asarray(data), jax.device_put(data, device)
+    as_float, as_array = 0.5, jax.device_put(jnp.asarray(0.5), device)
+    pending = Pending(jax.ShapeDtypeStruct((6,), jnp.float32), (0, 0))
+    cluster = lambda x, scale: x * scale + 1
+    texts = {
+        kinds: fused._lower(cluster, (), list(leaves)).as_text()
+        for kinds, leaves in {
+            "committed, float": (committed, as_float),
+            "uncommitted, array": (uncommitted, as_array),
+            "pending, float": (pending, as_float),
+        }.items()
+    }
+    assert len(set(texts.values())) == 1, texts
+    executable = fused._lower(cluster, (), [pending, as_float]).compile()
+    for leaves in ((committed, as_float), (uncommitted, as_array)):
+        assert_close(torch.from_numpy(jax.device_get(executable(*leaves)).copy()), torch.arange(6.0) * 0.5 + 1)

@@ -171,7 +171,7 @@ class Runner:
         jitted = jax.jit(traced, donate_argnums=self._donated_leaves(meta_op, args, kwargs, leaves))
         with warnings.catch_warnings():  # a donated buffer no output can reuse: JAX warns, the caller consumes it
             warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-            executable, from_disk = persistent.compile_lowered(jitted.lower(*leaves), eager=True)
+            executable, from_disk = persistent.compile_lowered(jitted.lower(*fused.lowering_avals(leaves)), eager=True)
         return executable, jax.block_until_ready(executable(*leaves)), "disk" if from_disk else "compiled"
 
     def _donated_leaves(self, meta_op: OpOverload, args: tuple, kwargs: dict, leaves: list) -> tuple[int, ...]:

@@ -386,8 +386,7 @@ def _seal(fingerprint: tuple, plan: list[int], leaves: list, wanted: dict, refer
     out_refs = sealed.out_refs
     out_avals = [wanted[ref].aval for ref in out_refs]
     sealed.donated = _donatable(leaves, out_avals, _alone())  # a sealed value (a Pending) is never consumed
-    avals = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=home()) if type(x) is Pending else x for x in leaves]
-    lowered = _lower(_replay([recorder.node_table[n] for n in plan], out_refs), sealed.donated, avals)
+    lowered = _lower(_replay([recorder.node_table[n] for n in plan], out_refs), sealed.donated, leaves)
     sealed.compiled = persistent.compile_soon(lowered, compiler(), eager=True)
     for pending in wanted.values():
         pending.sealed = True
@@ -522,15 +521,35 @@ def _compile(replay: Callable, donated: tuple[int, ...], leaves: list) -> tuple[
 
 @compat.without_dynamo_frames
 def _lower(replay: Callable, donated: tuple[int, ...], leaves: list) -> jax.stages.Lowered:
-    """A cluster's program, traced (on this thread: its lowerings read settings) for `leaves` (arrays or avals)."""
+    """A cluster's program, traced (on this thread: its lowerings read settings) for `leaves` (arrays, Pending
+    values or avals)."""
     with warnings.catch_warnings():  # a donated buffer no output could reuse: consumed all the same
         warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-        return jax.jit(replay, donate_argnums=donated).lower(*leaves)
+        return jax.jit(replay, donate_argnums=donated).lower(*lowering_avals(leaves))
 
 
 def home() -> jax.sharding.Sharding:
     """Where a single-device cluster runs: this process's device."""
     return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+
+def lowering_avals(leaves: list) -> list:
+    """`leaves` as a program is lowered for them: each run-time input as its aval (a Python number weakly typed, as
+    `encoding._device_scalar`'s array of it is) placed where it is (a Pending value or a host one: `home()`).
+    Lowered for the values themselves, JAX places a Python number or an uncommitted array (a storage helper's
+    zeros) nowhere and a committed one on its device, and the StableHLO, and so the persistent cache's key, would
+    depend on which inputs were still queued or already cached when a program was first made: on a v5e a second
+    process compiled the large step's optimizer cluster again (12.9 s) where its ops all loaded from disk."""
+    place = home()
+    avals = []
+    for x in leaves:
+        if isinstance(x, jax.ShapeDtypeStruct):
+            avals.append(x)
+            continue
+        aval = x.aval if type(x) is Pending else jax.typeof(x)
+        sharding = x.sharding if isinstance(x, jax.Array) else place
+        avals.append(jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=sharding))
+    return avals
 
 
 def install() -> None:

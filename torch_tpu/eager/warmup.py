@@ -144,9 +144,7 @@ def _start(runner: Any, meta_op: OpOverload, key: Hashable, call: tuple, leaves:
     traced, dtypes = runner.trace_checked(meta_op, args, kwargs, template, leaves)
     if float64.applies(dtypes):
         return None
-    home = fused.home()
-    avals = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=home) if type(x) is Pending else x for x in leaves]
-    lowered = jax.jit(traced).lower(*avals)
+    lowered = jax.jit(traced).lower(*fused.lowering_avals(leaves))
     if type(lowered.out_info) is device_checks.Checked:
         return None
     entry = Entry(str(meta_op), lambda *leaves: program.executable()(*leaves), source="compiling")
