@@ -290,10 +290,10 @@ def test_eager_compile_effort_is_applied_and_keyed(tmp_path, monkeypatch):
     assert own["stats"]["hits"] + own["stats"]["misses"] == quick["stats"]["misses"]
 
 
-def test_a_large_eager_program_with_a_matmul_keeps_xlas_own_effort(monkeypatch):
-    """Unset, the quickest effort is for programs under QUICK_EFFORT_MAX_BYTES of arguments and results and for
-    those without a matrix product or convolution (a large matmul ran 2.25x as long at it on a v5e); a number set in
-    TORCH_TPU_EAGER_COMPILE_EFFORT applies to every one."""
+def test_a_large_eager_program_keeps_xlas_own_effort(monkeypatch):
+    """Unset, the quickest effort is for an op's programs under QUICK_EFFORT_MAX_BYTES of arguments and results (a
+    large matmul ran 2.25x as long at it on a v5e), and for a cluster that only maps elements whatever its size (an
+    optimizer step's); a number set in TORCH_TPU_EAGER_COMPILE_EFFORT applies to every one."""
     import jax
     import jax.numpy as jnp
 
@@ -301,24 +301,26 @@ def test_a_large_eager_program_with_a_matmul_keeps_xlas_own_effort(monkeypatch):
 
     monkeypatch.setenv("TORCH_TPU_PERSISTENT_CACHE", "0")
     half = cache.QUICK_EFFORT_MAX_BYTES // 2 // 4  # float32 elements: argument + result = the limit
-    weight = jnp.eye(4, dtype=jnp.float32)
-
-    def programs(n: int) -> tuple:
-        aval = jax.ShapeDtypeStruct((n // 4, 4), jnp.float32)
-        return jax.jit(lambda a: a @ weight).lower(aval), jax.jit(lambda a: a + 1).lower(aval)
-
-    (small, _), (large, large_elementwise) = programs(half - 4), programs(half)
-    assert cache._operand_bytes(large) == cache._operand_bytes(large_elementwise) == cache.QUICK_EFFORT_MAX_BYTES
     quickest = {"exec_time_optimization_effort": -1.0}
-    options = {name: cache._eager_program_options(p, p.as_text()) for name, p in (("small", small), ("large", large))}
-    assert options == {"small": quickest, "large": {}}
-    assert cache._eager_program_options(large_elementwise, large_elementwise.as_text()) == quickest
+
+    def effort(fn, n: int, cluster: bool = False) -> dict:
+        lowered = jax.jit(fn).lower(jax.ShapeDtypeStruct((n // 4, 4), jnp.float32))
+        return cache._eager_program_options(lowered, lowered.as_text(), cluster)
+
+    adam_like = lambda a: a * 0.9 + jnp.sqrt(a * a) / (a + 1e-8)
+    at_limit = jax.jit(adam_like).lower(jax.ShapeDtypeStruct((half // 4, 4), jnp.float32))
+    assert cache._operand_bytes(at_limit) == cache.QUICK_EFFORT_MAX_BYTES
+    assert effort(adam_like, half - 4) == quickest and effort(adam_like, half) == {}
+    assert effort(adam_like, half, cluster=True) == quickest
+    assert effort(lambda a: a.sum(0), 8, cluster=True) == {}  # a reduction
+    assert effort(lambda a: a @ jnp.eye(4), 8, cluster=True) == {}  # a matrix product
     monkeypatch.setattr(cache, "EAGER_OPTIONS_BY_SIZE", False)
-    assert cache._eager_program_options(large, large.as_text()) == quickest
+    assert effort(adam_like, half) == effort(lambda a: a @ jnp.eye(4), 8, cluster=True) == quickest
 
 
-def test_a_fused_cluster_compiles_as_an_eager_program(monkeypatch):
-    """A Fused cluster takes the eager programs' effort (an optimizer step's is elementwise: the quickest)."""
+def test_a_fused_cluster_compiles_at_its_works_effort(monkeypatch):
+    """A Fused cluster that only maps elements compiles at the quickest effort, one with a matrix product at
+    XLA's own."""
     import jax
     import torch
 
@@ -329,8 +331,10 @@ def test_a_fused_cluster_compiles_as_an_eager_program(monkeypatch):
     x = torch.arange(6.0, device="tpu")
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
         y = (x * 2 + 1).cpu()
+        z = (x.reshape(2, 3) @ x.reshape(3, 2) + 1).cpu()
     torch.testing.assert_close(y, torch.arange(6.0) * 2 + 1, rtol=0, atol=0)
-    assert seen and all(options.get("exec_time_optimization_effort") == -1.0 for options in seen)
+    torch.testing.assert_close(z, torch.arange(6.0).reshape(2, 3) @ torch.arange(6.0).reshape(3, 2) + 1)
+    assert [options.get("exec_time_optimization_effort") for options in seen[-2:]] == [-1.0, None]
 
 
 def test_a_bad_eager_compile_effort_is_named():

@@ -15,13 +15,16 @@ def compiles(monkeypatch):
     """XLA's compiles on the pool: their count and the most that ran at once. While `pair` is set, each waits (up
     to 10 s) for another to run beside it, so that whether they overlap does not depend on how fast the machine
     records; `failing` names programs (by a word of their text) whose compile raises `error()` after `fail_after`
-    seconds. The persistent tier is off, so that every program compiles; both background compiles are on."""
-    seen = {"running": 0, "most": 0, "count": 0, "pair": False, "failing": (), "fail_after": 0.0}
+    seconds; `slow` seconds each compile waits first, as on a chip, where a step's ops are still queued when its
+    optimizer's cluster is cut. The persistent tier is off, so that every program compiles; both background compiles
+    are on."""
+    seen = {"running": 0, "most": 0, "count": 0, "pair": False, "failing": (), "fail_after": 0.0, "slow": 0.0}
     seen["error"] = lambda: RuntimeError("an XLA compile that failed")
     changed = threading.Condition()
     compile_now = persistent._timed_compile
 
     def held(lowered, options):
+        time.sleep(seen["slow"])
         if any(name in lowered.as_text() for name in seen["failing"]):
             time.sleep(seen["fail_after"])
             raise seen["error"]()

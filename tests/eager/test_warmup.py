@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.helpers import small_mlp, train_steps
+from torch_tpu import metrics
 from torch_tpu.eager import fused, warmup
 from torch_tpu.testing.compare import assert_close, float32_tolerance
 
@@ -75,6 +76,23 @@ def test_a_cold_training_step_gives_cpus_values_and_compiles_each_program_once(c
     for got, want, initial in zip(model.parameters(), cpu_model.parameters(), reference, strict=True):
         torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=rtol, atol=atol)
         assert not torch.equal(want.detach(), initial)  # (the steps did update them)
+
+
+def test_an_optimizer_step_cut_while_the_step_is_queued_compiles_its_steady_program(compiles):
+    """On a chip a cold step's ops are still queued when its optimizer's cluster is cut, and read the parameters
+    the cluster updates in place: the cluster consumes them all the same (the queue reads them first), so that its
+    one program serves every later step, as a warm process's would, with CPU's values."""
+    compiles["slow"] = 0.2
+    model, data = small_mlp(47)
+    before = metrics.compiles["fused", "compiled"]
+    losses, _ = train_steps(model, data, "tpu")
+    assert metrics.compiles["fused", "compiled"] - before == 1
+    cpu_model, _ = small_mlp(47)
+    expected, _ = train_steps(cpu_model, data, "cpu")
+    rtol, atol = float32_tolerance(1e-5, 1e-6)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=rtol, atol=atol)
+    for got, want in zip(model.parameters(), cpu_model.parameters(), strict=True):
+        torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=rtol, atol=atol)
 
 
 def test_a_failed_compile_raises_where_the_queue_runs_and_the_op_compiles_again(compiles):

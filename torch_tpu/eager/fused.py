@@ -385,9 +385,11 @@ def _seal(fingerprint: tuple, plan: list[int], leaves: list, wanted: dict, refer
     sealed = _Sealed(fingerprint, plan, leaves, wanted, references, flagged)
     out_refs = sealed.out_refs
     out_avals = [wanted[ref].aval for ref in out_refs]
-    sealed.donated = _donatable(leaves, out_avals, _alone())  # a sealed value (a Pending) is never consumed
+    # a sealed value (a Pending) is never consumed; an array the work queued ahead still reads is, as it will have
+    # read it by then (the program is then the one later steps use, not one consuming less)
+    sealed.donated = _donatable(leaves, out_avals, _alone(), _queue_references())
     lowered = _lower(_replay([recorder.node_table[n] for n in plan], out_refs), sealed.donated, leaves)
-    sealed.compiled = persistent.compile_soon(lowered, compiler(), eager=True)
+    sealed.compiled = persistent.compile_soon(lowered, compiler(), cluster=True)
     for pending in wanted.values():
         pending.sealed = True
     _sealed.append(sealed)
@@ -424,6 +426,7 @@ def _run_sealed(sealed: _Sealed) -> None:
     are computed), and cache the program as `_run` would have."""
     leaves = computed(sealed.leaves)
     sealed.leaves = []  # a consumed (donated) input is held by `leaves` alone
+    _copy_held(leaves, sealed.donated, _alone())  # unless something the queue did not count still holds it
     buffers = [b for b in (r() for r in sealed.references) if b is not None]
     executable, from_disk, seconds = sealed.compiled()
     executable = persistent.fast_call(executable)
@@ -437,16 +440,18 @@ def _run_sealed(sealed: _Sealed) -> None:
     _swap(buffers)
 
 
-def _donatable(leaves: list, out_avals: list, alone: int) -> tuple[int, ...]:
+def _donatable(leaves: list, out_avals: list, alone: int, queued: Counter | None = None) -> tuple[int, ...]:
     """The positions of leaves a cluster's new executable will consume (`donate_argnums`): device arrays nothing
     but `leaves` holds — an in-place op's old value, which its storage has already let go of (a parameter, an
     optimizer's moment) — each with an output of its shape and dtype whose memory it can become, so that an
-    optimizer step updates its state in place instead of holding two copies. `alone`: `_alone()`'s count."""
+    optimizer step updates its state in place instead of holding two copies. `alone`: `_alone()`'s count;
+    `queued`: the references the queue ahead holds, by id (`_queue_references`)."""
     free = Counter((aval.shape, aval.dtype) for aval in out_avals)
     donated = []
     for position in range(len(leaves)):
         leaf = leaves[position]
-        if _owned(leaf, alone) and free[(leaf.shape, leaf.dtype)] > 0:
+        held = alone + queued[id(leaf)] if queued else alone
+        if _owned(leaf, held) and free[(leaf.shape, leaf.dtype)] > 0:
             free[(leaf.shape, leaf.dtype)] -= 1
             donated.append(position)
     return tuple(donated)
@@ -469,6 +474,12 @@ def _alone() -> int:
     leaves = [object()]
     leaf = leaves[0]
     return count(leaf)
+
+
+def _queue_references() -> Counter:
+    """How many times the work queued so far (`_sealed`: clusters, Strict ops) holds each of its inputs, by id: it
+    lets go of them as it runs, before anything queued after it."""
+    return Counter(id(leaf) for item in _sealed for leaf in item.leaves)
 
 
 def _copy_held(leaves: list, donated: tuple[int, ...], alone: int) -> None:
@@ -515,7 +526,7 @@ def _run(fingerprint: tuple, plan: list[int], leaves: list, ranks: tuple[int, ..
 @compat.without_dynamo_frames
 def _compile(replay: Callable, donated: tuple[int, ...], leaves: list) -> tuple[Any, bool]:
     """A cluster's executable (from disk or compiled: then True, False) as it is called."""
-    executable, from_disk = persistent.compile_lowered(_lower(replay, donated, leaves), eager=True)
+    executable, from_disk = persistent.compile_lowered(_lower(replay, donated, leaves), cluster=True)
     return persistent.fast_call(executable), from_disk
 
 

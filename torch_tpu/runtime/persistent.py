@@ -266,14 +266,16 @@ def _eager_options(effort: str) -> dict[str, float]:
         ) from None
 
 
-# TORCH_TPU_EAGER_COMPILE_EFFORT sets the effort of every eager program (an op's own, a Fused or sealed cluster).
-# Unset, a program whose arguments and results take less than QUICK_EFFORT_MAX_BYTES, or that has no matrix product
-# or convolution, is compiled at the quickest effort and any other at XLA's own. On a v5e the quickest halved the
-# XLA compiles of the small float32 step's first Strict call (32.7 -> 17.8 s, full-float32 matmuls the most) with its
-# steps as fast, but made the large bfloat16 step's matmuls run 2.25x as long (Strict device time 127 -> 208 ms a
-# step); that step's smallest matmul touches 25 MiB, the small step's largest program 24 and its largest matmul 11.
-# An optimizer step's cluster is elementwise only and the largest program a Strict step compiles (the large step's
-# AdamW over 148 tensors: 18.7 s of the first step at XLA's own effort).
+# TORCH_TPU_EAGER_COMPILE_EFFORT sets the effort of every eager program: an op's own, a Fused or sealed cluster.
+# Unset, an op's program whose arguments and results take less than QUICK_EFFORT_MAX_BYTES is compiled at the
+# quickest effort and a larger one at XLA's own; a cluster at the quickest where it only maps elements (no matrix
+# product, convolution, reduction, sort, gather or scatter: an optimizer step's), else at XLA's own. On a v5e the
+# quickest halved the XLA compiles of the small float32 step's first Strict call (32.7 -> 17.8 s, full-float32
+# matmuls the most) with its steps as fast, but made the large bfloat16 step's matmuls run 2.25x as long (Strict
+# device time 127 -> 208 ms a step; for its ops without a matrix product alone 127 -> 160); that step's smallest
+# matmul touches 25 MiB, the small step's largest program 24 and its largest matmul 11. The large step's AdamW
+# over 148 tensors, the largest program its Strict step compiles, took 18.7 s of its first step at XLA's own effort
+# and 12.6 at the quickest (the same update in plain JAX: 8.2 against 4.7 s to compile, 2.52 against 2.58 ms a run).
 _EFFORT_SETTING = os.environ.get("TORCH_TPU_EAGER_COMPILE_EFFORT")
 EAGER_OPTIONS = _eager_options("-1" if _EFFORT_SETTING is None else _EFFORT_SETTING)
 EAGER_OPTIONS_BY_SIZE = _EFFORT_SETTING is None
@@ -288,38 +290,44 @@ def _operand_bytes(lowered: jax.stages.Lowered) -> int:
     return total
 
 
-def _eager_program_options(lowered: jax.stages.Lowered, text: str) -> dict[str, float]:
-    """The effort options of an eager program (`text`: its StableHLO): `EAGER_OPTIONS`, but XLA's own for a large
-    one with a matrix product or convolution unless set."""
-    if EAGER_OPTIONS_BY_SIZE and _operand_bytes(lowered) >= QUICK_EFFORT_MAX_BYTES and _contracts(text):
-        return {}
-    return EAGER_OPTIONS
+def _eager_program_options(lowered: jax.stages.Lowered, text: str, cluster: bool) -> dict[str, float]:
+    """The effort options of an eager program (`text`: its StableHLO; `cluster`: a Fused or sealed cluster's, else
+    an op's own): `EAGER_OPTIONS` where set, else by the op's size or the cluster's work."""
+    if not EAGER_OPTIONS_BY_SIZE:
+        return EAGER_OPTIONS
+    if cluster:
+        return EAGER_OPTIONS if _maps_elements_only(text) else {}
+    return EAGER_OPTIONS if _operand_bytes(lowered) < QUICK_EFFORT_MAX_BYTES else {}
 
 
-def _contracts(text: str) -> bool:
-    """Whether a program's StableHLO has a matrix product or a convolution (the ops XLA's effort speeds up)."""
-    return "stablehlo.dot_general" in text or "stablehlo.convolution" in text or "stablehlo.dot " in text
+_NOT_A_MAP = ("dot_general", "dot ", "convolution", "reduce", "sort", "gather", "scatter", "custom_call")
+
+
+def _maps_elements_only(text: str) -> bool:
+    """Whether a program's StableHLO only maps elements: none of the ops whose code XLA's effort shapes."""
+    return not any(f"stablehlo.{op}" in text for op in _NOT_A_MAP)
 
 
 def compile_lowered(
-    lowered: jax.stages.Lowered, devices: Sequence[Any] | None = None, eager: bool = False
+    lowered: jax.stages.Lowered, devices: Sequence[Any] | None = None, eager: bool = False, cluster: bool = False
 ) -> tuple[Any, bool]:
     """The executable of `lowered`, from disk if present (and then True), else compiled and stored. `devices`:
     an SPMD program's devices, in its mesh's order (default: the program runs on this process's device); `eager`:
-    an eager program, an op's own or a fused cluster (compiled with `EAGER_OPTIONS`, by its size and ops)."""
-    compiled, from_disk, _ = compile_keyed(lowered, devices, eager)
+    an eager op's own program (compiled with `EAGER_OPTIONS`, by its size); `cluster`: a Fused or sealed cluster
+    (by its work)."""
+    compiled, from_disk, _ = compile_keyed(lowered, devices, eager, cluster)
     return compiled, from_disk
 
 
 def compile_keyed(
-    lowered: jax.stages.Lowered, devices: Sequence[Any] | None = None, eager: bool = False
+    lowered: jax.stages.Lowered, devices: Sequence[Any] | None = None, eager: bool = False, cluster: bool = False
 ) -> tuple[Any, bool, str | None]:
     """`compile_lowered`, and the program key the executable is stored under (None with the tier off), which
     `compile.warm` records so that a later process can load the executable without lowering again.
 
     An SPMD program's executable is bound to its device assignment, which its StableHLO does not name (only the
     device count): the key holds the ids of `devices`, besides the process count and this process's device."""
-    options, key, compiled = _look_up(lowered, devices, eager)
+    options, key, compiled = _look_up(lowered, devices, eager, cluster)
     if compiled is not None:
         return compiled, True, key
     compiled = lowered.compile(options)
@@ -329,12 +337,13 @@ def compile_keyed(
 
 
 def _look_up(
-    lowered: jax.stages.Lowered, devices: Sequence[Any] | None, eager: bool
+    lowered: jax.stages.Lowered, devices: Sequence[Any] | None, eager: bool, cluster: bool = False
 ) -> tuple[dict, str | None, Any | None]:
     """A program's compile options, its key (None with the tier off) and its executable where stored (None to
     compile, a miss)."""
-    text = lowered.as_text() if eager or enabled() else ""
-    options = precision.compiler_options() | (_eager_program_options(lowered, text) if eager else {})
+    text = lowered.as_text() if cluster or enabled() else ""
+    effort = _eager_program_options(lowered, text, cluster) if eager or cluster else {}
+    options = precision.compiler_options() | effort
     if not enabled():
         return options, None, None
     key = _program_key(lowered, text, devices, options)
@@ -393,11 +402,11 @@ class Soon:
         return compiled, False, seconds
 
 
-def compile_soon(lowered: jax.stages.Lowered, pool: Executor, eager: bool = False) -> Soon:
+def compile_soon(lowered: jax.stages.Lowered, pool: Executor, eager: bool = False, cluster: bool = False) -> Soon:
     """`compile_lowered` with XLA's compile on `pool`, so that the caller goes on meanwhile (XLA releases the GIL
     while it compiles). The options, key and disk read happen now, on the caller's thread: they read settings a
-    later change must not reach. `eager`: an eager program (its compile effort by its size and ops)."""
-    options, key, compiled = _look_up(lowered, None, eager)
+    later change must not reach. `eager`, `cluster`: an eager op's program, a cluster's (`compile_lowered`)."""
+    options, key, compiled = _look_up(lowered, None, eager, cluster)
     if compiled is not None:
         return Soon(None, key, compiled)
     return Soon(pool.submit(_timed_compile, lowered, options), key)
