@@ -56,6 +56,12 @@ for _ops, _spec, _blends in (
     lower(*_ops)(functools.partial(_blend_lowering if _blends else _product_lowering, _spec))
 
 
+def batched_product(a, b):
+    """The matrix product of two operands of one batch shape (`torch_tpu::matmul`, kernels.prebuilt.matmul): one
+    dot over the operands as they are stored, at the precision in force, in the accumulator dtype."""
+    return _product("...ij,...jk->...ik", a, b)
+
+
 @lower(aten._addmm_activation.default)
 def _addmm_activation(self, mat1, mat2, *, beta=1, alpha=1, use_gelu=False):
     result = _blend(self, _product("ij,jk->ik", mat1, mat2), beta, alpha)

@@ -225,6 +225,13 @@ def present(ops: tuple) -> tuple:
 dispatch_mode_depth: Callable[[], int] = _first(
     "torch._C._len_torch_dispatch_stack", lambda: torch._C._len_torch_dispatch_stack, lambda: lambda: 1
 )
+functorch_transforming: Callable[[], bool] = _first(
+    "torch._C._functorch.peek_interpreter_stack",
+    lambda: (lambda peek: lambda: peek() is not None)(torch._C._functorch.peek_interpreter_stack),
+    lambda: lambda: True,
+)
+"""Whether a torch.func transform (grad, vmap, jvp) is running: its wrapped tensors are plain `torch.Tensor`s to
+Python, and an op of ours with autograd must then leave the call to PyTorch's composite."""
 profiler_enabled: Callable[[], bool] = _first(
     "torch._C._autograd._profiler_enabled", lambda: torch._C._autograd._profiler_enabled, lambda: lambda: True
 )

@@ -1,0 +1,134 @@
+"""Batched `torch.matmul` in Strict eager (`kernels.prebuilt.matmul`): one program where PyTorch's composite copies
+a transposed operand first, with CPU PyTorch's values and gradients; every other call is PyTorch's composite."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from torch_tpu.kernels.prebuilt import matmul
+from torch_tpu.testing.compare import assert_close, float32_tolerance
+
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
+
+def _attention_scores(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """An attention's pattern: heads transposed out of (batch, seq, heads, dim), scores, then the values."""
+    q, k = x.transpose(1, 2), w.transpose(1, 2)
+    return (q @ k.transpose(-2, -1)).softmax(-1) @ k
+
+
+def _requests() -> int:
+    return torch.tpu._get_cache_stats()["num_cache_reqs"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_transposed_heads_multiply_in_one_program_with_cpus_values_and_gradients(dtype):
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 6, 3, 8, dtype=dtype), torch.randn(2, 6, 3, 8, dtype=dtype)
+    q, k = x.to("tpu").transpose(1, 2), w.to("tpu").transpose(1, 2)
+    assert matmul.serves(q, k.transpose(-2, -1))
+    q @ k.transpose(-2, -1)  # compiled, then one cached program a call
+    before = _requests()
+    scores = q @ k.transpose(-2, -1)
+    assert _requests() - before == 1  # PyTorch's composite: two copies and a bmm
+    assert_close(scores, x.transpose(1, 2) @ w.transpose(1, 2).transpose(-2, -1))
+    inputs = [t.clone().requires_grad_() for t in (x, w, x.to("tpu"), w.to("tpu"))]
+    expected, got = _attention_scores(*inputs[:2]), _attention_scores(*inputs[2:])
+    assert_close(got, expected)
+    (expected * expected).sum().backward()
+    (got * got).sum().backward()
+    rtol, atol = float32_tolerance(1e-5, 1e-5) if dtype == torch.float32 else (2e-2, 2e-2)
+    for device_input, cpu_input in zip(inputs[2:], inputs[:2], strict=True):
+        torch.testing.assert_close(device_input.grad.cpu(), cpu_input.grad, rtol=rtol, atol=atol)
+
+
+def test_second_derivatives_are_cpus():
+    torch.manual_seed(1)
+    a, b = torch.randn(3, 4, 5, dtype=torch.float64), torch.randn(3, 5, 2, dtype=torch.float64)
+    results = []
+    for device in ("cpu", "tpu"):
+        x = a.to(torch.float32).to(device).requires_grad_()
+        y = b.to(torch.float32).to(device).requires_grad_()
+        (grad_x,) = torch.autograd.grad(((x @ y) ** 2).sum(), x, create_graph=True)
+        results.append((grad_x, *torch.autograd.grad(grad_x.sum(), (x, y))))
+    for got, want in zip(results[1], results[0], strict=True):
+        assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [((2, 1, 3, 4), (1, 5, 4, 2)), ((2, 3, 4), (4, 5)), ((4,), (2, 4, 3)), ((3, 4), (4, 2))],
+    ids=["broadcast batch", "3-d by 2-d", "vector", "2-d"],
+)
+def test_other_calls_run_pytorchs_composite(shapes):
+    torch.manual_seed(2)
+    a, b = (torch.randn(shape) for shape in shapes)
+    assert not matmul.serves(a.to("tpu"), b.to("tpu"))
+    assert_close(a.to("tpu") @ b.to("tpu"), a @ b)
+
+
+def test_integers_mixed_dtypes_and_fused_eager_are_not_served():
+    a, b = torch.arange(24).reshape(2, 3, 4), torch.arange(40).reshape(2, 4, 5)
+    assert not matmul.serves(a.to("tpu"), b.to("tpu"))
+    assert_close(a.to("tpu") @ b.to("tpu"), a @ b)
+    x, y = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
+    assert not matmul.serves(x.to("tpu"), y.to("tpu", torch.bfloat16))
+    with pytest.raises(RuntimeError, match="same dtype|expected"):
+        x.to("tpu") @ y.to("tpu", torch.bfloat16)
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        assert not matmul.serves(x.to("tpu"), y.to("tpu"))
+        assert_close(x.to("tpu") @ y.to("tpu"), x @ y)
+
+
+def test_inference_mode_and_compiled_graphs_take_it_or_leave_it_with_cpus_values():
+    torch.manual_seed(3)
+    x, y = torch.randn(2, 5, 3, 4), torch.randn(2, 4, 3, 6)  # transposed: (2, 3, 5, 4) @ (2, 3, 4, 6)
+    with torch.inference_mode():
+        assert_close(x.to("tpu").transpose(1, 2) @ y.to("tpu").transpose(1, 2), x.transpose(1, 2) @ y.transpose(1, 2))
+    compiled = torch.compile(lambda a, b: (a.transpose(1, 2) @ b.transpose(1, 2)).relu(), backend="tpu")
+    assert_close(compiled(x.to("tpu"), y.to("tpu")), (x.transpose(1, 2) @ y.transpose(1, 2)).relu())
+
+
+class _Clones(TorchDispatchMode):
+    """Counts the copies PyTorch makes (`aten::clone`), the autograd engine's thread's too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten.clone.default
+        return func(*args, **(kwargs or {}))
+
+
+def _heads_loss(qkv: torch.Tensor, heads: int) -> torch.Tensor:
+    """A GPT block's attention from its (batch, seq, 3 * d) projection: the heads split, transposed, multiplied."""
+    b, t, d = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+    q, k, v = (z.view(b, t, heads, d // heads).transpose(1, 2) for z in qkv.split(d, dim=2))
+    y = (q @ k.transpose(-2, -1)).softmax(-1) @ v
+    return y.transpose(1, 2).reshape(b, t, d).square().sum()
+
+
+def test_an_attentions_backward_copies_nothing_and_gives_cpus_gradients():
+    """Each gradient is laid out as its input (the heads transposed out of the projection), so the transposes and
+    reshapes back to it stay views: PyTorch's composite copied three gradients and three operands a layer."""
+    torch.manual_seed(4)
+    qkv = torch.randn(2, 6, 24)
+    device_qkv, cpu_qkv = qkv.to("tpu").requires_grad_(), qkv.clone().requires_grad_()
+    with _Clones() as clones:
+        loss = _heads_loss(device_qkv, heads=2)
+        forward = clones.count
+        loss.backward()
+    assert (forward, clones.count - forward) == (1, 0)  # the output's own reshape; none in the backward
+    _heads_loss(cpu_qkv, heads=2).backward()
+    rtol, atol = float32_tolerance(1e-5, 1e-5)
+    torch.testing.assert_close(device_qkv.grad.cpu(), cpu_qkv.grad, rtol=rtol, atol=atol)
+
+
+def test_torch_func_transforms_take_pytorchs_composite_with_cpus_values():
+    """torch.func's wrapped tensors are plain tensors to Python: the op of ours, with autograd, leaves them."""
+    torch.manual_seed(5)
+    a, b = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
+    loss = lambda x, y: (x @ y).square().sum()
+    assert_close(torch.func.grad(loss)(a.to("tpu"), b.to("tpu")), torch.func.grad(loss)(a, b))
+    assert_close(torch.vmap(torch.matmul)(a.to("tpu"), b.to("tpu")), torch.vmap(torch.matmul)(a, b))

@@ -1,0 +1,109 @@
+"""`torch.matmul` of two batched tpu tensors as one program in Strict and Debug eager.
+
+PyTorch's composite `matmul` reshapes each operand to three dimensions for `bmm`, and a transposed operand (an
+attention's heads, `q @ k.transpose(-2, -1)`) cannot be reshaped as a view: it is copied, and in Strict eager each
+copy is a program launch of its own (in a small GPT step, 28 of 205, ~300 µs of host time each on a v5e), in the
+backward as well. `torch_tpu::matmul` takes the operands as they are stored (the dispatcher reads a view inside the
+program) and its backward is two more of it, each gradient laid out as its input (`torch_tpu::matmul_ordered`: the
+product with its axes permuted in the program), so that the transposes and reshapes between the heads and the
+tensor they came from stay views in the backward too. A call it does not serve runs PyTorch's composite: other
+ranks or batch shapes, broadcasting, dtypes other than float32/bfloat16/float16, math bits, tensor subclasses
+(AOTAutograd's tracing among them, so compiled graphs keep PyTorch's decomposition), torch.func's transforms and
+Fused eager, whose clusters fuse the copies into their programs already.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_tpu.eager import modes
+from torch_tpu.kernels.prebuilt import library
+from torch_tpu.ops import linalg
+from torch_tpu.runtime import compat
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_MATMUL = torch.ops.aten.matmul.default
+_library: list[torch.library.Library] = []
+
+
+def serves(self: torch.Tensor, other: torch.Tensor) -> bool:
+    """Whether `torch_tpu::matmul` takes `self @ other`: plain tensors of one rank of at least 3, one batch shape,
+    one floating dtype of DTYPES, no conjugate or negative bit, outside Fused eager and torch.func's transforms."""
+    if type(self) is not torch.Tensor or type(other) is not torch.Tensor or modes.state.fused:
+        return False
+    if compat.functorch_transforming():
+        return False
+    if self.ndim < 3 or self.ndim != other.ndim or self.shape[:-2] != other.shape[:-2]:
+        return False
+    if self.shape[-1] != other.shape[-2] or self.dtype not in DTYPES or other.dtype != self.dtype:
+        return False
+    return not (self.is_conj() or other.is_conj() or self.is_neg() or other.is_neg())
+
+
+def _route(self: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    if serves(self, other):
+        return torch.ops.torch_tpu.matmul(self, other)
+    return _MATMUL.decompose(self, other)
+
+
+def _fake(self: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    return self.new_empty((*self.shape[:-1], other.shape[-1]))
+
+
+def _ordered(a, b, order: list[int]):
+    return linalg.batched_product(a, b).transpose(order)
+
+
+def _ordered_reference(self: torch.Tensor, other: torch.Tensor, order: list[int]) -> torch.Tensor:
+    return torch.matmul(self, other).permute(order).contiguous()
+
+
+def _ordered_fake(self: torch.Tensor, other: torch.Tensor, order: list[int]) -> torch.Tensor:
+    shape = (*self.shape[:-1], other.shape[-1])
+    return self.new_empty([shape[d] for d in order])
+
+
+def _memory_order(tensor: torch.Tensor) -> list[int] | None:
+    """`tensor`'s dimensions from the outermost in memory to the innermost (by stride; an attention's transposed
+    heads: batch, sequence, head, feature), or None where that is their own order."""
+    order = sorted(range(tensor.ndim), key=lambda d: -tensor.stride(d))
+    return None if order == sorted(order) else order
+
+
+def _product_like(a: torch.Tensor, b: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`a @ b` laid out in memory as `like` is: an input's gradient, so that the views between it and the tensor
+    it was taken from (a transpose, then a reshape) stay views in the backward instead of copies."""
+    order = _memory_order(like)
+    if order is None:
+        return torch.ops.torch_tpu.matmul(a, b)
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    return torch.ops.torch_tpu.matmul_ordered(a, b, order).permute(inverse)
+
+
+def _setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs[:2])
+    ctx.order = inputs[2] if len(inputs) > 2 else None
+
+
+def _differentiate(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    self, other = ctx.saved_tensors
+    if ctx.order is not None:  # matmul_ordered's: the product's gradient in the product's own axes
+        grad = grad.permute(sorted(range(len(ctx.order)), key=ctx.order.__getitem__))
+    grad_self = _product_like(grad, other.mT, self) if ctx.needs_input_grad[0] else None
+    grad_other = _product_like(self.mT, grad, other) if ctx.needs_input_grad[1] else None
+    return (grad_self, grad_other) if ctx.order is None else (grad_self, grad_other, None)
+
+
+def install() -> None:
+    """Define `torch_tpu::matmul` and route `aten::matmul` of tpu tensors through `serves` (once)."""
+    if _library:
+        return
+    op = library.define("matmul(Tensor self, Tensor other) -> Tensor", linalg.batched_product, torch.matmul, _fake)
+    library.differentiable(op, _differentiate, _setup)
+    schema = "matmul_ordered(Tensor self, Tensor other, int[] order) -> Tensor"
+    ordered = library.define(schema, _ordered, _ordered_reference, _ordered_fake)
+    library.differentiable(ordered, _differentiate, _setup)
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("matmul", _route, "AutogradPrivateUse1")
+    lib.impl("matmul", _route, "PrivateUse1")  # reached when autograd is off (inference mode)
+    _library.append(lib)
