@@ -62,6 +62,24 @@ def batched_product(a, b):
     return _product("...ij,...jk->...ik", a, b)
 
 
+def linear_product(x, weight, bias=None):
+    """`x @ weight.T + bias` as `addmm` computes it (`torch_tpu::linear`, kernels.prebuilt.linear): one dot over the
+    operands as stored, the bias added to its accumulator-dtype result."""
+    product = _product("...i,oi->...o", x, weight)
+    return product if bias is None else product + jnp.asarray(bias).astype(product.dtype)
+
+
+def linear_gradients(grad, x, weight, wanted):
+    """The gradients of `linear_product` for x, weight and bias as its backward's products and sum compute them
+    (`wanted`: which; an unwanted one is an empty array)."""
+    rows = grad.reshape(-1, grad.shape[-1])
+    empty = jnp.zeros((0,), grad.dtype)
+    grad_x = _product("...o,oi->...i", grad, weight) if wanted[0] else empty
+    grad_weight = _product("no,ni->oi", rows, x.reshape(-1, x.shape[-1])) if wanted[1] else empty
+    grad_bias = jnp.sum(rows.astype(_accumulator(rows)), axis=0) if wanted[2] else empty
+    return grad_x, grad_weight, grad_bias
+
+
 @lower(aten._addmm_activation.default)
 def _addmm_activation(self, mat1, mat2, *, beta=1, alpha=1, use_gelu=False):
     result = _blend(self, _product("ij,jk->ik", mat1, mat2), beta, alpha)

@@ -2,8 +2,8 @@
 one registry (eager in every mode, and inlined into `torch.compile(backend="tpu")` programs), with autograd where its
 PyTorch counterpart has it, and a CPU kernel. `all_gather_dim` and `reduce_scatter_dim` are distributed's (a sibling
 layer): `torch_tpu.distributed` sets them here when it registers. Installing also routes
-`F.scaled_dot_product_attention` on tpu tensors (`kernels.prebuilt.sdpa`) and batched `torch.matmul` in Strict
-eager (`kernels.prebuilt.matmul`)."""
+`F.scaled_dot_product_attention` on tpu tensors (`kernels.prebuilt.sdpa`), and batched `torch.matmul` and
+`F.linear` in Strict eager (`kernels.prebuilt.matmul`, `linear`)."""
 
 import sys
 
@@ -25,7 +25,17 @@ _OURS = ("max_pool1d", "max_pool2d", "max_pool3d", "optimization_barrier", "ragg
 def install() -> None:
     """Define the ops, route SDPA, and make this module `torch.tpu.ops` (once)."""
     from torch_tpu import tpu
-    from torch_tpu.kernels.prebuilt import cudnn, grouped, matmul, pallas_gpu, pool, sdpa, splash, tokamax_attention
+    from torch_tpu.kernels.prebuilt import (
+        cudnn,
+        grouped,
+        linear,
+        matmul,
+        pallas_gpu,
+        pool,
+        sdpa,
+        splash,
+        tokamax_attention,
+    )
 
     if hasattr(tpu, "ops"):
         return
@@ -37,6 +47,7 @@ def install() -> None:
     pool.install()
     sdpa.install()
     matmul.install()
+    linear.install()
     module = sys.modules[__name__]
     for name in _OURS:
         setattr(module, name, getattr(torch.ops.torch_tpu, name))
