@@ -1,10 +1,12 @@
 """Matrix products and dense linear algebra on `tpu` against CPU PyTorch."""
 
 import math
+import re
 
 import pytest
 import torch
 
+import torch_tpu
 from tests.helpers import random_tensor
 from torch_tpu.runtime import compat
 from torch_tpu.testing.compare import assert_close, check_op
@@ -394,3 +396,45 @@ def test_matrix_exp_bf16():
     """Computed in float32 and rounded; compared with CPU's float32 result, as CPU's own bf16 kernel overflows."""
     a = (torch.randn(2, 4, 4) / 4).to(BF16)
     assert_close(torch.linalg.matrix_exp(a.to("tpu")), torch.linalg.matrix_exp(a.float()).to(BF16))
+
+
+@pytest.mark.parametrize(
+    "fn, shapes",
+    [
+        (torch.mm, [(3, 4), (4, 5)]),
+        (torch.bmm, [(2, 3, 4), (2, 4, 5)]),
+        (torch.addmm, [(3, 5), (3, 4), (4, 5)]),
+        (torch.mv, [(3, 4), (4,)]),
+        (torch.matmul, [(2, 3, 4), (2, 4, 5)]),
+        (torch.nn.functional.linear, [(3, 4), (5, 4)]),
+    ],
+    ids=["mm", "bmm", "addmm", "mv", "matmul", "linear"],
+)
+def test_operands_of_two_dtypes_raise_cpus_error(fn, shapes):
+    """CPU's kernels refuse a float32 operand beside a bfloat16 one (the meta kernels let it through)."""
+    args = [torch.randn(shape, dtype=BF16 if i == len(shapes) - 1 else FLOAT) for i, shape in enumerate(shapes)]
+    with pytest.raises(RuntimeError) as on_cpu:
+        fn(*args)
+    with pytest.raises(RuntimeError, match=re.escape(str(on_cpu.value))):
+        fn(*(a.to("tpu") for a in args))
+
+
+def test_linear_and_matmul_where_an_exported_graph_keeps_them():
+    """`torch.export` leaves `aten::linear` and `aten::matmul` whole (they have tpu kernels): their graph
+    lowerings give CPU's values, broadcasting and 1-d operands included, and the module exports."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from torch_tpu.ops.registry import graph_lowering
+
+    torch.manual_seed(0)
+    as_jax = lambda t: jnp.asarray(t.numpy())
+    x, weight, bias = torch.randn(2, 3, 4), torch.randn(5, 4), torch.randn(5)
+    linear = graph_lowering(aten.linear.default).fn
+    got = torch.from_numpy(np.asarray(linear(as_jax(x), as_jax(weight), as_jax(bias))))
+    assert_close(got, torch.nn.functional.linear(x, weight, bias))
+    matmul = graph_lowering(aten.matmul.default).fn
+    for a, b in ((torch.randn(2, 1, 3, 4), torch.randn(5, 4, 2)), (torch.randn(4), torch.randn(2, 4, 3))):
+        assert_close(torch.from_numpy(np.asarray(matmul(as_jax(a), as_jax(b)))), a @ b)
+    text = torch_tpu.export_stablehlo(torch.nn.Linear(4, 2).to("tpu"), (torch.ones(3, 4, device="tpu"),))
+    assert "stablehlo.dot_general" in text

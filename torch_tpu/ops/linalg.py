@@ -13,7 +13,7 @@ import numpy as np
 
 from torch_tpu import precision
 from torch_tpu.ops import emulated
-from torch_tpu.ops.registry import aten, lower
+from torch_tpu.ops.registry import aten, lower, lower_in_graphs
 from torch_tpu.runtime import dtypes
 
 
@@ -22,7 +22,10 @@ def _accumulator(*arrays):
 
 
 def _product(spec, a, b):
-    """einsum `spec` of `a` and `b` at the precision in force, in the accumulator dtype."""
+    """einsum `spec` of `a` and `b` at the precision in force, in the accumulator dtype. Operands of two dtypes
+    raise (CPU's kernels refuse them; the dispatcher then raises CPU's own error) instead of promoting."""
+    if a.dtype != b.dtype:
+        raise TypeError(f"torch_tpu: a matrix product of {a.dtype} and {b.dtype} operands")
     return jnp.einsum(spec, a, b, precision=precision.for_dot(), preferred_element_type=_accumulator(a, b))
 
 
@@ -67,6 +70,19 @@ def linear_product(x, weight, bias=None):
     operands as stored, the bias added to its accumulator-dtype result."""
     product = _product("...i,oi->...o", x, weight)
     return product if bias is None else product + jnp.asarray(bias).astype(product.dtype)
+
+
+@lower_in_graphs(aten.linear.default)
+def _linear_in_graphs(x, weight, bias=None):
+    """`aten::linear` where an exported graph keeps it: kernels.prebuilt.linear gives it tpu kernels, and
+    `torch.export`'s decompositions leave an op with a backend kernel whole."""
+    return linear_product(x, weight, bias)
+
+
+@lower_in_graphs(aten.matmul.default)
+def _matmul_in_graphs(self, other):
+    """`aten::matmul` where an exported graph keeps it (kernels.prebuilt.matmul), with its broadcasting."""
+    return jnp.matmul(self, other, precision=precision.for_dot(), preferred_element_type=_accumulator(self, other))
 
 
 def linear_gradients(grad, x, weight, wanted):
