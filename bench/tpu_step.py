@@ -11,7 +11,8 @@ Each child prints one JSON line: first step (s, compile included), median ms per
 steps after --warmup, the losses, the device's peak bytes in use where PJRT reports them, and the largest scratch
 memory of the step's programs as XLA planned it (`+temp`: JAX's step, our compiled graphs; PJRT's peak may leave a
 running program's scratch out, which would make a one-program step look smaller than it is), and for ours the
-executables the first step made, by kind and how, with their seconds (where a cold start goes). The parent prints the
+executables the first step made, by kind and how, with their seconds (where a cold start goes), and how many eager
+executables the last warm-up step called (`eager_programs`: a Strict step's launches). The parent prints the
 table: ms/step, each against plain JAX and Google's same mode, model TFLOP/s and MFU against --peak-tflops
 (a v5e: 197 bf16), first-step seconds. Sizes: small (4 layers, d 256, seq 128, batch 8, vocab 2048, float32) and
 large (12 layers, d 768, 12 heads, seq 512, batch 16, vocab 32768, bfloat16; ~136M parameters), tiny for dry runs.
@@ -177,6 +178,19 @@ def _settle(impl: str) -> Callable[[], Any]:
     return torch.tpu.synchronize
 
 
+def _eager_programs(impl: str, run: Callable[[], Any], losses: list) -> int | None:
+    """Run a step, its loss into `losses`; how many of our eager executables it called (the executable cache's
+    requests: Strict ops, Fused clusters, the eager ops around a compiled graph, not the graph's own programs);
+    None for the others."""
+    if impl != "ours":
+        return None
+    import torch
+
+    before = torch.tpu._get_cache_stats()["num_cache_reqs"]
+    losses.append(run())
+    return torch.tpu._get_cache_stats()["num_cache_reqs"] - before
+
+
 def _jax_step(size: str):
     import compile_step as cs
 
@@ -225,7 +239,8 @@ def child(
     clock.phase("first_call")
     first = time.perf_counter() - start
     compiles = _compiles(impl)
-    losses += [run() for _ in range(warmup)]
+    losses += [run() for _ in range(max(warmup - 1, 0))]
+    programs = _eager_programs(impl, run, losses) if warmup else None  # the last warm-up step
     samples = []
     for _ in range(steps):
         began = time.perf_counter()
@@ -242,6 +257,7 @@ def child(
         "peak_bytes": None if impl == "google" else _peak_bytes(),
         "temp_bytes": _temp_bytes(impl, run),
         "first_step_compiles": compiles,
+        "eager_programs": programs,
         "first_step_parts": clock.report(),
         "profile_wall_s": profile_wall,
     }
@@ -315,7 +331,8 @@ def _first_step_report(results: list[dict]) -> None:
         dynamo = parts["dynamo"]
         traced = f"{dynamo.get('dynamo', 0):.1f} ({dynamo.get('backend', 0):.1f})" if dynamo else "-"
         top = ", ".join(f"{fun} {secs:.1f}" for fun, secs in parts["top_xla_compiles"][:3])
-        print(f"  {r['impl']:6s} {r['mode']:11s} {phases} | {events or '-'} | {traced} | {top or '-'}")
+        programs = "" if r.get("eager_programs") is None else f" | {r['eager_programs']} eager programs a step"
+        print(f"  {r['impl']:6s} {r['mode']:11s} {phases} | {events or '-'} | {traced} | {top or '-'}{programs}")
 
 
 def main() -> None:
