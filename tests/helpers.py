@@ -20,6 +20,11 @@ SMOKE = ROOT.parent / "shared" / "seeds" / "smoke.py"  # the seed article's smok
 needs_smoke = pytest.mark.skipif(not SMOKE.exists(), reason="../shared/seeds/smoke.py is not beside this checkout")
 
 
+def cache_requests() -> int:
+    """The executable cache's requests so far: how many eager programs (ops, clusters) have been called."""
+    return torch.tpu._get_cache_stats()["num_cache_reqs"]
+
+
 def small_mlp(width: int) -> tuple[torch.nn.Module, list]:
     """A 2-layer MLP (13 -> `width` -> 7) and 4 batches of 11: a width no other test uses makes every program of
     its training step compile in the test that picks it."""

@@ -4,14 +4,11 @@ values and gradients; every other call is PyTorch's composite."""
 import pytest
 import torch
 
+from tests.helpers import cache_requests
 from torch_tpu.kernels.prebuilt import linear
 from torch_tpu.testing.compare import assert_close, float32_tolerance
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
-
-
-def _requests() -> int:
-    return torch.tpu._get_cache_stats()["num_cache_reqs"]
 
 
 def _layer(device: str, tensors: list, wanted: tuple[bool, ...], grad: torch.Tensor) -> tuple[list, list[int]]:
@@ -19,12 +16,12 @@ def _layer(device: str, tensors: list, wanted: tuple[bool, ...], grad: torch.Ten
     programs the forward and the backward each ran there."""
     leaf = lambda t, w: None if t is None else t.clone().to(device).requires_grad_(w)
     inputs = [leaf(t, w) for t, w in zip(tensors, wanted, strict=True)]
-    before = _requests()
+    before = cache_requests()
     y = torch.nn.functional.linear(*inputs)
-    forward = _requests()
+    forward = cache_requests()
     y.backward(grad.to(device))
     grads = [t.grad for t, w in zip(inputs, wanted, strict=True) if t is not None and w]
-    return [y, *grads], [forward - before, _requests() - forward]
+    return [y, *grads], [forward - before, cache_requests() - forward]
 
 
 CASES = {

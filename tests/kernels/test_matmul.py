@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.helpers import cache_requests
 from torch_tpu.kernels.prebuilt import matmul
 from torch_tpu.testing.compare import assert_close, float32_tolerance
 
@@ -17,10 +18,6 @@ def _attention_scores(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (q @ k.transpose(-2, -1)).softmax(-1) @ k
 
 
-def _requests() -> int:
-    return torch.tpu._get_cache_stats()["num_cache_reqs"]
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_transposed_heads_multiply_in_one_program_with_cpus_values_and_gradients(dtype):
     torch.manual_seed(0)
@@ -28,9 +25,9 @@ def test_transposed_heads_multiply_in_one_program_with_cpus_values_and_gradients
     q, k = x.to("tpu").transpose(1, 2), w.to("tpu").transpose(1, 2)
     assert matmul.serves(q, k.transpose(-2, -1))
     q @ k.transpose(-2, -1)  # compiled, then one cached program a call
-    before = _requests()
+    before = cache_requests()
     scores = q @ k.transpose(-2, -1)
-    assert _requests() - before == 1  # PyTorch's composite: two copies and a bmm
+    assert cache_requests() - before == 1  # PyTorch's composite: two copies and a bmm
     assert_close(scores, x.transpose(1, 2) @ w.transpose(1, 2).transpose(-2, -1))
     inputs = [t.clone().requires_grad_() for t in (x, w, x.to("tpu"), w.to("tpu"))]
     expected, got = _attention_scores(*inputs[:2]), _attention_scores(*inputs[2:])

@@ -21,11 +21,16 @@ def _accumulator(*arrays):
     return dtypes.accumulation_dtype(jnp.result_type(*arrays))
 
 
-def _product(spec, a, b):
-    """einsum `spec` of `a` and `b` at the precision in force, in the accumulator dtype. Operands of two dtypes
-    raise (CPU's kernels refuse them; the dispatcher then raises CPU's own error) instead of promoting."""
+def _one_dtype(a, b) -> None:
+    """Operands of two dtypes raise (CPU's kernels refuse them; the dispatcher then raises CPU's own error)
+    instead of promoting."""
     if a.dtype != b.dtype:
         raise TypeError(f"torch_tpu: a matrix product of {a.dtype} and {b.dtype} operands")
+
+
+def _product(spec, a, b):
+    """einsum `spec` of `a` and `b` at the precision in force, in the accumulator dtype (`_one_dtype`)."""
+    _one_dtype(a, b)
     return jnp.einsum(spec, a, b, precision=precision.for_dot(), preferred_element_type=_accumulator(a, b))
 
 
@@ -72,16 +77,15 @@ def linear_product(x, weight, bias=None):
     return product if bias is None else product + jnp.asarray(bias).astype(product.dtype)
 
 
-@lower_in_graphs(aten.linear.default)
-def _linear_in_graphs(x, weight, bias=None):
-    """`aten::linear` where an exported graph keeps it: kernels.prebuilt.linear gives it tpu kernels, and
-    `torch.export`'s decompositions leave an op with a backend kernel whole."""
-    return linear_product(x, weight, bias)
+# `aten::linear` where an exported graph keeps it: kernels.prebuilt.linear gives it tpu kernels, and
+# `torch.export`'s decompositions leave an op with a backend kernel whole.
+lower_in_graphs(aten.linear.default)(linear_product)
 
 
 @lower_in_graphs(aten.matmul.default)
 def _matmul_in_graphs(self, other):
     """`aten::matmul` where an exported graph keeps it (kernels.prebuilt.matmul), with its broadcasting."""
+    _one_dtype(self, other)
     return jnp.matmul(self, other, precision=precision.for_dot(), preferred_element_type=_accumulator(self, other))
 
 

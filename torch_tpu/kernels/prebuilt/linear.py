@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from torch_tpu.eager import modes
-from torch_tpu.kernels.prebuilt import library
-from torch_tpu.kernels.prebuilt.matmul import DTYPES
+from torch_tpu.kernels.prebuilt import library, matmul
 from torch_tpu.ops import linalg
-from torch_tpu.runtime import compat
 
 _LINEAR = torch.ops.aten.linear.default
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -26,19 +23,13 @@ _library: list[torch.library.Library] = []
 
 
 def serves(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether `torch_tpu::linear` takes the call: plain tensors (parameters too) of one dtype of DTYPES, an input
-    of at least 2 dimensions, a 2-d weight and a bias of its rows or none, no math bits, outside Fused eager and
-    torch.func's transforms."""
-    tensors = (x, weight) if bias is None else (x, weight, bias)
-    if any(type(t) not in _PLAIN for t in tensors) or modes.state.fused or compat.functorch_transforming():
+    """Whether `torch_tpu::linear` takes the call: `matmul.eager_operands` (parameters too), an input of at least
+    2 dimensions, a 2-d weight and a bias of its rows or none."""
+    if not matmul.eager_operands((x, weight, bias), _PLAIN):
         return False
     if x.ndim < 2 or weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
         return False
-    if bias is not None and (bias.ndim != 1 or bias.shape[0] != weight.shape[0]):
-        return False
-    if x.dtype not in DTYPES or any(t.dtype != x.dtype for t in tensors):
-        return False
-    return not any(t.is_conj() or t.is_neg() for t in tensors)
+    return bias is None or (bias.ndim == 1 and bias.shape[0] == weight.shape[0])
 
 
 def _route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

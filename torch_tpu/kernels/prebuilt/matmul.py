@@ -26,18 +26,26 @@ _MATMUL = torch.ops.aten.matmul.default
 _library: list[torch.library.Library] = []
 
 
-def serves(self: torch.Tensor, other: torch.Tensor) -> bool:
-    """Whether `torch_tpu::matmul` takes `self @ other`: plain tensors of one rank of at least 3, one batch shape,
-    one floating dtype of DTYPES, no conjugate or negative bit, outside Fused eager and torch.func's transforms."""
-    if type(self) is not torch.Tensor or type(other) is not torch.Tensor or modes.state.fused:
+def eager_operands(tensors: tuple, plain: tuple[type, ...] = (torch.Tensor,)) -> bool:
+    """Whether an op of ours with autograd may take `tensors` (None for an absent one): of the `plain` types (no
+    subclass: AOTAutograd traces FakeTensors), of one dtype of DTYPES, without a conjugate or negative bit, outside
+    Fused eager and torch.func's transforms (whose wrapped tensors are plain to Python)."""
+    given = [t for t in tensors if t is not None]
+    if any(type(t) not in plain for t in given) or modes.state.fused or compat.functorch_transforming():
         return False
-    if compat.functorch_transforming():
+    if given[0].dtype not in DTYPES or any(t.dtype != given[0].dtype for t in given):
+        return False
+    return not any(t.is_conj() or t.is_neg() for t in given)
+
+
+def serves(self: torch.Tensor, other: torch.Tensor) -> bool:
+    """Whether `torch_tpu::matmul` takes `self @ other`: `eager_operands` of one rank of at least 3, one batch
+    shape."""
+    if not eager_operands((self, other)):
         return False
     if self.ndim < 3 or self.ndim != other.ndim or self.shape[:-2] != other.shape[:-2]:
         return False
-    if self.shape[-1] != other.shape[-2] or self.dtype not in DTYPES or other.dtype != self.dtype:
-        return False
-    return not (self.is_conj() or other.is_conj() or self.is_neg() or other.is_neg())
+    return self.shape[-1] == other.shape[-2]
 
 
 def _route(self: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
@@ -70,14 +78,17 @@ def _memory_order(tensor: torch.Tensor) -> list[int] | None:
     return None if order == sorted(order) else order
 
 
+def _inverse(order: list[int]) -> list[int]:
+    return sorted(range(len(order)), key=order.__getitem__)
+
+
 def _product_like(a: torch.Tensor, b: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """`a @ b` laid out in memory as `like` is: an input's gradient, so that the views between it and the tensor
     it was taken from (a transpose, then a reshape) stay views in the backward instead of copies."""
     order = _memory_order(like)
     if order is None:
         return torch.ops.torch_tpu.matmul(a, b)
-    inverse = sorted(range(len(order)), key=order.__getitem__)
-    return torch.ops.torch_tpu.matmul_ordered(a, b, order).permute(inverse)
+    return torch.ops.torch_tpu.matmul_ordered(a, b, order).permute(_inverse(order))
 
 
 def _setup(ctx, inputs, output) -> None:
@@ -88,7 +99,7 @@ def _setup(ctx, inputs, output) -> None:
 def _differentiate(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     self, other = ctx.saved_tensors
     if ctx.order is not None:  # matmul_ordered's: the product's gradient in the product's own axes
-        grad = grad.permute(sorted(range(len(ctx.order)), key=ctx.order.__getitem__))
+        grad = grad.permute(_inverse(ctx.order))
     grad_self = _product_like(grad, other.mT, self) if ctx.needs_input_grad[0] else None
     grad_other = _product_like(self.mT, grad, other) if ctx.needs_input_grad[1] else None
     return (grad_self, grad_other) if ctx.order is None else (grad_self, grad_other, None)
