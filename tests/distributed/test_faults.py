@@ -73,9 +73,11 @@ def test_a_killed_rank_0_ends_the_torchrun_job(monkeypatch: pytest.MonkeyPatch):
     print(f"killed rank 0 of 2 (torchrun): the job ended {elapsed:.1f} s after the kill")
     assert result.returncode not in (0, None), result.output[-4000:]
     # Named by the collective's own error, or by the watchdog's notice when JAX's coordination client (whose
-    # service rank 0 hosted) aborts the survivor first: either way the collective and the lost rank.
-    named = ("tpu_dist: all_reduce (collective #6 over ranks [0, 1])", "(in all_reduce #6 over ranks [0, 1])")
-    assert any(text in result.output for text in named), result.output[-4000:]
+    # service rank 0 hosted) aborts the survivor first: either way the collective and the lost rank. The victim
+    # dies after its all_reduce #5 returns; the survivor may still be inside #5 then (as in the forked-child drill
+    # above), else in #6.
+    named = r"tpu_dist: all_reduce \(collective #[56] over ranks \[0, 1\]\)|\(in all_reduce #[56] over ranks \[0, 1\]\)"
+    assert re.search(named, result.output), result.output[-4000:]
     assert "rank 0 was lost" in result.output, result.output[-4000:]
     assert elapsed < _REQUIRED_S, result.output[-4000:]
 
