@@ -88,3 +88,18 @@ def test_inference_mode_torch_func_and_compiled_graphs_give_cpus_values():
     assert_close(torch.func.grad(loss)(on_device[1], on_device[0], on_device[2]), expected_grad)
     compiled = torch.compile(lambda x, w, b: torch.nn.functional.linear(x, w, b).relu(), backend="tpu")
     assert_close(compiled(*on_device), expected.relu())
+
+
+def test_the_op_called_by_name_differentiates_on_cpu_and_tpu_alike():
+    """The route calls `torch_tpu::linear`'s tpu kernel without the dispatcher; called by name, on either device,
+    it takes the dispatcher and its registered autograd."""
+    torch.manual_seed(3)
+    tensors, grad = (torch.randn(2, 3, 8), torch.randn(5, 8), torch.randn(5)), torch.randn(2, 3, 5)
+    results = []
+    for device in ("cpu", "tpu"):
+        inputs = [t.detach().to(device).requires_grad_() for t in tensors]
+        out = torch.ops.torch_tpu.linear(*inputs)
+        out.backward(grad.to(device))
+        results.append((out, *(t.grad for t in inputs)))
+    for got, want in zip(results[1], results[0], strict=True):
+        assert_close(got, want)

@@ -129,3 +129,20 @@ def test_torch_func_transforms_take_pytorchs_composite_with_cpus_values():
     loss = lambda x, y: (x @ y).square().sum()
     assert_close(torch.func.grad(loss)(a.to("tpu"), b.to("tpu")), torch.func.grad(loss)(a, b))
     assert_close(torch.vmap(torch.matmul)(a.to("tpu"), b.to("tpu")), torch.vmap(torch.matmul)(a, b))
+
+
+@pytest.mark.parametrize("order", [None, [0, 2, 1, 3]], ids=["matmul", "matmul_ordered"])
+def test_the_ops_called_by_name_differentiate_on_cpu_and_tpu_alike(order):
+    """The route calls the ops' tpu kernels without the dispatcher; called by name, on either device, they take
+    the dispatcher and their registered autograd."""
+    torch.manual_seed(2)
+    a, b, grad = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 5, 6), torch.randn(2, 3, 4, 6)
+    op = torch.ops.torch_tpu.matmul if order is None else torch.ops.torch_tpu.matmul_ordered
+    results = []
+    for device in ("cpu", "tpu"):
+        x, y = (t.detach().to(device).requires_grad_() for t in (a, b))
+        out = op(x, y) if order is None else op(x, y, order)
+        out.backward(grad.to(device) if order is None else grad.permute(order).to(device))
+        results.append((out, x.grad, y.grad))
+    for got, want in zip(results[1], results[0], strict=True):
+        assert_close(got, want)

@@ -6,13 +6,17 @@ copy is a program launch of its own (in a small GPT step, 28 of 205, ~300 µs of
 backward as well. `torch_tpu::matmul` takes the operands as they are stored (the dispatcher reads a view inside the
 program) and its backward is two more of it, each gradient laid out as its input (`torch_tpu::matmul_ordered`: the
 product with its axes permuted in the program), so that the transposes and reshapes between the heads and the
-tensor they came from stay views in the backward too. A call it does not serve runs PyTorch's composite: other
+tensor they came from stay views in the backward too. The route calls their tpu kernels without the dispatcher
+(`library.eager_function`). A call it does not serve runs PyTorch's composite: other
 ranks or batch shapes, broadcasting, dtypes other than float32/bfloat16/float16, math bits, tensor subclasses
 (AOTAutograd's tracing among them, so compiled graphs keep PyTorch's decomposition), torch.func's transforms and
 Fused eager, whose clusters fuse the copies into their programs already.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -24,6 +28,7 @@ from torch_tpu.runtime import compat
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _MATMUL = torch.ops.aten.matmul.default
 _library: list[torch.library.Library] = []
+_eager: list = []  # the route's `torch_tpu::matmul` under autograd, without the dispatcher (set by `install`)
 
 
 def eager_operands(tensors: tuple, plain: tuple[type, ...] = (torch.Tensor,)) -> bool:
@@ -50,7 +55,7 @@ def serves(self: torch.Tensor, other: torch.Tensor) -> bool:
 
 def _route(self: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     if serves(self, other):
-        return torch.ops.torch_tpu.matmul(self, other)
+        return _eager[0](self, other)
     return _MATMUL.decompose(self, other)
 
 
@@ -82,13 +87,21 @@ def _inverse(order: list[int]) -> list[int]:
     return sorted(range(len(order)), key=order.__getitem__)
 
 
-def _product_like(a: torch.Tensor, b: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+class _Products(NamedTuple):
+    """How a backward computes its products: `torch_tpu::matmul` and `matmul_ordered` by the dispatcher, or their
+    tpu kernels directly."""
+
+    plain: Callable
+    ordered: Callable
+
+
+def _product_like(a: torch.Tensor, b: torch.Tensor, like: torch.Tensor, products: _Products) -> torch.Tensor:
     """`a @ b` laid out in memory as `like` is: an input's gradient, so that the views between it and the tensor
     it was taken from (a transpose, then a reshape) stay views in the backward instead of copies."""
     order = _memory_order(like)
     if order is None:
-        return torch.ops.torch_tpu.matmul(a, b)
-    return torch.ops.torch_tpu.matmul_ordered(a, b, order).permute(_inverse(order))
+        return products.plain(a, b)
+    return products.ordered(a, b, order).permute(_inverse(order))
 
 
 def _setup(ctx, inputs, output) -> None:
@@ -96,13 +109,20 @@ def _setup(ctx, inputs, output) -> None:
     ctx.order = inputs[2] if len(inputs) > 2 else None
 
 
-def _differentiate(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    self, other = ctx.saved_tensors
-    if ctx.order is not None:  # matmul_ordered's: the product's gradient in the product's own axes
-        grad = grad.permute(_inverse(ctx.order))
-    grad_self = _product_like(grad, other.mT, self) if ctx.needs_input_grad[0] else None
-    grad_other = _product_like(self.mT, grad, other) if ctx.needs_input_grad[1] else None
-    return (grad_self, grad_other) if ctx.order is None else (grad_self, grad_other, None)
+def _differentiation(direct: _Products, dispatched: _Products) -> Callable:
+    """The backward of `torch_tpu::matmul` and `matmul_ordered`: two more products, `direct` unless it makes a
+    graph (`create_graph`: the dispatched ops, whose autograd records it)."""
+
+    def differentiate(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        self, other = ctx.saved_tensors
+        products = dispatched if torch.is_grad_enabled() else direct
+        if ctx.order is not None:  # matmul_ordered's: the product's gradient in the product's own axes
+            grad = grad.permute(_inverse(ctx.order))
+        grad_self = _product_like(grad, other.mT, self, products) if ctx.needs_input_grad[0] else None
+        grad_other = _product_like(self.mT, grad, other, products) if ctx.needs_input_grad[1] else None
+        return (grad_self, grad_other) if ctx.order is None else (grad_self, grad_other, None)
+
+    return differentiate
 
 
 def install() -> None:
@@ -110,10 +130,13 @@ def install() -> None:
     if _library:
         return
     op = library.define("matmul(Tensor self, Tensor other) -> Tensor", linalg.batched_product, torch.matmul, _fake)
-    library.differentiable(op, _differentiate, _setup)
     schema = "matmul_ordered(Tensor self, Tensor other, int[] order) -> Tensor"
     ordered = library.define(schema, _ordered, _ordered_reference, _ordered_fake)
-    library.differentiable(ordered, _differentiate, _setup)
+    dispatched = _Products(op, ordered)
+    library.differentiable(op, _differentiation(dispatched, dispatched), _setup)
+    library.differentiable(ordered, _differentiation(dispatched, dispatched), _setup)
+    direct = _Products(library.eager_kernel(op), library.eager_kernel(ordered))
+    _eager.append(library.eager_function("MatmulFunction", op, _setup, _differentiation(direct, dispatched)))
     lib = torch.library.Library("aten", "IMPL")
     lib.impl("matmul", _route, "AutogradPrivateUse1")
     lib.impl("matmul", _route, "PrivateUse1")  # reached when autograd is off (inference mode)
