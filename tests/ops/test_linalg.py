@@ -2,7 +2,10 @@
 
 import math
 import re
+import types
 
+import jax
+import jax.numpy as jnp
 import pytest
 import torch
 
@@ -101,6 +104,30 @@ def test_int_mm():
 def test_int8_mm_wraps():
     a, b = torch.randint(-100, 100, (3, 8), dtype=torch.int8), torch.randint(-100, 100, (8, 4), dtype=torch.int8)
     check_op(torch.mm, a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64])
+def test_integer_products_wrap_as_cpus(dtype):
+    """Sums past the dtype's range wrap as on CPU, whether accumulated in int32 (up to 32 bits) or int64."""
+    info = torch.iinfo(dtype)
+    high = min(info.max, 2**40)
+    a = torch.randint(max(info.min, -high), high, (2, 3, 16), dtype=dtype)
+    b = torch.randint(max(info.min, -high), high, (2, 16, 5), dtype=dtype)
+    check_op(lambda a, b: (a @ b, torch.mm(a[0], b[0]), torch.mv(a[0], b[0, :, 0]), torch.dot(a[0, 0], a[1, 0])), a, b)
+
+
+def test_integer_products_take_no_64_bit_dot_and_int64_ones_are_refused_on_a_tpu(monkeypatch):
+    """XLA's TPU backend has no 64-bit integer dot ("X{64|128} ... rewriting is not implemented" on a v5e): a
+    product of integers up to 32 bits accumulates in int32, and one of int64 raises naming the dtype."""
+    from torch_tpu.ops import linalg
+
+    monkeypatch.setattr(linalg, "platform", types.SimpleNamespace(platform=lambda: "tpu"))
+    for dtype in (jnp.int8, jnp.uint8, jnp.int16, jnp.int32, jnp.bool_):
+        a, b = jnp.ones((2, 3), dtype), jnp.ones((3, 4), dtype)
+        text = jax.jit(lambda a, b: linalg._product("ij,jk->ik", a, b)).lower(a, b).as_text()
+        assert "dot_general" in text and "xi64>" not in text.split("dot_general")[1].split("\n")[0]
+    with pytest.raises(NotImplementedError, match="int64 tensors are not supported on the TPU"):
+        linalg._product("ij,jk->ik", jnp.ones((2, 3), jnp.int64), jnp.ones((3, 4), jnp.int64))
 
 
 def test_complex_products():

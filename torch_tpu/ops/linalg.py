@@ -1,8 +1,9 @@
 """Lowerings: matrix products (the GEMM family) and dense linear algebra.
 
 fp32 products run at the precision in force (`torch_tpu.precision`; full fp32 by default, as on PyTorch's
-CPU); bf16/fp16 products accumulate in float32 and the result is rounded once, and integer products accumulate in int64
-(wrap-around matches the narrow type's). The dispatcher casts each result to PyTorch's output dtype.
+CPU); bf16/fp16 products accumulate in float32 and the result is rounded once, and integer products accumulate in
+int32 (up to 32 bits) or int64 (wrap-around matches the narrow type's; the TPU has no int64 dot). The dispatcher
+casts each result to PyTorch's output dtype.
 """
 
 import functools
@@ -14,11 +15,28 @@ import numpy as np
 from torch_tpu import precision
 from torch_tpu.ops import emulated
 from torch_tpu.ops.registry import aten, lower, lower_in_graphs
-from torch_tpu.runtime import dtypes
+from torch_tpu.runtime import dtypes, float64, platform
 
 
 def _accumulator(*arrays):
     return dtypes.accumulation_dtype(jnp.result_type(*arrays))
+
+
+def _dot_accumulator(a, b):
+    """The dtype a matrix product of `a` and `b` accumulates in. Integers (and bools) of up to 32 bits accumulate in
+    int32: the product's dtype is its operands', which an int32 sum truncates to exactly as an int64 one does (both
+    wrap modulo a power of two), and XLA's TPU backend has no 64-bit integer dot; int64 operands raise there."""
+    dtype = jnp.result_type(a, b)
+    if not dtypes.is_integral(dtype):
+        return dtypes.accumulation_dtype(dtype)
+    if np.dtype(dtype).itemsize < 4 or np.dtype(dtype) == np.int32:
+        return np.dtype(np.int32)
+    if platform.platform() == "tpu":
+        raise float64.Unsupported(
+            f"torch_tpu: matrix products of {np.dtype(dtype).name} tensors are not supported on the TPU (XLA has no "
+            "64-bit integer dot there); compute them in int32 or a float dtype, or on CPU (`.cpu()`)"
+        )
+    return dtypes.accumulation_dtype(dtype)
 
 
 def _one_dtype(a, b) -> None:
@@ -31,7 +49,7 @@ def _one_dtype(a, b) -> None:
 def _product(spec, a, b):
     """einsum `spec` of `a` and `b` at the precision in force, in the accumulator dtype (`_one_dtype`)."""
     _one_dtype(a, b)
-    return jnp.einsum(spec, a, b, precision=precision.for_dot(), preferred_element_type=_accumulator(a, b))
+    return jnp.einsum(spec, a, b, precision=precision.for_dot(), preferred_element_type=_dot_accumulator(a, b))
 
 
 def _blend(self, product, beta, alpha):
@@ -86,7 +104,8 @@ lower_in_graphs(aten.linear.default)(linear_product)
 def _matmul_in_graphs(self, other):
     """`aten::matmul` where an exported graph keeps it (kernels.prebuilt.matmul), with its broadcasting."""
     _one_dtype(self, other)
-    return jnp.matmul(self, other, precision=precision.for_dot(), preferred_element_type=_accumulator(self, other))
+    accumulator = _dot_accumulator(self, other)
+    return jnp.matmul(self, other, precision=precision.for_dot(), preferred_element_type=accumulator)
 
 
 def linear_gradients(grad, x, weight, wanted):
