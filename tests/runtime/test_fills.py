@@ -3,12 +3,15 @@ shared 0-d arrays that in-place ops do not leak through, and the op's own path (
 wherever the fast one does not apply."""
 
 import math
+import threading
 
+import jax
+import numpy as np
 import pytest
 import torch
 
 from torch_tpu.eager.cache import executables
-from torch_tpu.runtime import storage
+from torch_tpu.runtime import fills, persistent, storage
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
@@ -82,3 +85,36 @@ def test_fills_of_written_storages_and_views_are_ops_as_before():
     expected[2:4] = -1.0
     expected[3:] = 0.0
     torch.testing.assert_close(x.cpu(), expected, rtol=0, atol=0)
+
+
+def test_a_cold_fill_is_a_transfer_while_its_program_compiles_on_a_thread(tmp_path, monkeypatch):
+    """A fill whose program is neither compiled nor in the persistent tier makes its array on the host: no compile
+    on the calling thread (a cold first step waited for one per optimizer-state shape); the program compiles on a
+    thread, is stored in the tier, and the calls after it take it."""
+    monkeypatch.setenv("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", str(tmp_path))
+    on_this_thread = []
+
+    def listener(event: str, duration: float, **kwargs) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            on_this_thread.append(threading.current_thread() is threading.main_thread())
+
+    make = lambda device: torch.full((3, 11, 13), -1.75, device=device)  # a shape no other test fills
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        cold = make("tpu")
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert True not in on_this_thread
+    torch.testing.assert_close(cold.cpu(), make("cpu"), rtol=0, atol=0)
+    key = ((3, 11, 13), np.dtype(np.float32), ((), np.dtype(np.float32), None))
+    persistent._helper_compiles[fills._full_jit, key].result()  # the program, compiled on the thread
+    assert list(tmp_path.rglob("*")) and key not in fills._full_jit._calls
+    torch.testing.assert_close(make("tpu").cpu(), make("cpu"), rtol=0, atol=0)
+    assert key in fills._full_jit._calls  # the second call took the program
+
+
+def test_a_fill_too_large_for_the_host_path_takes_its_program(monkeypatch):
+    monkeypatch.setattr(persistent, "HOST_FILL_MAX_BYTES", 64)
+    made = torch.zeros(5, 17, device="tpu")  # 340 bytes
+    assert ((5, 17), np.dtype(np.float32), ((), np.dtype(np.float32), None)) in fills._full_jit._calls
+    torch.testing.assert_close(made.cpu(), torch.zeros(5, 17), rtol=0, atol=0)

@@ -182,12 +182,12 @@ def test_complex_scalars_reach_a_tpu_program_as_complex64(on_a_tpu, monkeypatch,
     0-d complex128 CPU tensors, so no program has a complex128 input; the values stay CPU's."""
     inputs = []
 
-    def spy(lowered, **kwargs):
+    def spy(lowered, *args, **kwargs):  # every program: an op's, a cluster's, a helper's, compiled now or soon
         inputs.append(lowered.in_avals)
-        return compile_lowered(lowered, **kwargs)
+        return look_up(lowered, *args, **kwargs)
 
-    compile_lowered = persistent.compile_lowered
-    monkeypatch.setattr(persistent, "compile_lowered", spy)
+    look_up = persistent._look_up
+    monkeypatch.setattr(persistent, "_look_up", spy)
     modes = {"strict": torch.tpu.EagerMode.DEFER_NEVER, "fused": torch.tpu.EagerMode.DEFER_AND_FUSE}
     z, i = torch.randn(3, 7, dtype=torch.complex64), torch.arange(21).reshape(3, 7)
     calls = [

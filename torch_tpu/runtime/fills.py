@@ -89,4 +89,4 @@ def _make_full(shape: tuple[int, ...], dtype: np.dtype, value: jax.Array) -> jax
     return jnp.full(shape, value, dtype)
 
 
-_full_jit = persistent.Helper(_make_full, static_argnums=(0, 1))
+_full_jit = persistent.Helper(_make_full, static_argnums=(0, 1), cold=persistent.host_fill)

@@ -389,7 +389,7 @@ def _make_zeros(shape: tuple[int, ...], dtype: np.dtype) -> jax.Array:
     return jnp.zeros(shape, dtype)
 
 
-_zeros = persistent.Helper(_make_zeros, static_argnums=(0, 1))
+_zeros = persistent.Helper(_make_zeros, static_argnums=(0, 1), cold=persistent.host_fill)
 copy_array = persistent.Helper(jnp.copy, ())
 """A new array equal to its argument (a donated input someone else holds is passed as one), from the persistent
 tier: a warm process on a TPU host compiled it again, 0.7 s of the small whole step's first call."""
