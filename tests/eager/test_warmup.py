@@ -120,6 +120,22 @@ def test_debug_mode_and_unqueued_ops_run_the_queue_first(compiles):
     assert_close(c, torch.exp(torch.tanh(x) + 1) * 2)
 
 
+def test_a_cold_op_checking_on_the_device_queues_and_a_failed_check_raises_at_the_read(compiles):
+    """An embedding checks its indices on the device: its cold program compiles on the pool too (a cold step's host
+    waited for it otherwise), with CPU's values, and an index out of range raises CPU's error at the next read."""
+    compiles["slow"] = 0.2
+    weight = torch.randn(7, 5)
+    w = weight.to("tpu")
+    indices = torch.tensor([[0, 6, 3]])
+    out = torch.nn.functional.embedding(indices.to("tpu"), w)
+    assert fused._sealed  # queued behind its compile
+    assert_close(out, torch.nn.functional.embedding(indices, weight))
+    beyond = torch.nn.functional.embedding(torch.tensor([2, 7]).to("tpu"), w)  # another shape: cold again
+    assert fused._sealed
+    with pytest.raises(IndexError, match="index out of range"):
+        beyond.cpu()
+
+
 def test_two_threads_warming_up_at_once_get_their_values(compiles):
     """Ops of two threads queue behind the same cold programs (one compile each) and run once each."""
     results, errors = {}, []

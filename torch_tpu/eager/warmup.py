@@ -11,8 +11,9 @@ those running each op at once gives: the same programs, run in the same order.
 
 Not queued (the queue runs first, then the op, as before): Debug mode; ops while torch.profiler records; ops
 that donate inputs or run op by op (no jit); a cold op with 64-bit floats on a TPU (XLA may refuse them: the op
-raises where it is called) or whose program makes device-side checks; ops on another device than this process's
-first. `TORCH_TPU_STRICT_ASYNC_COMPILE=0` compiles each program where it is needed.
+raises where it is called); ops on another device than this process's first. A queued op whose program makes
+device-side checks (an embedding's indices) leaves them pending when it runs, as any Strict op does: a failed one
+raises at the next read. `TORCH_TPU_STRICT_ASYNC_COMPILE=0` compiles each program where it is needed.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ class _Program:
     next calls share it), calling this until it is compiled; the first queued op to run completes it. A compile
     that fails drops the entry (the op's next call compiles again) and raises where the queue runs."""
 
-    def __init__(self, key: Hashable, entry: Entry, soon: persistent.Soon) -> None:
-        self.key, self.entry, self.soon = key, entry, soon
+    def __init__(self, key: Hashable, entry: Entry, soon: persistent.Soon, checked: bool) -> None:
+        self.key, self.entry, self.soon, self.checked = key, entry, soon, checked
 
     def ready(self) -> bool:
         return self.entry.compiling is None or self.soon.done()
@@ -56,7 +57,10 @@ class _Program:
             except BaseException:
                 executables.discard(self.key, entry)
                 raise
-            entry.executable, entry.compilation_duration = persistent.fast_call(compiled), seconds
+            executable = persistent.fast_call(compiled)
+            # device-side checks: each call leaves them pending, as an op compiled where it is called does
+            entry.executable = device_checks.stashing(executable) if self.checked else executable
+            entry.compilation_duration = seconds
             entry.source = "disk" if from_disk else "compiled"
             entry.compiling = None
             executables.refit(self.key, entry)
@@ -139,17 +143,17 @@ def _seal_recorded(leaves: list) -> None:
 @compat.without_dynamo_frames
 def _start(runner: Any, meta_op: OpOverload, key: Hashable, call: tuple, leaves: list) -> Entry | None:
     """Trace and lower a cold op's program here (its lowering reads settings), start compiling it and cache its
-    entry; None where it must compile now (64-bit floats on a TPU, device-side checks)."""
+    entry; None where it must compile now (64-bit floats on a TPU: XLA may refuse them)."""
     args, kwargs, template = call
     traced, dtypes = runner.trace_checked(meta_op, args, kwargs, template, leaves)
     if float64.applies(dtypes):
         return None
     lowered = jax.jit(traced).lower(*fused.lowering_avals(leaves))
-    if type(lowered.out_info) is device_checks.Checked:
-        return None
+    checked = type(lowered.out_info) is device_checks.Checked  # (an embedding's indices, checked on the device)
     entry = Entry(str(meta_op), lambda *leaves: program.executable()(*leaves), source="compiling")
-    entry.describe(lowered.out_info)
-    program = entry.compiling = _Program(key, entry, persistent.compile_soon(lowered, fused.compiler(), eager=True))
+    entry.describe(lowered.out_info.result if checked else lowered.out_info)
+    soon = persistent.compile_soon(lowered, fused.compiler(), eager=True)
+    program = entry.compiling = _Program(key, entry, soon, checked)
     executables.insert(key, entry)
     return entry
 
