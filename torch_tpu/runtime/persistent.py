@@ -331,10 +331,15 @@ def compile_keyed(
     options, key, compiled = _look_up(lowered, devices, eager, cluster)
     if compiled is not None:
         return compiled, True, key
+    return _compile_and_store(lowered, options, key), False, key
+
+
+def _compile_and_store(lowered: jax.stages.Lowered, options: dict, key: str | None) -> Any:
+    """`lowered` compiled with `options`, stored in this tier under `key` (None: the tier is off)."""
     compiled = lowered.compile(options)
     if key is not None:
         _store(key, compiled)
-    return compiled, False, key
+    return compiled
 
 
 def _look_up(
@@ -429,13 +434,6 @@ def _forget_helper_compiles() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_helper_compiles)
-
-
-def _compile_and_store(lowered: jax.stages.Lowered, options: dict, key: str | None) -> Any:
-    compiled = lowered.compile(options)
-    if key is not None:
-        _store(key, compiled)
-    return compiled
 
 
 HOST_FILL_MAX_BYTES = 256 << 20

@@ -133,8 +133,9 @@ def install() -> None:
     schema = "matmul_ordered(Tensor self, Tensor other, int[] order) -> Tensor"
     ordered = library.define(schema, _ordered, _ordered_reference, _ordered_fake)
     dispatched = _Products(op, ordered)
-    library.differentiable(op, _differentiation(dispatched, dispatched), _setup)
-    library.differentiable(ordered, _differentiation(dispatched, dispatched), _setup)
+    by_dispatcher = _differentiation(dispatched, dispatched)
+    library.differentiable(op, by_dispatcher, _setup)
+    library.differentiable(ordered, by_dispatcher, _setup)
     direct = _Products(library.eager_kernel(op), library.eager_kernel(ordered))
     _eager.append(library.eager_function("MatmulFunction", op, _setup, _differentiation(direct, dispatched)))
     lib = torch.library.Library("aten", "IMPL")
