@@ -42,7 +42,7 @@ from typing import Any
 import jax
 
 from torch_tpu import metrics
-from torch_tpu.eager import modes
+from torch_tpu.eager import modes, parts
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.runtime import checks, compat, deferred, memory, persistent, storage, trace_context
 from torch_tpu.runtime.deferred import Pending
@@ -56,7 +56,8 @@ ASYNC_COMPILE = os.environ.get("TORCH_TPU_FUSED_ASYNC_COMPILE", "1") != "0"
 bound) and without a program yet compiles on a background thread while Python records on; it runs when a value
 is needed or a cluster with a program runs, in the order they were cut. A cold first step's clusters then compile
 side by side instead of one after another (0: each compiles where it is cut)."""
-COMPILE_THREADS = 4
+COMPILE_THREADS = max(4, min(parts.MAX_PARTS, os.cpu_count() or 4))
+"""A thread per part of a split cluster (`eager.parts`), as the host's cores allow, and at least 4."""
 BACKWARD_CUT_BYTES = int(os.environ.get("TORCH_TPU_FUSED_BACKWARD_CUT_BYTES", str(1 << 30)))
 """Where the recording moves to or from another thread — the autograd engine runs a `tpu` backward pass on a
 device thread of its own — a cluster whose values total at least this many bytes is cut (0: never), so that the
@@ -388,8 +389,8 @@ def _seal(fingerprint: tuple, plan: list[int], leaves: list, wanted: dict, refer
     # a sealed value (a Pending) is never consumed; an array the work queued ahead still reads is, as it will have
     # read it by then (the program is then the one later steps use, not one consuming less)
     sealed.donated = _donatable(leaves, out_avals, _alone(), _queue_references())
-    lowered = _lower(_replay([recorder.node_table[n] for n in plan], out_refs), sealed.donated, leaves)
-    sealed.compiled = persistent.compile_soon(lowered, compiler(), cluster=True)
+    program = _lower(_replay([recorder.node_table[n] for n in plan], out_refs), sealed.donated, leaves, parts.MAX_PARTS)
+    sealed.compiled = parts.compile_soon(program, compiler())
     for pending in wanted.values():
         pending.sealed = True
     _sealed.append(sealed)
@@ -526,17 +527,25 @@ def _run(fingerprint: tuple, plan: list[int], leaves: list, ranks: tuple[int, ..
 @compat.without_dynamo_frames
 def _compile(replay: Callable, donated: tuple[int, ...], leaves: list) -> tuple[Any, bool]:
     """A cluster's executable (from disk or compiled: then True, False) as it is called."""
-    executable, from_disk = persistent.compile_lowered(_lower(replay, donated, leaves), cluster=True)
+    program = _lower(replay, donated, leaves, parts.MAX_PARTS)
+    if isinstance(program, list):  # its parts, compiled side by side
+        executable, from_disk, _ = parts.compile_soon(program, compiler())()
+        return executable, from_disk
+    executable, from_disk = persistent.compile_lowered(program, cluster=True)
     return persistent.fast_call(executable), from_disk
 
 
 @compat.without_dynamo_frames
-def _lower(replay: Callable, donated: tuple[int, ...], leaves: list) -> jax.stages.Lowered:
+def _lower(
+    replay: Callable, donated: tuple[int, ...], leaves: list, max_parts: int = 1
+) -> jax.stages.Lowered | list[parts.Part]:
     """A cluster's program, traced (on this thread: its lowerings read settings) for `leaves` (arrays, Pending
-    values or avals)."""
+    values or avals); or its independent parts, up to `max_parts` (`eager.parts`), where it splits."""
+    avals = lowering_avals(leaves)
     with warnings.catch_warnings():  # a donated buffer no output could reuse: consumed all the same
         warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-        return jax.jit(replay, donate_argnums=donated).lower(*lowering_avals(leaves))
+        traced = jax.jit(replay, donate_argnums=donated).trace(*avals)
+        return parts.split(traced, donated, avals, max_parts, replay.__name__) or traced.lower()
 
 
 def home() -> jax.sharding.Sharding:

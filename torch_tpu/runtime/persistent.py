@@ -254,6 +254,11 @@ def footprint(executable: Any) -> int:
         return DEFAULT_FOOTPRINT
 
 
+def add_footprint(executable: Any, nbytes: int) -> None:
+    """Take `nbytes` as the footprint of an executable made of others (a split cluster's parts, `eager.parts`)."""
+    _footprints[executable] = nbytes
+
+
 def _eager_options(effort: str) -> dict[str, float]:
     """XLA's options for eager per-op executables at `effort` (XLA's `exec_time_optimization_effort`, -1 to 1;
     "default": XLA's own)."""

@@ -1,0 +1,210 @@
+"""A cluster of independent computations compiles as several programs (`eager.parts`): an optimizer step split so,
+in Strict and Fused eager, equals CPU's and consumes its old state as the one program does; the split keeps
+together what must stay together, leaves alone what it cannot split, is the same in every process, and a second
+process loads its parts from the persistent tier."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import torch_tpu
+from torch_tpu.eager import parts
+from torch_tpu.eager.cache import executables
+from torch_tpu.testing.compare import EAGER_MODES, float32_tolerance
+
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
+OPTIMIZERS = {
+    "adamw_foreach": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, foreach=True),
+    "adam_for_loop": lambda p: torch.optim.Adam(p, lr=1e-2, foreach=False),
+    "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+}
+
+
+@pytest.fixture
+def split_every_cluster(monkeypatch):
+    """Every cluster that can split does, into at most 3 parts (a small model's step is below the size bound)."""
+    monkeypatch.setattr(parts, "PART_EQUATIONS", 1)
+    monkeypatch.setattr(parts, "MAX_PARTS", 3)
+    executables.clear()  # no program of this test's clusters compiled unsplit before
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def _backward(model: torch.nn.Module, device: str, step: int) -> None:
+    generator = torch.Generator().manual_seed(step)
+    x, y = torch.randn(5, 8, generator=generator), torch.randn(5, 3, generator=generator)
+    model.zero_grad()
+    torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
+
+
+def _split_steps() -> list[int]:
+    """The part counts of the split clusters cached now."""
+    return [len(e.executable) for e in executables.entries.values() if isinstance(e.executable, parts.Parts)]
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_a_split_step_equals_cpu_and_consumes_its_old_state(name, mode, split_every_cluster):
+    cpu_model = _model()
+    tpu_model = copy.deepcopy(cpu_model).to("tpu")
+    cpu_opt, tpu_opt = OPTIMIZERS[name](cpu_model.parameters()), OPTIMIZERS[name](tpu_model.parameters())
+    with torch.tpu.set_eager_mode(EAGER_MODES[mode]):
+        for step in range(4):
+            _backward(cpu_model, "cpu", step)
+            _backward(tpu_model, "tpu", step)
+            torch.tpu.synchronize()  # the step's inputs computed: it may consume them all
+            cpu_opt.step()
+            tpu_opt.step()
+        torch.tpu.synchronize()
+    assert 3 in _split_steps()  # 4 parameters, each updated on its own: 3 parts
+    updated = len(list(tpu_model.parameters())) + sum(
+        v.device.type == "tpu" for state in tpu_opt.state.values() for v in state.values()
+    )
+    donated = [e["donated"] for e in torch.tpu._get_cache_stats()["per_entry_stats"] if e["source"] == "fused"]
+    assert updated in donated, donated  # every parameter and state tensor consumed, across the parts
+    rtol, atol = float32_tolerance(1e-5, 1e-6)
+    for ours, theirs in zip(tpu_model.parameters(), cpu_model.parameters(), strict=True):
+        torch.testing.assert_close(ours.detach().cpu(), theirs.detach(), rtol=rtol, atol=atol)
+    for ours, theirs in zip(tpu_opt.state.values(), cpu_opt.state.values(), strict=True):
+        for key, value in theirs.items():
+            torch.testing.assert_close(ours[key].cpu(), value, rtol=rtol, atol=atol)
+
+
+def test_a_value_the_user_holds_survives_a_split_step(split_every_cluster):
+    model = _model().to("tpu")
+    optimizer = OPTIMIZERS["adamw_foreach"](model.parameters())
+    for step in range(3):
+        _backward(model, "tpu", step)
+        torch.tpu.synchronize()
+        held = torch_tpu.to_jax(model[0].bias)
+        expected = np.asarray(held)
+        optimizer.step()
+        torch.tpu.synchronize()
+        assert not held.is_deleted()
+        np.testing.assert_array_equal(np.asarray(held), expected)
+    assert _split_steps()
+
+
+def _chains(count: int, shared_result: bool = False):
+    """`count` update chains over (parameter, gradient) pairs and one shared scalar, like an optimizer's step; with
+    `shared_result`, every chain also adds a sum over all the gradients (one computation joining them)."""
+
+    def step(lr, *pairs):
+        params, grads = pairs[:count], pairs[count:]
+        total = sum(jnp.sum(g) for g in grads) if shared_result else 0.0
+        return tuple(jnp.tanh(p - lr * g * 2.0 + 1.0) * 0.5 + total for p, g in zip(params, grads, strict=True))
+
+    avals = [jax.ShapeDtypeStruct((), jnp.float32, weak_type=True)]
+    avals += [jax.ShapeDtypeStruct((4, i + 1), jnp.float32) for i in range(count)] * 2
+    return step, avals
+
+
+def _split(fn, avals, donated=(), max_parts=3):
+    return parts.split(jax.jit(fn, donate_argnums=donated).trace(*avals), donated, avals, max_parts, "chains")
+
+
+def test_independent_chains_split_into_balanced_parts_that_compute_the_same(monkeypatch):
+    monkeypatch.setattr(parts, "PART_EQUATIONS", 1)
+    step, avals = _chains(5)
+    pieces = _split(step, avals, donated=tuple(range(1, 6)))
+    assert pieces is not None and len(pieces) == 3
+    assert sorted(o for piece in pieces for o in piece.outputs) == list(range(5))
+    assert all(0 in piece.leaves for piece in pieces)  # the shared scalar: read by every part, consumed by none
+    assert sorted(len(piece.outputs) for piece in pieces) == [1, 2, 2]
+    args = [np.float32(0.1)] + [
+        np.random.default_rng(i).standard_normal(a.shape, np.float32) for i, a in enumerate(avals[1:])
+    ]
+    whole = jax.jit(step)(*args)
+    split = parts.compile_soon(pieces, parts_pool())()[0]
+    assert len(split) == 3
+    inputs = [jnp.asarray(a) for a in args]
+    for ours, theirs in zip(split(*inputs), whole, strict=True):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    assert [x.is_deleted() for x in inputs] == [False] + [True] * 5 + [False] * 5  # the parameters consumed
+    again = _split(step, avals, donated=tuple(range(1, 6)))  # every process splits alike: the same programs
+    assert [p.lowered.as_text() for p in again] == [p.lowered.as_text() for p in pieces]
+
+
+def parts_pool():
+    from torch_tpu.eager import fused
+
+    return fused.compiler()
+
+
+def test_chains_joined_by_a_shared_result_or_a_consumed_input_stay_together(monkeypatch):
+    monkeypatch.setattr(parts, "PART_EQUATIONS", 1)
+    step, avals = _chains(4, shared_result=True)
+    assert _split(step, avals) is None  # one group: the sum joins every chain
+
+    def reads_twice(lr, a, b, c, d, e, f):  # `a` is consumed, and both its chain and c's read it
+        others = (jnp.exp(x) * 2.0 + lr for x in (b, d, e, f))
+        return a * lr + 1.0, jnp.sin(c + a) - 1.0, *others
+
+    square = jax.ShapeDtypeStruct((3, 3), jnp.float32)
+    avals = [jax.ShapeDtypeStruct((), jnp.float32, weak_type=True)] + [square] * 6
+    pieces = _split(reads_twice, avals, donated=(1,))
+    assert pieces is not None
+    holding = [piece for piece in pieces if 1 in piece.leaves]
+    assert len(holding) == 1 and {0, 1} <= set(holding[0].outputs)
+
+
+def test_what_cannot_split_stays_one_program(monkeypatch):
+    step, avals = _chains(5)
+    assert _split(step, avals) is None  # below PART_EQUATIONS
+    monkeypatch.setattr(parts, "PART_EQUATIONS", 1)
+    assert _split(step, avals, max_parts=1) is None
+
+    def passes_an_input_through(lr, a, b):
+        return a * lr, jnp.exp(b), b
+
+    avals = [avals[0], jax.ShapeDtypeStruct((2,), jnp.float32), jax.ShapeDtypeStruct((2,), jnp.float32)]
+    assert _split(passes_an_input_through, avals) is None
+
+
+WARM = """
+import json, torch
+from torch_tpu.eager import parts
+from torch_tpu.eager.cache import executables
+parts.PART_EQUATIONS = 1
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).to("tpu")
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+x = torch.randn(5, 8).to("tpu")
+for _ in range(2):
+    model(x).square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+torch.tpu.synchronize()
+split = [len(e.executable) for e in executables.entries.values() if isinstance(e.executable, parts.Parts)]
+stats = torch.tpu._get_cache_stats()["persistent"]
+print(json.dumps({"split": split, "stats": stats, "weight": model[0].weight.cpu().tolist()}))
+"""
+
+
+def _process(root, script):
+    env = dict(os.environ, TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=str(root), TORCH_TPU_CLUSTER_PARTS="3")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.children
+def test_a_second_process_loads_a_split_steps_parts(tmp_path):
+    cold = _process(tmp_path, WARM)
+    warm = _process(tmp_path, WARM)
+    assert cold["split"] == warm["split"] == [3]
+    assert cold["stats"]["misses"] > 0 and warm["stats"]["misses"] == 0
+    assert warm["stats"]["hits"] == cold["stats"]["misses"]  # the step's 3 parts among them
+    assert warm["weight"] == cold["weight"]
