@@ -17,7 +17,7 @@ def compiles(monkeypatch):
     records; `failing` names programs (by a word of their text) whose compile raises `error()` after `fail_after`
     seconds; `slow` seconds each compile waits first, as on a chip, where a step's ops are still queued when its
     optimizer's cluster is cut. The persistent tier is off, so that every program compiles; both background compiles
-    are on."""
+    are on, and a cluster compiles once (no quick program first, as on a TPU)."""
     seen = {"running": 0, "most": 0, "count": 0, "pair": False, "failing": (), "fail_after": 0.0, "slow": 0.0}
     seen["error"] = lambda: RuntimeError("an XLA compile that failed")
     changed = threading.Condition()
@@ -43,6 +43,7 @@ def compiles(monkeypatch):
 
     monkeypatch.setattr(persistent, "_timed_compile", held)
     monkeypatch.setattr(persistent, "enabled", lambda: False)
+    monkeypatch.setattr(persistent, "TIERED_COMPILE", "0")  # a program each (tests/eager/test_tiered_compile.py)
     monkeypatch.setattr(fused, "ASYNC_COMPILE", True)
     monkeypatch.setattr(warmup, "ASYNC_COMPILE", True)
     return seen

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from torch_tpu.eager import fused
+from torch_tpu.eager import programs
 from torch_tpu.profiler import session
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
@@ -125,7 +125,7 @@ def test_named_scope_per_op_in_a_fused_cluster():
         return -x
 
     neg.__name__ = "aten::neg"
-    cluster = fused._replay([(neg, [None])], ((0, 0),))
+    cluster = programs.replay([(neg, [None])], ((0, 0),))
     lowered = jax.jit(cluster).lower(jnp.ones(3))
     assert "module @jit_fused_cluster_1_ops" in lowered.as_text()
     assert "aten::neg" in lowered.as_text(debug_info=True)

@@ -19,7 +19,7 @@ from torch._ops import OpOverload
 
 from torch_tpu import metrics, precision
 from torch_tpu import random as tpu_random
-from torch_tpu.eager import encoding, fused, modes, validation, warmup
+from torch_tpu.eager import encoding, fused, modes, programs, validation, warmup
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.registry import Lowering, mutated_args
 from torch_tpu.runtime import checks as device_checks
@@ -171,7 +171,8 @@ class Runner:
         jitted = jax.jit(traced, donate_argnums=self._donated_leaves(meta_op, args, kwargs, leaves))
         with warnings.catch_warnings():  # a donated buffer no output can reuse: JAX warns, the caller consumes it
             warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-            executable, from_disk = persistent.compile_lowered(jitted.lower(*fused.lowering_avals(leaves)), eager=True)
+            lowered = jitted.lower(*programs.lowering_avals(leaves))
+            executable, from_disk = persistent.compile_lowered(lowered, eager=True)
         return executable, jax.block_until_ready(executable(*leaves)), "disk" if from_disk else "compiled"
 
     def _donated_leaves(self, meta_op: OpOverload, args: tuple, kwargs: dict, leaves: list) -> tuple[int, ...]:

@@ -32,7 +32,6 @@ import os
 import sys
 import threading
 import time
-import warnings
 import weakref
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator
@@ -42,9 +41,9 @@ from typing import Any
 import jax
 
 from torch_tpu import metrics
-from torch_tpu.eager import modes, parts
+from torch_tpu.eager import modes, parts, programs
 from torch_tpu.eager.cache import Entry, executables
-from torch_tpu.runtime import checks, compat, deferred, memory, persistent, storage, trace_context
+from torch_tpu.runtime import checks, deferred, memory, persistent, storage, trace_context
 from torch_tpu.runtime.deferred import Pending
 from torch_tpu.runtime.deferred import concrete as concrete  # re-exported: the dispatcher's name for it
 from torch_tpu.runtime.deferred import is_pending as is_pending  # re-exported: the dispatcher's name for it
@@ -351,6 +350,7 @@ class _Sealed:
         self.undonated = tuple(i for i, leaf in enumerate(leaves) if type(leaf) is Pending)
         self.donated: tuple[int, ...] = ()
         self.compiled: persistent.Soon | None = None  # set by `_seal` before it joins the queue
+        self.better: persistent.Soon | None = None  # the program to switch to later (`persistent.compile_tiered`)
 
     def ready(self) -> bool:
         """Whether its program has compiled (it can run without waiting)."""
@@ -389,8 +389,12 @@ def _seal(fingerprint: tuple, plan: list[int], leaves: list, wanted: dict, refer
     # a sealed value (a Pending) is never consumed; an array the work queued ahead still reads is, as it will have
     # read it by then (the program is then the one later steps use, not one consuming less)
     sealed.donated = _donatable(leaves, out_avals, _alone(), _queue_references())
-    program = _lower(_replay([recorder.node_table[n] for n in plan], out_refs), sealed.donated, leaves, parts.MAX_PARTS)
-    sealed.compiled = parts.compile_soon(program, compiler())
+    replay = programs.replay([recorder.node_table[n] for n in plan], out_refs)
+    program = programs.lower(replay, sealed.donated, leaves, parts.MAX_PARTS)
+    if isinstance(program, list):  # its parts, compiled side by side
+        sealed.compiled = parts.compile_soon(program, compiler())
+    else:
+        sealed.compiled, sealed.better = persistent.compile_tiered(program, compiler())
     for pending in wanted.values():
         pending.sealed = True
     _sealed.append(sealed)
@@ -434,7 +438,7 @@ def _run_sealed(sealed: _Sealed) -> None:
     with errors_named(leaves, buffers):
         results = jax.block_until_ready(executable(*leaves))
     entry = Entry(f"fused cluster of {sealed.ops} ops", executable, seconds, "fused")
-    entry.donated, entry.undonated = sealed.donated, sealed.undonated
+    entry.donated, entry.undonated, entry.better = sealed.donated, sealed.undonated, sealed.better
     executables.insert(sealed.fingerprint, entry)
     metrics.compiled("fused", "disk" if from_disk else "compiled", seconds)
     _finish(sealed.ops, sealed.wanted, sealed.out_refs, results, sealed.flagged)
@@ -498,6 +502,8 @@ def _run(fingerprint: tuple, plan: list[int], leaves: list, ranks: tuple[int, ..
     (the op sequence, the values it returns, the trace context, the ranks)."""
     out_refs = fingerprint[2]
     entry = executables.lookup(fingerprint)
+    if entry is not None and entry.better is not None and entry.better.done():
+        programs.switch(fingerprint, entry)
     alone = _alone()
     donated = () if ranks is not None else _donatable(leaves, out_avals, alone)
     if entry is not None:
@@ -510,106 +516,21 @@ def _run(fingerprint: tuple, plan: list[int], leaves: list, ranks: tuple[int, ..
         donated = tuple(sorted({*donated, *entry.donated}))
         _copy_held(leaves, donated, alone)
     start = time.perf_counter()
-    replay = _replay([recorder.node_table[n] for n in plan], out_refs)
+    replay = programs.replay([recorder.node_table[n] for n in plan], out_refs)
     from_disk = False
+    from_disk, better = False, None
     if ranks is None:  # compiled as every executable is: XLA options (excess precision), persistent tier
-        executable, from_disk = _compile(replay, donated, leaves)
+        executable, from_disk, better = programs.compile_cluster(replay, donated, leaves, compiler())
     else:
         executable = hooks.spmd_cluster(ranks).compile(replay, leaves)
     results = jax.block_until_ready(executable(*leaves))
     entry = Entry(f"fused cluster of {len(plan)} ops", executable, time.perf_counter() - start, "fused")
-    entry.donated = donated
+    entry.donated, entry.better = donated, better
     executables.insert(fingerprint, entry)
     metrics.compiled("fused", "disk" if from_disk else "compiled", entry.compilation_duration)
     return results
 
 
-@compat.without_dynamo_frames
-def _compile(replay: Callable, donated: tuple[int, ...], leaves: list) -> tuple[Any, bool]:
-    """A cluster's executable (from disk or compiled: then True, False) as it is called."""
-    program = _lower(replay, donated, leaves, parts.MAX_PARTS)
-    if isinstance(program, list):  # its parts, compiled side by side
-        executable, from_disk, _ = parts.compile_soon(program, compiler())()
-        return executable, from_disk
-    executable, from_disk = persistent.compile_lowered(program, cluster=True)
-    return persistent.fast_call(executable), from_disk
-
-
-@compat.without_dynamo_frames
-def _lower(
-    replay: Callable, donated: tuple[int, ...], leaves: list, max_parts: int = 1
-) -> jax.stages.Lowered | list[parts.Part]:
-    """A cluster's program, traced (on this thread: its lowerings read settings) for `leaves` (arrays, Pending
-    values or avals); or its independent parts, up to `max_parts` (`eager.parts`), where it splits."""
-    avals = lowering_avals(leaves)
-    with warnings.catch_warnings():  # a donated buffer no output could reuse: consumed all the same
-        warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-        traced = jax.jit(replay, donate_argnums=donated).trace(*avals)
-        return parts.split(traced, donated, avals, max_parts, replay.__name__) or traced.lower()
-
-
-def home() -> jax.sharding.Sharding:
-    """Where a single-device cluster runs: this process's device."""
-    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-
-
-def lowering_avals(leaves: list) -> list:
-    """`leaves` as a program is lowered for them: each run-time input as its aval (a Python number weakly typed, as
-    `encoding._device_scalar`'s array of it is) placed where it is (a Pending value or a host one: `home()`).
-    Lowered for the values themselves, JAX places a Python number or an uncommitted array (a storage helper's
-    zeros) nowhere and a committed one on its device, and the StableHLO, and so the persistent cache's key, would
-    depend on which inputs were still queued or already cached when a program was first made: on a v5e a second
-    process compiled the large step's optimizer cluster again (12.9 s) where its ops all loaded from disk."""
-    place = home()
-    avals = []
-    for x in leaves:
-        if isinstance(x, jax.ShapeDtypeStruct):
-            avals.append(x)
-            continue
-        aval = x.aval if type(x) is Pending else jax.typeof(x)
-        sharding = x.sharding if isinstance(x, jax.Array) else place
-        avals.append(jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=sharding))
-    return avals
-
-
 def install() -> None:
     """Record the storage helpers' computations (`runtime.hooks`: `eager_state`, `record`, `flush`)."""
     hooks.eager_state, hooks.record, hooks.flush = modes.state, _record_helper, flush
-
-
-def _live(nodes: list[tuple[Callable, list]], out_refs: tuple) -> list[bool]:
-    """Which nodes the outputs depend on; the rest are dead and never traced."""
-    live = [False] * len(nodes)
-    stack = [node for node, _ in out_refs]
-    while stack:
-        node = stack.pop()
-        if not live[node]:
-            live[node] = True
-            stack.extend(ref[0] for ref in nodes[node][1] if type(ref) is tuple)
-    return live
-
-
-def _replay(nodes: list[tuple[Callable, list]], out_refs: tuple) -> Callable:
-    """The cluster as one function of all its leaves (unused ones are dropped by `jax.jit`); `nodes` holds each
-    node's function and inputs: (node, index) of a recorded value, None for the next leaf, an int for the leaf at
-    that position again."""
-    live = _live(nodes, out_refs)
-
-    def cluster(*leaves: Any) -> tuple:
-        results: list[list | None] = []
-        remaining = iter(leaves)
-        for (fn, refs), needed in zip(nodes, live, strict=True):
-            args = [next(remaining) if r is None else None for r in refs]
-            if not needed:
-                results.append(None)
-                continue
-            args = [
-                a if r is None else leaves[r] if type(r) is int else results[r[0]][r[1]]
-                for a, r in zip(args, refs, strict=True)
-            ]
-            with jax.named_scope(getattr(fn, "__name__", "op")):  # per op in the HLO's metadata (traced once)
-                results.append(jax.tree_util.tree_leaves(fn(*args)))
-        return tuple(results[node][index] for node, index in out_refs)
-
-    cluster.__name__ = cluster.__qualname__ = f"fused_cluster_{len(nodes)}_ops"  # its module: jit_fused_cluster_N_ops
-    return cluster

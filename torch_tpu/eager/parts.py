@@ -193,9 +193,6 @@ class _Compiling:
         return self._made
 
 
-def compile_soon(program: jax.stages.Lowered | list[Part], pool: Executor) -> Any:
-    """A cluster's program (or its parts, each on a thread of `pool`) compiling: a `persistent.Soon`, or the like
-    for the parts."""
-    if isinstance(program, list):
-        return _Compiling(program, pool)
-    return persistent.compile_soon(program, pool, cluster=True)
+def compile_soon(program: list[Part], pool: Executor) -> _Compiling:
+    """A split cluster's parts compiling, each on a thread of `pool`, waited for as one program's `persistent.Soon`."""
+    return _Compiling(program, pool)

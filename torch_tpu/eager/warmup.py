@@ -26,7 +26,7 @@ import jax
 from torch._ops import OpOverload
 
 from torch_tpu import metrics
-from torch_tpu.eager import fused, modes
+from torch_tpu.eager import fused, modes, programs
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.runtime import checks as device_checks
 from torch_tpu.runtime import compat, float64, persistent
@@ -125,7 +125,7 @@ def queue(runner: Any, meta_op: OpOverload, key: Hashable, call: tuple, leaves: 
 def _here(leaves: list) -> bool:
     """Whether the op's arrays are on this process's first device, where a queued value's program runs, and not
     consumed by a donation (an op reading one raises where it is called, naming the donation)."""
-    home = fused.home()
+    home = programs.home()
     return all(
         type(x) is Pending or not isinstance(x, jax.Array) or (x.sharding == home and not x.is_deleted())
         for x in leaves
@@ -148,7 +148,7 @@ def _start(runner: Any, meta_op: OpOverload, key: Hashable, call: tuple, leaves:
     traced, dtypes = runner.trace_checked(meta_op, args, kwargs, template, leaves)
     if float64.applies(dtypes):
         return None
-    lowered = jax.jit(traced).lower(*fused.lowering_avals(leaves))
+    lowered = jax.jit(traced).lower(*programs.lowering_avals(leaves))
     checked = type(lowered.out_info) is device_checks.Checked  # (an embedding's indices, checked on the device)
     entry = Entry(str(meta_op), lambda *leaves: program.executable()(*leaves), source="compiling")
     entry.describe(lowered.out_info.result if checked else lowered.out_info)

@@ -423,6 +423,44 @@ def compile_soon(lowered: jax.stages.Lowered, pool: Executor, eager: bool = Fals
     return Soon(pool.submit(_timed_compile, lowered, options), key)
 
 
+TIERED_COMPILE = os.environ.get("TORCH_TPU_TIERED_COMPILE", "auto")
+"""A cluster XLA compiles at its own effort runs a quick program (`EAGER_OPTIONS`) until that one is compiled
+(`compile_tiered`): "auto" on a TPU, where the quick one compiles 2.5-4x faster (on the XLA CPU platform the effort
+changes neither the compile nor the program much), "1" everywhere, "0" never."""
+
+
+def tiering() -> bool:
+    """Whether clusters compile in two tiers (`TIERED_COMPILE`, `compile_tiered`)."""
+    if TIERED_COMPILE == "auto":
+        return platform.platform() == "tpu"
+    return TIERED_COMPILE != "0"
+
+
+def compile_tiered(lowered: jax.stages.Lowered, pool: Executor) -> tuple[Soon, Soon | None]:
+    """A cluster's program compiling on `pool` (`compile_soon`); and where that is at XLA's own effort and not on
+    disk, a quick one compiling first, to run meanwhile: (the program to run now, the one to switch to once
+    compiled, or None). On a v5e a Fused step's forward-and-backward cluster compiles in 5.4-6.7 s at the quickest
+    effort against 13-22 s at XLA's own, and runs 1.7-1.9x as long: a cold Fused step waited for the slow compile."""
+    options, key, compiled = _look_up(lowered, None, False, cluster=True)
+    if compiled is not None:
+        return Soon(None, key, compiled), None
+    quick_options = options | EAGER_OPTIONS
+    if not tiering() or quick_options == options:
+        return Soon(pool.submit(_timed_compile, lowered, options), key), None
+    # its key: the final program's and the effort (the StableHLO is hashed there already)
+    quick_key = None if key is None else hashlib.sha256(f"{key}\n{sorted(EAGER_OPTIONS.items())}".encode()).hexdigest()
+    quick = None if quick_key is None else load(quick_key)
+    if quick_key is not None:
+        stats.hits += quick is not None
+        stats.misses += quick is None
+    first = (
+        Soon(None, quick_key, quick)
+        if quick is not None
+        else Soon(pool.submit(_timed_compile, lowered, quick_options), quick_key)
+    )
+    return first, Soon(pool.submit(_timed_compile, lowered, options), key)
+
+
 def _timed_compile(lowered: jax.stages.Lowered, options: dict) -> tuple[Any, float]:
     start = time.perf_counter()
     return lowered.compile(options), time.perf_counter() - start

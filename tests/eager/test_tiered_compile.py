@@ -1,0 +1,155 @@
+"""A Fused cluster XLA compiles at its own effort runs a quick program first (`persistent.compile_tiered`, on by
+default on a TPU): the quick one's results equal CPU's, the cluster switches to the full-effort program once that is
+compiled, a failed full-effort compile keeps the quick one, and a second process loads the full one from disk."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from torch_tpu.eager import programs
+from torch_tpu.eager.cache import executables
+from torch_tpu.runtime import persistent
+from torch_tpu.testing.compare import float32_tolerance
+
+pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
+
+
+@pytest.fixture
+def efforts(monkeypatch):
+    """Tiering on, the persistent tier off (every program compiles); the efforts each compile asked for."""
+    asked = []
+    compile_now = persistent._timed_compile
+
+    def noted(lowered, options):
+        asked.append(options.get("exec_time_optimization_effort"))
+        return compile_now(lowered, options)
+
+    monkeypatch.setattr(persistent, "TIERED_COMPILE", "1")
+    monkeypatch.setattr(persistent, "_timed_compile", noted)
+    monkeypatch.setattr(persistent, "enabled", lambda: False)
+    monkeypatch.setattr(persistent, "EAGER_OPTIONS", {"exec_time_optimization_effort": -1.0})
+    executables.clear()
+    return asked
+
+
+def _mlp_steps(device: str, steps: int, after_first=lambda: None) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        x, y = torch.randn(5, 8, generator=generator), torch.randn(5, 3, generator=generator)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
+        optimizer.step()
+        if step == 0:
+            after_first()
+    return [p.detach().cpu() for p in model.parameters()]
+
+
+def _clusters() -> list:
+    return [e for e in executables.entries.values() if e.name.startswith("fused cluster")]
+
+
+def test_a_cluster_runs_quick_until_the_full_program_is_compiled_and_equals_cpu(efforts, monkeypatch):
+    """The full-effort compiles held back until the steps are done: every step runs the quick programs; then the
+    clusters switch to the full ones."""
+    compile_now, release = persistent._timed_compile, threading.Event()
+
+    def full_waits(lowered, options):
+        if "exec_time_optimization_effort" not in options:
+            assert release.wait(60)
+        return compile_now(lowered, options)
+
+    monkeypatch.setattr(persistent, "_timed_compile", full_waits)
+    expected = _mlp_steps("cpu", 3)
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        got = _mlp_steps("tpu", 3)
+        quick = {id(e): e.executable for e in _clusters() if e.better is not None}
+        assert quick, "the forward-and-backward cluster has matrix products: a quick program first"
+        assert not any(e.better.done() for e in _clusters() if e.better is not None)
+        release.set()
+        torch.tpu.finish_compiles()
+        switched = [e for e in _clusters() if id(e) in quick]
+        assert all(e.better is None and e.executable is not quick[id(e)] for e in switched)
+    assert efforts.count(-1.0) >= 1 and None in efforts  # each tiered cluster: quick, then XLA's own effort
+    rtol, atol = float32_tolerance(1e-5, 1e-6)
+    for ours, theirs in zip(got, expected, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=rtol, atol=atol)
+
+
+def test_an_elementwise_cluster_and_a_cut_that_waits_compile_as_they_did(efforts):
+    """A cluster that only maps elements compiles at the quickest effort alone (nothing to switch to); a cluster
+    cut where a value is read now runs its quick program at once, the full one switched to at a later run."""
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        x = torch.arange(12.0, device="tpu").reshape(3, 4)
+        torch.testing.assert_close(((x * 2).sin() + 1).cpu(), (torch.arange(12.0).reshape(3, 4) * 2).sin() + 1)
+        assert efforts == [-1.0] and all(e.better is None for e in _clusters())
+        w = torch.ones(4, 5, device="tpu")
+        product = ((x @ w) * 2).cpu()  # cut by the read: compiled here, quick first
+        torch.testing.assert_close(product, torch.arange(12.0).reshape(3, 4) @ torch.ones(4, 5) * 2)
+        assert efforts[1:] == [-1.0, None]
+        (entry,) = [e for e in _clusters() if e.better is not None]
+        entry.better()  # compiled by now
+        torch.testing.assert_close(((x @ w) * 2).cpu(), product)  # the same cluster again: switched
+        assert entry.better is None
+
+
+def test_a_failed_full_effort_compile_keeps_the_quick_program(efforts, monkeypatch):
+    compile_now = persistent._timed_compile
+
+    def full_fails(lowered, options):
+        if "exec_time_optimization_effort" not in options:
+            raise RuntimeError("XLA ran out of memory")
+        return compile_now(lowered, options)
+
+    monkeypatch.setattr(persistent, "_timed_compile", full_fails)
+    expected = _mlp_steps("cpu", 3)
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        with pytest.warns(UserWarning, match="keeps its quick program.*ran out of memory"):
+            got = _mlp_steps("tpu", 3, programs.finish_compiles)
+    assert all(e.better is None for e in _clusters())
+    for ours, theirs in zip(got, expected, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+WARM = """
+import json, torch
+from torch_tpu.eager.cache import executables
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).to("tpu")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(5, 8).to("tpu")
+tiered = []
+with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+    for _ in range(2):
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        torch.tpu.synchronize()
+        tiered.append(sum(e.better is not None for e in executables.entries.values()))
+        torch.tpu.finish_compiles()
+stats = torch.tpu._get_cache_stats()["persistent"]
+print(json.dumps({"tiered": tiered, "stats": stats, "weight": model[0].weight.cpu().tolist()}))
+"""
+
+
+@pytest.mark.children
+def test_a_second_process_loads_the_full_effort_program(tmp_path):
+    env = dict(os.environ, TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=str(tmp_path), TORCH_TPU_TIERED_COMPILE="1")
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", WARM], capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["stats"]["writes"] == cold["stats"]["misses"]  # the quick programs and the full ones
+    assert cold["tiered"][0] > 0 and cold["tiered"][1] == 0
+    assert warm["stats"]["misses"] == 0 and warm["tiered"] == [0, 0]  # the full ones from disk: nothing quick first
+    assert warm["stats"]["hits"] < cold["stats"]["misses"]
+    assert warm["weight"] == cold["weight"]
