@@ -390,6 +390,14 @@ class Soon:
         future = self._future
         return future is None or future.done()
 
+    def store_when_compiled(self) -> None:
+        """Store the executable in this tier as soon as it is compiled, on the pool's thread, not at the first call:
+        a program nothing may call before the process ends (`compile_tiered`'s full-effort one) is on disk for the
+        next process all the same. A failed compile stores nothing and raises at the call."""
+        future = self._future
+        if future is not None:
+            future.add_done_callback(lambda done: None if done.exception() is not None else self())
+
     def __call__(self) -> tuple[Any, bool, float]:
         if self._result is None:
             with self._lock:
@@ -458,7 +466,9 @@ def compile_tiered(lowered: jax.stages.Lowered, pool: Executor) -> tuple[Soon, S
         if quick is not None
         else Soon(pool.submit(_timed_compile, lowered, quick_options), quick_key)
     )
-    return first, Soon(pool.submit(_timed_compile, lowered, options), key)
+    final = Soon(pool.submit(_timed_compile, lowered, options), key)
+    final.store_when_compiled()
+    return first, final
 
 
 def _timed_compile(lowered: jax.stages.Lowered, options: dict) -> tuple[Any, float]:
