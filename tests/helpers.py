@@ -15,6 +15,8 @@ import jax.extend.core
 import pytest
 import torch
 
+from torch_tpu.testing.compare import float32_tolerance
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]  # the checkout
 SMOKE = ROOT.parent / "shared" / "seeds" / "smoke.py"  # the seed article's smoke test, beside the checkout
 needs_smoke = pytest.mark.skipif(not SMOKE.exists(), reason="../shared/seeds/smoke.py is not beside this checkout")
@@ -48,6 +50,35 @@ def train_steps(model: torch.nn.Module, data: list, device: str) -> tuple[list[f
         losses.append(loss.item())
         inserts.append(torch.tpu._get_cache_stats()["num_inserts"])
     return losses, inserts
+
+
+def tanh_mlp() -> torch.nn.Module:
+    """A two-layer MLP (8 -> 16 -> 3), the same weights every call: an optimizer step's four parameters."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def mse_backward(model: torch.nn.Module, device: str, step: int) -> None:
+    """`model`'s gradients for the mean squared error on step `step`'s batch (the same on every device)."""
+    generator = torch.Generator().manual_seed(step)
+    x, y = torch.randn(5, 8, generator=generator), torch.randn(5, 3, generator=generator)
+    model.zero_grad()
+    torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
+
+
+def assert_steps_agree(
+    tpu_model: torch.nn.Module,
+    cpu_model: torch.nn.Module,
+    tpu_opt: torch.optim.Optimizer,
+    cpu_opt: torch.optim.Optimizer,
+) -> None:
+    """The parameters and optimizer state after the same steps on tpu and on CPU agree (float32 rounding)."""
+    rtol, atol = float32_tolerance(1e-5, 1e-6)
+    for ours, theirs in zip(tpu_model.parameters(), cpu_model.parameters(), strict=True):
+        torch.testing.assert_close(ours.detach().cpu(), theirs.detach(), rtol=rtol, atol=atol)
+    for ours, theirs in zip(tpu_opt.state.values(), cpu_opt.state.values(), strict=True):
+        for key, value in theirs.items():
+            torch.testing.assert_close(ours[key].cpu(), value, rtol=rtol, atol=atol)
 
 
 def cross_entropy_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Callable:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import torch_tpu
+from tests.helpers import assert_steps_agree, mse_backward, tanh_mlp
 from torch_tpu.eager import steps
 from torch_tpu.eager.cache import executables
 from torch_tpu.testing.compare import EAGER_MODES, float32_tolerance
@@ -23,18 +24,6 @@ OPTIMIZERS = {
 }
 
 
-def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
-
-
-def _backward(model: torch.nn.Module, device: str, step: int) -> None:
-    generator = torch.Generator().manual_seed(step)
-    x, y = torch.randn(5, 8, generator=generator), torch.randn(5, 3, generator=generator)
-    model.zero_grad()
-    torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
-
-
 def _reads() -> dict[str, int]:
     torch.tpu.synchronize()
     return {e["name"] + str(i): e["read_count"] for i, e in enumerate(torch.tpu._get_cache_stats()["per_entry_stats"])}
@@ -42,13 +31,13 @@ def _reads() -> dict[str, int]:
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_a_strict_step_is_one_cached_program_and_equals_cpu(name):
-    cpu_model = _model()
+    cpu_model = tanh_mlp()
     tpu_model = copy.deepcopy(cpu_model).to("tpu")
     cpu_opt, tpu_opt = OPTIMIZERS[name](cpu_model.parameters()), OPTIMIZERS[name](tpu_model.parameters())
     assert torch.tpu.eager_mode is torch.tpu.EagerMode.DEFER_NEVER
     for step in range(4):
-        _backward(cpu_model, "cpu", step)
-        _backward(tpu_model, "tpu", step)
+        mse_backward(cpu_model, "cpu", step)
+        mse_backward(tpu_model, "tpu", step)
         cpu_opt.step()
         before = _reads()
         tpu_opt.step()
@@ -57,16 +46,11 @@ def test_a_strict_step_is_one_cached_program_and_equals_cpu(name):
         if step >= 2:  # the first steps compile (Adam's state appears at the first): later ones replay
             read = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
             assert len(read) == 1 and next(iter(read)).startswith("fused cluster") and set(read.values()) == {1}
-    rtol, atol = float32_tolerance(1e-5, 1e-6)
-    for ours, theirs in zip(tpu_model.parameters(), cpu_model.parameters(), strict=True):
-        torch.testing.assert_close(ours.detach().cpu(), theirs.detach(), rtol=rtol, atol=atol)
-    for ours, theirs in zip(tpu_opt.state.values(), cpu_opt.state.values(), strict=True):
-        for key, value in theirs.items():
-            torch.testing.assert_close(ours[key].cpu(), value, rtol=rtol, atol=atol)
+    assert_steps_agree(tpu_model, cpu_model, tpu_opt, cpu_opt)
 
 
 def test_debug_mode_a_closure_and_the_switch_keep_the_step_op_by_op(monkeypatch):
-    model = _model().to("tpu")
+    model = tanh_mlp().to("tpu")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     recorded = []
     original = steps.fused.flush
@@ -74,12 +58,12 @@ def test_debug_mode_a_closure_and_the_switch_keep_the_step_op_by_op(monkeypatch)
         steps.fused, "flush", lambda *a, **k: recorded.append(steps.fused.recorder.plan[:]) or original(*a, **k)
     )
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING):
-        _backward(model, "tpu", 0)
+        mse_backward(model, "tpu", 0)
         optimizer.step()
-    _backward(model, "tpu", 1)
+    mse_backward(model, "tpu", 1)
     optimizer.step(lambda: None)
     monkeypatch.setattr(steps, "FUSE_OPTIMIZER_STEP", False)
-    _backward(model, "tpu", 2)
+    mse_backward(model, "tpu", 2)
     optimizer.step()
     assert not any(recorded)  # nothing was recorded: every op ran at once
     monkeypatch.setattr(steps, "FUSE_OPTIMIZER_STEP", True)
@@ -88,9 +72,9 @@ def test_debug_mode_a_closure_and_the_switch_keep_the_step_op_by_op(monkeypatch)
 
 
 def test_a_step_that_raises_leaves_strict_eager_at_the_next_step():
-    model = _model().to("tpu")
+    model = tanh_mlp().to("tpu")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    _backward(model, "tpu", 0)
+    mse_backward(model, "tpu", 0)
     hook = optimizer.register_step_pre_hook(lambda *args: (_ for _ in ()).throw(ValueError("in the step")))
     with pytest.raises(ValueError, match="in the step"):
         optimizer.step()
@@ -118,14 +102,14 @@ IN_PLACE = {**OPTIMIZERS, "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.1, m
 def test_a_step_consumes_the_old_parameters_and_state(name, mode):
     """The step's program consumes (donates) the old values, so XLA can write the new ones into their memory: no
     second copy of the model and its state. One old value the user holds is copied instead, and survives."""
-    cpu_model = _model()
+    cpu_model = tanh_mlp()
     tpu_model = copy.deepcopy(cpu_model).to("tpu")
     cpu_opt, tpu_opt = IN_PLACE[name](cpu_model.parameters()), IN_PLACE[name](tpu_model.parameters())
     executables.clear()  # this test's programs only
     with torch.tpu.set_eager_mode(EAGER_MODES[mode]):
         for step in range(3):
-            _backward(cpu_model, "cpu", step)
-            _backward(tpu_model, "tpu", step)
+            mse_backward(cpu_model, "cpu", step)
+            mse_backward(tpu_model, "tpu", step)
             cpu_opt.step()
             torch.tpu.synchronize()
             held = torch_tpu.to_jax(tpu_model[0].bias)  # the user holds this array: it must survive the step
@@ -145,12 +129,12 @@ def test_the_first_step_runs_the_steady_steps_program(name):
     """The state an optimizer's first step creates (`zeros_like` of each parameter) is made without ops
     (`runtime/fills.py`), so it enters the step's program as inputs, as later steps' state does: one program
     compiled for every step, not a first one with the state's zeros inside it."""
-    model = _model().to("tpu")
+    model = tanh_mlp().to("tpu")
     optimizer = OPTIMIZERS[name](model.parameters())
     assert torch.tpu.eager_mode is torch.tpu.EagerMode.DEFER_NEVER
     before = {id(entry): entry.read_count for entry in executables.entries.values()}
     for step in range(3):
-        _backward(model, "tpu", step)
+        mse_backward(model, "tpu", step)
         optimizer.step()
     torch.tpu.synchronize()
     runs = [

@@ -16,9 +16,10 @@ import pytest
 import torch
 
 import torch_tpu
+from tests.helpers import assert_steps_agree, mse_backward, tanh_mlp
 from torch_tpu.eager import parts
 from torch_tpu.eager.cache import executables
-from torch_tpu.testing.compare import EAGER_MODES, float32_tolerance
+from torch_tpu.testing.compare import EAGER_MODES
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
@@ -37,18 +38,6 @@ def split_every_cluster(monkeypatch):
     executables.clear()  # no program of this test's clusters compiled unsplit before
 
 
-def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
-
-
-def _backward(model: torch.nn.Module, device: str, step: int) -> None:
-    generator = torch.Generator().manual_seed(step)
-    x, y = torch.randn(5, 8, generator=generator), torch.randn(5, 3, generator=generator)
-    model.zero_grad()
-    torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
-
-
 def _split_steps() -> list[int]:
     """The part counts of the split clusters cached now."""
     return [len(e.executable) for e in executables.entries.values() if isinstance(e.executable, parts.Parts)]
@@ -57,13 +46,13 @@ def _split_steps() -> list[int]:
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_a_split_step_equals_cpu_and_consumes_its_old_state(name, mode, split_every_cluster):
-    cpu_model = _model()
+    cpu_model = tanh_mlp()
     tpu_model = copy.deepcopy(cpu_model).to("tpu")
     cpu_opt, tpu_opt = OPTIMIZERS[name](cpu_model.parameters()), OPTIMIZERS[name](tpu_model.parameters())
     with torch.tpu.set_eager_mode(EAGER_MODES[mode]):
         for step in range(4):
-            _backward(cpu_model, "cpu", step)
-            _backward(tpu_model, "tpu", step)
+            mse_backward(cpu_model, "cpu", step)
+            mse_backward(tpu_model, "tpu", step)
             torch.tpu.synchronize()  # the step's inputs computed: it may consume them all
             cpu_opt.step()
             tpu_opt.step()
@@ -74,19 +63,14 @@ def test_a_split_step_equals_cpu_and_consumes_its_old_state(name, mode, split_ev
     )
     donated = [e["donated"] for e in torch.tpu._get_cache_stats()["per_entry_stats"] if e["source"] == "fused"]
     assert updated in donated, donated  # every parameter and state tensor consumed, across the parts
-    rtol, atol = float32_tolerance(1e-5, 1e-6)
-    for ours, theirs in zip(tpu_model.parameters(), cpu_model.parameters(), strict=True):
-        torch.testing.assert_close(ours.detach().cpu(), theirs.detach(), rtol=rtol, atol=atol)
-    for ours, theirs in zip(tpu_opt.state.values(), cpu_opt.state.values(), strict=True):
-        for key, value in theirs.items():
-            torch.testing.assert_close(ours[key].cpu(), value, rtol=rtol, atol=atol)
+    assert_steps_agree(tpu_model, cpu_model, tpu_opt, cpu_opt)
 
 
 def test_a_value_the_user_holds_survives_a_split_step(split_every_cluster):
-    model = _model().to("tpu")
+    model = tanh_mlp().to("tpu")
     optimizer = OPTIMIZERS["adamw_foreach"](model.parameters())
     for step in range(3):
-        _backward(model, "tpu", step)
+        mse_backward(model, "tpu", step)
         torch.tpu.synchronize()
         held = torch_tpu.to_jax(model[0].bias)
         expected = np.asarray(held)

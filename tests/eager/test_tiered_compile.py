@@ -11,6 +11,7 @@ import threading
 import pytest
 import torch
 
+from tests.helpers import tanh_mlp
 from torch_tpu.eager import programs
 from torch_tpu.eager.cache import executables
 from torch_tpu.runtime import persistent
@@ -38,8 +39,7 @@ def efforts(monkeypatch):
 
 
 def _mlp_steps(device: str, steps: int, after_first=lambda: None) -> list[torch.Tensor]:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).to(device)
+    model = tanh_mlp().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     generator = torch.Generator().manual_seed(1)
     for step in range(steps):
