@@ -55,6 +55,7 @@ OURS_TPU = {
     "max_memory_reserved",
     "mem_get_info",
     "empty_cache",
+    "finish_compiles",
     "reset_accumulated_memory_stats",
     "memory_snapshot",
     "seed",

@@ -54,6 +54,7 @@ __all__ = [
     "profiler",  # noqa: F822  (torch_tpu.profiler, a layer above, sets it: TpuProfilerConfig)
     "eager_mode",  # noqa: F822  (a property of _DeviceModule)
     "empty_cache",
+    "finish_compiles",
     "get_amp_supported_dtype",
     "get_device_name",
     "get_device_properties",

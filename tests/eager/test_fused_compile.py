@@ -38,7 +38,7 @@ def test_without_async_compile_each_cluster_compiles_where_it_is_cut(compiles, m
     model, data = small_mlp(31)
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
         train_steps(model, data[:1], "tpu")
-    assert compiles["count"] == 0 and not fused._sealed
+    assert compiles["count"] >= 2 and compiles["most"] == 1 and not fused._sealed  # one at a time, each waited for
 
 
 def test_a_cluster_recorded_while_another_compiles_reads_its_values(compiles):
@@ -65,7 +65,7 @@ def test_a_failed_compile_raises_at_the_read_and_later_work_goes_on(compiles, mo
     def fails(*args, **kwargs):
         raise RuntimeError("XLA refused the program")
 
-    monkeypatch.setattr(persistent, "_timed_compile" if sealed else "compile_lowered", fails)
+    monkeypatch.setattr(persistent, "_timed_compile", fails)
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
         a = torch.ones(4, 3, device="tpu") * 2 + 1
         if sealed:

@@ -1,13 +1,15 @@
-"""A cluster of independent computations compiles as several programs (`eager.parts`): an optimizer step split so,
-in Strict and Fused eager, equals CPU's and consumes its old state as the one program does; the split keeps
-together what must stay together, leaves alone what it cannot split, is the same in every process, and a second
-process loads its parts from the persistent tier."""
+"""A cold cluster of independent computations runs as several programs while its whole one compiles
+(`eager.parts`, `programs.compile_soon`): an optimizer step split so, in Strict and Fused eager, equals CPU's and
+consumes its old state as the one program does, then switches to the whole program; the split keeps together what
+must stay together, leaves alone what it cannot split and is the same in every process; a second process loads
+the whole program from the persistent tier, split or not in the first."""
 
 import copy
 import json
 import os
 import subprocess
 import sys
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -17,8 +19,9 @@ import torch
 
 import torch_tpu
 from tests.helpers import assert_steps_agree, mse_backward, tanh_mlp
-from torch_tpu.eager import parts
+from torch_tpu.eager import parts, programs
 from torch_tpu.eager.cache import executables
+from torch_tpu.runtime import persistent
 from torch_tpu.testing.compare import EAGER_MODES
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
@@ -30,12 +33,37 @@ OPTIMIZERS = {
 }
 
 
+class _HeldBack:
+    """A program compiling, as its `persistent.Soon`, but not done until `release` is set."""
+
+    def __init__(self, soon, release: threading.Event) -> None:
+        self._soon, self._release = soon, release
+
+    def done(self) -> bool:
+        return self._release.is_set() and self._soon.done()
+
+    def __call__(self):
+        assert self._release.wait(60)
+        return self._soon()
+
+
 @pytest.fixture
 def split_every_cluster(monkeypatch):
-    """Every cluster that can split does, into at most 3 parts (a small model's step is below the size bound)."""
+    """Every cluster that can split does, into at most 3 parts (a small model's step is below the size bound), the
+    persistent tier off (nothing from disk); a split cluster's whole program, compiling beside its parts, is not
+    switched to until the test sets the event returned, so that the steps before run the parts."""
     monkeypatch.setattr(parts, "PART_EQUATIONS", 1)
     monkeypatch.setattr(parts, "MAX_PARTS", 3)
-    executables.clear()  # no program of this test's clusters compiled unsplit before
+    monkeypatch.setattr(persistent, "enabled", lambda: False)
+    release, compile_soon = threading.Event(), programs.compile_soon
+
+    def held_back(*args):
+        first, better = compile_soon(*args)
+        return first, _HeldBack(better, release) if isinstance(first, parts.Compiling) else better
+
+    monkeypatch.setattr(programs, "compile_soon", held_back)
+    executables.clear()  # no program of this test's clusters compiled before
+    return release
 
 
 def _split_steps() -> list[int]:
@@ -56,8 +84,13 @@ def test_a_split_step_equals_cpu_and_consumes_its_old_state(name, mode, split_ev
             torch.tpu.synchronize()  # the step's inputs computed: it may consume them all
             cpu_opt.step()
             tpu_opt.step()
+            if step == 2:
+                torch.tpu.synchronize()
+                assert 3 in _split_steps()  # 4 parameters, each updated on its own: 3 parts
+                split_every_cluster.set()
+                torch.tpu.finish_compiles()  # the next step runs the whole program
         torch.tpu.synchronize()
-    assert 3 in _split_steps()  # 4 parameters, each updated on its own: 3 parts
+    assert not _split_steps()
     updated = len(list(tpu_model.parameters())) + sum(
         v.device.type == "tpu" for state in tpu_opt.state.values() for v in state.values()
     )
@@ -66,7 +99,7 @@ def test_a_split_step_equals_cpu_and_consumes_its_old_state(name, mode, split_ev
     assert_steps_agree(tpu_model, cpu_model, tpu_opt, cpu_opt)
 
 
-def test_a_value_the_user_holds_survives_a_split_step(split_every_cluster):
+def test_a_value_the_user_holds_survives_a_split_step(split_every_cluster):  # the parts run every step
     model = tanh_mlp().to("tpu")
     optimizer = OPTIMIZERS["adamw_foreach"](model.parameters())
     for step in range(3):
@@ -166,10 +199,8 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).to("tpu")
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 x = torch.randn(5, 8).to("tpu")
-for _ in range(2):
-    model(x).square().mean().backward()
-    optimizer.step()
-    optimizer.zero_grad()
+model(x).square().mean().backward()
+optimizer.step()  # one step: the process ends before it could switch to the whole program
 torch.tpu.synchronize()
 split = [len(e.executable) for e in executables.entries.values() if isinstance(e.executable, parts.Parts)]
 stats = torch.tpu._get_cache_stats()["persistent"]
@@ -177,18 +208,16 @@ print(json.dumps({"split": split, "stats": stats, "weight": model[0].weight.cpu(
 """
 
 
-def _process(root, script):
-    env = dict(os.environ, TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=str(root), TORCH_TPU_CLUSTER_PARTS="3")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.children
-def test_a_second_process_loads_a_split_steps_parts(tmp_path):
-    cold = _process(tmp_path, WARM)
-    warm = _process(tmp_path, WARM)
-    assert cold["split"] == warm["split"] == [3]
+def test_a_second_process_loads_the_whole_program_of_a_split_step(tmp_path):
+    env = dict(os.environ, TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=str(tmp_path), TORCH_TPU_CLUSTER_PARTS="3")
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", WARM], capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["split"] == [3] and warm["split"] == []  # the whole program, stored when it compiled, from disk
     assert cold["stats"]["misses"] > 0 and warm["stats"]["misses"] == 0
-    assert warm["stats"]["hits"] == cold["stats"]["misses"]  # the step's 3 parts among them
+    assert warm["stats"]["hits"] < cold["stats"]["misses"]  # not the parts
     assert warm["weight"] == cold["weight"]

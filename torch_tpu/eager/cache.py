@@ -45,7 +45,7 @@ class Entry:
     temp_bytes: int | None = None  # a compiled graph's scratch memory as XLA planned it (`persistent.temp_bytes`)
     out_avals: Any = None  # an eager op's result as avals (a pytree), for Strict eager's queue (`eager.warmup`)
     compiling: Any = None  # Strict eager's cold op while its program compiles (`eager.warmup._Program`)
-    better: Any = None  # a cluster's program at XLA's own effort, compiling while a quick one runs (`programs.switch`)
+    better: Any = None  # a cluster's final program, compiling while its parts or a quick one run (`programs.switch`)
 
     def describe(self, out_avals: Any) -> None:
         """An eager op's result as avals (a pytree: what Strict eager's queue makes of it while it waits,

@@ -55,8 +55,9 @@ ASYNC_COMPILE = os.environ.get("TORCH_TPU_FUSED_ASYNC_COMPILE", "1") != "0"
 bound) and without a program yet compiles on a background thread while Python records on; it runs when a value
 is needed or a cluster with a program runs, in the order they were cut. A cold first step's clusters then compile
 side by side instead of one after another (0: each compiles where it is cut)."""
-COMPILE_THREADS = max(4, min(parts.MAX_PARTS, os.cpu_count() or 4))
-"""A thread per part of a split cluster (`eager.parts`), as the host's cores allow, and at least 4."""
+COMPILE_THREADS = max(4, min(parts.MAX_PARTS + 1, os.cpu_count() or 4))
+"""A thread per part of a split cluster (`eager.parts`) and one for its whole program, as the host's cores allow,
+and at least 4."""
 BACKWARD_CUT_BYTES = int(os.environ.get("TORCH_TPU_FUSED_BACKWARD_CUT_BYTES", str(1 << 30)))
 """Where the recording moves to or from another thread — the autograd engine runs a `tpu` backward pass on a
 device thread of its own — a cluster whose values total at least this many bytes is cut (0: never), so that the
@@ -350,7 +351,7 @@ class _Sealed:
         self.undonated = tuple(i for i, leaf in enumerate(leaves) if type(leaf) is Pending)
         self.donated: tuple[int, ...] = ()
         self.compiled: persistent.Soon | None = None  # set by `_seal` before it joins the queue
-        self.better: persistent.Soon | None = None  # the program to switch to later (`persistent.compile_tiered`)
+        self.better: persistent.Soon | None = None  # the program to switch to later (`programs.compile_soon`)
 
     def ready(self) -> bool:
         """Whether its program has compiled (it can run without waiting)."""
@@ -390,11 +391,7 @@ def _seal(fingerprint: tuple, plan: list[int], leaves: list, wanted: dict, refer
     # read it by then (the program is then the one later steps use, not one consuming less)
     sealed.donated = _donatable(leaves, out_avals, _alone(), _queue_references())
     replay = programs.replay([recorder.node_table[n] for n in plan], out_refs)
-    program = programs.lower(replay, sealed.donated, leaves, parts.MAX_PARTS)
-    if isinstance(program, list):  # its parts, compiled side by side
-        sealed.compiled = parts.compile_soon(program, compiler())
-    else:
-        sealed.compiled, sealed.better = persistent.compile_tiered(program, compiler())
+    sealed.compiled, sealed.better = programs.compile_soon(replay, sealed.donated, leaves, compiler())
     for pending in wanted.values():
         pending.sealed = True
     _sealed.append(sealed)

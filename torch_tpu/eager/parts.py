@@ -1,5 +1,5 @@
 """A cluster of independent computations — an optimizer step, one chain of updates per parameter — compiled as
-several programs side by side.
+several programs side by side, which a cold step runs while the cluster's one program compiles.
 
 XLA compiles a program on one thread. The large GPT step's AdamW (148 parameters, 8,700 equations) took 8.5 s to
 compile whole on a v5e host at the quickest effort, the last and longest compile of a cold Strict step (12.3 s
@@ -7,9 +7,10 @@ there, beside the step's other compiles); as 12 programs compiled at once on 12 
 ran as fast as the one (6.1 against 6.3 ms; an ad hoc probe, docs/performance.md). So a cluster whose equations
 fall into independent groups — joined only through inputs they read, none of which the cluster consumes — is
 split into up to `MAX_PARTS` programs of about equal size (each at least `PART_EQUATIONS`), run one after the
-other as its executable. A cluster that is mostly one group (a forward and backward) stays one program. The split
-is a function of the traced program alone, so every process splits a cluster alike and the persistent tier
-serves its parts.
+other as its executable until its whole program, compiling beside them, is ready (`programs.compile_soon`): a
+steady step is one program, a cold one waits for the parts only. A cluster that is mostly one group (a forward
+and backward) is not split. The split is a function of the traced program alone, so every process splits a
+cluster alike.
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ class Parts:
         return len(self._calls)
 
 
-class _Compiling:
+class Compiling:
     """A split cluster's parts compiling side by side on a pool, waited for like one program's
     `persistent.Soon`: calling it gives (`Parts`, whether every part came from disk, XLA's seconds in all)."""
 
@@ -193,6 +194,6 @@ class _Compiling:
         return self._made
 
 
-def compile_soon(program: list[Part], pool: Executor) -> _Compiling:
+def compile_soon(program: list[Part], pool: Executor) -> Compiling:
     """A split cluster's parts compiling, each on a thread of `pool`, waited for as one program's `persistent.Soon`."""
-    return _Compiling(program, pool)
+    return Compiling(program, pool)

@@ -1,7 +1,7 @@
 """A recorded Fused cluster as programs: its nodes replayed as one function of its leaves, traced for their avals
-where they are placed, split into independent parts where it can be (`eager.parts`), compiled (a quick program
-first where XLA's own effort would keep a cold step waiting, `persistent.compile_tiered`), and switched to the
-full-effort program once that is compiled."""
+where they are placed, compiled — where a cold step would wait long for its one program, first as programs that
+compile faster (independent parts, `eager.parts`; a quick effort, `persistent.compile_tiered`) — and switched to
+its final program once that is compiled."""
 
 from __future__ import annotations
 
@@ -19,33 +19,45 @@ from torch_tpu.runtime.deferred import Pending
 
 
 @compat.without_dynamo_frames
+def compile_soon(replay: Callable, donated: tuple[int, ...], leaves: list, pool: Executor) -> tuple[Any, Any]:
+    """What a cut cluster runs first, from disk or compiling on `pool`, and the program to switch to once that is
+    compiled (None: the first is final). The whole program where it is on disk; else, where the cluster splits
+    (`eager.parts`), its parts while the whole compiles, so that a cold step need not wait for XLA to compile
+    one large program on one thread and a steady step still runs one; where XLA's own effort is the whole's
+    setting, a quick program while that compiles (`persistent.compile_tiered`); else the whole."""
+    avals = lowering_avals(leaves)
+    with warnings.catch_warnings():  # a donated buffer no output could reuse: consumed all the same
+        warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+        traced = jax.jit(replay, donate_argnums=donated).trace(*avals)
+        first, better = persistent.compile_tiered(traced.lower(), pool)
+        if better is None and not first.done():
+            pieces = parts.split(traced, donated, avals, parts.MAX_PARTS, replay.__name__)
+            if pieces:
+                first.store_when_compiled()  # stored even if this process never switches to it
+                return parts.compile_soon(pieces, pool), first
+    return first, better
+
+
 def compile_cluster(
     replay: Callable, donated: tuple[int, ...], leaves: list, pool: Executor
 ) -> tuple[Any, bool, persistent.Soon | None]:
-    """A cluster's executable (from disk or compiled: then True, False) as it is called, and the program to switch
-    to once compiled (`persistent.compile_tiered`), or None."""
-    program = lower(replay, donated, leaves, parts.MAX_PARTS)
-    better = None
-    if isinstance(program, list):  # its parts, compiled side by side
-        executable, from_disk, _ = parts.compile_soon(program, pool)()
-        return executable, from_disk, None
-    if persistent.tiering():
-        first, better = persistent.compile_tiered(program, pool)
-        executable, from_disk, _ = first()
-    else:
-        executable, from_disk = persistent.compile_lowered(program, cluster=True)
+    """A cluster's executable (from disk or compiled: then True, False) as it is called, waited for here, and the
+    program to switch to once compiled, or None (`compile_soon`)."""
+    first, better = compile_soon(replay, donated, leaves, pool)
+    executable, from_disk, _ = first()
     return persistent.fast_call(executable), from_disk, better
 
 
 def switch(fingerprint: tuple, entry: Entry) -> None:
-    """Run a cluster with its program at XLA's own effort from now on, compiled while a quick one ran. Should that
-    compile have failed, the quick program, which computes the same, stays."""
+    """Run a cluster with its final program from now on (its whole one, or at XLA's own effort), compiled while
+    its parts or a quick one ran. Should that compile have failed, the program that ran, which computes the same,
+    stays."""
     better, entry.better = entry.better, None
     try:
         compiled, _, _ = better()
     except Exception as error:
         warnings.warn(
-            f"torch_tpu: {entry.name} keeps its quick program: XLA's own effort failed ({error})", stacklevel=3
+            f"torch_tpu: {entry.name} keeps the program it ran: its final one failed to compile ({error})", stacklevel=3
         )
         return
     entry.executable = persistent.fast_call(compiled)
@@ -53,24 +65,20 @@ def switch(fingerprint: tuple, entry: Entry) -> None:
 
 
 def finish_compiles() -> None:
-    """Wait for the clusters' programs compiling at XLA's own effort while quick ones run (`persistent.
-    compile_tiered`), and switch to them: a benchmark's steady state, after its warm-up steps."""
+    """Wait for the clusters' final programs compiling while their parts or quick ones run (`compile_soon`), and
+    switch to them: a benchmark's steady state, after its warm-up steps."""
     for fingerprint, entry in list(executables.entries.items()):
         if entry.better is not None:
             switch(fingerprint, entry)
 
 
 @compat.without_dynamo_frames
-def lower(
-    replay: Callable, donated: tuple[int, ...], leaves: list, max_parts: int = 1
-) -> jax.stages.Lowered | list[parts.Part]:
-    """A cluster's program, traced (on this thread: its lowerings read settings) for `leaves` (arrays, Pending
-    values or avals); or its independent parts, up to `max_parts` (`eager.parts`), where it splits."""
-    avals = lowering_avals(leaves)
+def lower(replay: Callable, donated: tuple[int, ...], leaves: list) -> jax.stages.Lowered:
+    """A cluster's whole program, traced (on this thread: its lowerings read settings) for `leaves` (arrays,
+    Pending values or avals)."""
     with warnings.catch_warnings():  # a donated buffer no output could reuse: consumed all the same
         warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-        traced = jax.jit(replay, donate_argnums=donated).trace(*avals)
-        return parts.split(traced, donated, avals, max_parts, replay.__name__) or traced.lower()
+        return jax.jit(replay, donate_argnums=donated).lower(*lowering_avals(leaves))
 
 
 def home() -> jax.sharding.Sharding:
