@@ -238,8 +238,10 @@ def _section(rank: Rank, worker: str) -> tuple[int | None, str]:
     return int(rank.output[stop + len(end)]), rank.output[start:stop]
 
 
-def torchrun(worker: str, nprocs: int = 2, timeout: float = 150) -> Rank:
-    """Run `workers.<worker>()` under `torchrun --nproc-per-node nprocs` (its own rendezvous and agent)."""
+def torchrun(worker: str, nprocs: int = 2, timeout: float = 150, monitor_interval: float = 0.1) -> Rank:
+    """Run `workers.<worker>()` under `torchrun --nproc-per-node nprocs` (its own rendezvous and agent), whose agent
+    looks at its workers every `monitor_interval` seconds (torchrun's default 0.1) and ends the others once one
+    has failed."""
     with tempfile.TemporaryDirectory(prefix="tpu_dist_test_") as scratch:
         environment = {
             **os.environ,
@@ -251,6 +253,7 @@ def torchrun(worker: str, nprocs: int = 2, timeout: float = 150) -> Rank:
             "-m",
             "torch.distributed.run",
             f"--nproc-per-node={nprocs}",
+            f"--monitor-interval={monitor_interval}",
             "--master-addr=127.0.0.1",
             f"--master-port={free_port()}",
             str(HERE / "run_worker.py"),
