@@ -88,12 +88,19 @@ def test_a_killed_rank_0_ends_the_torchrun_job(monkeypatch: pytest.MonkeyPatch):
 def test_a_raising_rank_ends_the_torchrun_job_at_once(monkeypatch: pytest.MonkeyPatch):
     """A rank whose main thread raises skips JAX's shutdown barrier (which waited up to the group's timeout)."""
     monkeypatch.setenv("TPU_DIST_DRILL_VICTIM", "1")
-    result = launch.torchrun("workers_faults.raising", nprocs=2, timeout=_HARD_TIMEOUT_S)
+    result = launch.torchrun("workers_faults.raising", nprocs=2, timeout=_HARD_TIMEOUT_S, monitor_interval=1.0)
     elapsed = _since_fault(result.output, time.time())
     print(f"raising rank 1 of 2 (torchrun): the job ended {elapsed:.1f} s after the raise")
     assert result.returncode not in (0, None), result.output[-4000:]
     assert "rank 1 failed with RuntimeError: drill: this rank fails" in result.output, result.output[-4000:]
-    assert "tpu_dist: all_reduce (collective #6 over ranks [0, 1]) failed on rank 0" in result.output, result.output
+    # The survivor names the collective: by its own error, or by the watchdog's notice that ends it first; in #5 or
+    # #6, as the killed drills (the raiser fails after its #5 returns; rank 0 may still be inside #5: seen once in a
+    # fresh-clone `make test` of 2f688be)
+    named = (
+        r"tpu_dist: all_reduce \(collective #[56] over ranks \[0, 1\]\) failed on rank 0"
+        r"|rank 0 \(in all_reduce #[56] over ranks \[0, 1\]\)"
+    )
+    assert re.search(named, result.output), result.output[-4000:]
     assert elapsed < _REQUIRED_S, result.output[-4000:]
 
 
