@@ -144,7 +144,7 @@ def test_independent_chains_split_into_balanced_parts_that_compute_the_same(monk
         np.random.default_rng(i).standard_normal(a.shape, np.float32) for i, a in enumerate(avals[1:])
     ]
     whole = jax.jit(step)(*args)
-    split = parts.compile_soon(pieces, parts_pool())()[0]
+    split = parts.Compiling(pieces, parts_pool())()[0]
     assert len(split) == 3
     inputs = [jnp.asarray(a) for a in args]
     for ours, theirs in zip(split(*inputs), whole, strict=True):

@@ -350,7 +350,7 @@ class _Sealed:
         self.flagged = flagged
         self.undonated = tuple(i for i, leaf in enumerate(leaves) if type(leaf) is Pending)
         self.donated: tuple[int, ...] = ()
-        self.compiled: persistent.Soon | None = None  # set by `_seal` before it joins the queue
+        self.compiled: Any = None  # a `persistent.Soon` or `parts.Compiling`, set by `_seal` before it joins the queue
         self.better: persistent.Soon | None = None  # the program to switch to later (`programs.compile_soon`)
 
     def ready(self) -> bool:
@@ -514,7 +514,6 @@ def _run(fingerprint: tuple, plan: list[int], leaves: list, ranks: tuple[int, ..
         _copy_held(leaves, donated, alone)
     start = time.perf_counter()
     replay = programs.replay([recorder.node_table[n] for n in plan], out_refs)
-    from_disk = False
     from_disk, better = False, None
     if ranks is None:  # compiled as every executable is: XLA options (excess precision), persistent tier
         executable, from_disk, better = programs.compile_cluster(replay, donated, leaves, compiler())

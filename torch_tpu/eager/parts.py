@@ -149,7 +149,8 @@ def _part(
         return run(*args)
 
     part.__name__ = part.__qualname__ = name  # its module: jit_<cluster>_<part>
-    consumed = tuple(k for k, i in enumerate(leaves) if i in set(donated))
+    consumed_leaves = set(donated)
+    consumed = tuple(k for k, i in enumerate(leaves) if i in consumed_leaves)
     lowered = jax.jit(part, donate_argnums=consumed).lower(*[avals[i] for i in leaves])
     return Part(lowered, leaves, tuple(outputs))
 
@@ -192,8 +193,3 @@ class Compiling:
             results = sum(len(part.outputs) for part in self._parts)
             self._made = Parts(calls, results), all(m[1] for m in made), sum(m[2] for m in made)
         return self._made
-
-
-def compile_soon(program: list[Part], pool: Executor) -> Compiling:
-    """A split cluster's parts compiling, each on a thread of `pool`, waited for as one program's `persistent.Soon`."""
-    return Compiling(program, pool)

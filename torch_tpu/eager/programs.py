@@ -5,8 +5,9 @@ its final program once that is compiled."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from typing import Any
 
@@ -26,15 +27,14 @@ def compile_soon(replay: Callable, donated: tuple[int, ...], leaves: list, pool:
     one large program on one thread and a steady step still runs one; where XLA's own effort is the whole's
     setting, a quick program while that compiles (`persistent.compile_tiered`); else the whole."""
     avals = lowering_avals(leaves)
-    with warnings.catch_warnings():  # a donated buffer no output could reuse: consumed all the same
-        warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+    with _unused_donations_allowed():
         traced = jax.jit(replay, donate_argnums=donated).trace(*avals)
         first, better = persistent.compile_tiered(traced.lower(), pool)
         if better is None and not first.done():
             pieces = parts.split(traced, donated, avals, parts.MAX_PARTS, replay.__name__)
             if pieces:
                 first.store_when_compiled()  # stored even if this process never switches to it
-                return parts.compile_soon(pieces, pool), first
+                return parts.Compiling(pieces, pool), first
     return first, better
 
 
@@ -76,9 +76,16 @@ def finish_compiles() -> None:
 def lower(replay: Callable, donated: tuple[int, ...], leaves: list) -> jax.stages.Lowered:
     """A cluster's whole program, traced (on this thread: its lowerings read settings) for `leaves` (arrays,
     Pending values or avals)."""
-    with warnings.catch_warnings():  # a donated buffer no output could reuse: consumed all the same
-        warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+    with _unused_donations_allowed():
         return jax.jit(replay, donate_argnums=donated).lower(*lowering_avals(leaves))
+
+
+@contextlib.contextmanager
+def _unused_donations_allowed() -> Iterator[None]:
+    """JAX's warning for a donated buffer no output could reuse, silenced: the cluster consumes it all the same."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+        yield
 
 
 def home() -> jax.sharding.Sharding:

@@ -315,25 +315,25 @@ def _maps_elements_only(text: str) -> bool:
 
 
 def compile_lowered(
-    lowered: jax.stages.Lowered, devices: Sequence[Any] | None = None, eager: bool = False, cluster: bool = False
+    lowered: jax.stages.Lowered, devices: Sequence[Any] | None = None, eager: bool = False
 ) -> tuple[Any, bool]:
     """The executable of `lowered`, from disk if present (and then True), else compiled and stored. `devices`:
     an SPMD program's devices, in its mesh's order (default: the program runs on this process's device); `eager`:
-    an eager op's own program (compiled with `EAGER_OPTIONS`, by its size); `cluster`: a Fused or sealed cluster
-    (by its work)."""
-    compiled, from_disk, _ = compile_keyed(lowered, devices, eager, cluster)
+    an eager op's own program (compiled with `EAGER_OPTIONS`, by its size). A Fused cluster's compiles on a pool
+    (`compile_soon`, `compile_tiered`)."""
+    compiled, from_disk, _ = compile_keyed(lowered, devices, eager)
     return compiled, from_disk
 
 
 def compile_keyed(
-    lowered: jax.stages.Lowered, devices: Sequence[Any] | None = None, eager: bool = False, cluster: bool = False
+    lowered: jax.stages.Lowered, devices: Sequence[Any] | None = None, eager: bool = False
 ) -> tuple[Any, bool, str | None]:
     """`compile_lowered`, and the program key the executable is stored under (None with the tier off), which
     `compile.warm` records so that a later process can load the executable without lowering again.
 
     An SPMD program's executable is bound to its device assignment, which its StableHLO does not name (only the
     device count): the key holds the ids of `devices`, besides the process count and this process's device."""
-    options, key, compiled = _look_up(lowered, devices, eager, cluster)
+    options, key, compiled = _look_up(lowered, devices, eager)
     if compiled is not None:
         return compiled, True, key
     return _compile_and_store(lowered, options, key), False, key
@@ -424,7 +424,8 @@ class Soon:
 def compile_soon(lowered: jax.stages.Lowered, pool: Executor, eager: bool = False, cluster: bool = False) -> Soon:
     """`compile_lowered` with XLA's compile on `pool`, so that the caller goes on meanwhile (XLA releases the GIL
     while it compiles). The options, key and disk read happen now, on the caller's thread: they read settings a
-    later change must not reach. `eager`, `cluster`: an eager op's program, a cluster's (`compile_lowered`)."""
+    later change must not reach. `eager`: an eager op's program (`compile_lowered`); `cluster`: a Fused
+    cluster's (its effort by its work)."""
     options, key, compiled = _look_up(lowered, None, eager, cluster)
     if compiled is not None:
         return Soon(None, key, compiled)
@@ -437,7 +438,7 @@ TIERED_COMPILE = os.environ.get("TORCH_TPU_TIERED_COMPILE", "auto")
 changes neither the compile nor the program much), "1" everywhere, "0" never."""
 
 
-def tiering() -> bool:
+def _tiering() -> bool:
     """Whether clusters compile in two tiers (`TIERED_COMPILE`, `compile_tiered`)."""
     if TIERED_COMPILE == "auto":
         return platform.platform() == "tpu"
@@ -453,7 +454,7 @@ def compile_tiered(lowered: jax.stages.Lowered, pool: Executor) -> tuple[Soon, S
     if compiled is not None:
         return Soon(None, key, compiled), None
     quick_options = options | EAGER_OPTIONS
-    if not tiering() or quick_options == options:
+    if not _tiering() or quick_options == options:
         return Soon(pool.submit(_timed_compile, lowered, options), key), None
     # its key: the final program's and the effort (the StableHLO is hashed there already)
     quick_key = None if key is None else hashlib.sha256(f"{key}\n{sorted(EAGER_OPTIONS.items())}".encode()).hexdigest()
