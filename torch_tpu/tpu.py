@@ -30,7 +30,7 @@ from torch_tpu.random import (
     seed_all,
     set_rng_state,
 )
-from torch_tpu.runtime import checks, platform
+from torch_tpu.runtime import checks, platform, recent
 from torch_tpu.runtime import memory as _memory_stats
 from torch_tpu.runtime.deferred import buffers as _pending_buffers
 from torch_tpu.runtime.memory import memory as _memory
@@ -90,8 +90,9 @@ __all__ = [
 
 
 def _lazy_init() -> None:
-    """Pick the PJRT platform and configure JAX, once."""
+    """Pick the PJRT platform and configure JAX, once; then load the last run's programs ahead (`recent`)."""
     platform.devices()
+    recent.start()
 
 
 def is_available() -> bool:

@@ -221,3 +221,6 @@ def test_a_second_process_loads_the_whole_program_of_a_split_step(tmp_path):
     assert cold["stats"]["misses"] > 0 and warm["stats"]["misses"] == 0
     assert warm["stats"]["hits"] < cold["stats"]["misses"]  # not the parts
     assert warm["weight"] == cold["weight"]
+    # nor in the next run's list (`runtime.recent`): the whole program and the step's others
+    (listed,) = [persistent.read_entry(path) for path in (tmp_path / "recent").glob("*.list")]
+    assert warm["stats"]["loaded_ahead"] == warm["stats"]["hits"] == len(listed)

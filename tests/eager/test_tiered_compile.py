@@ -159,3 +159,6 @@ def test_a_second_process_loads_the_full_effort_program(tmp_path, finish):
     assert warm["stats"]["misses"] == 0 and not any(warm["tiered"])  # the full ones from disk: nothing quick first
     assert warm["stats"]["hits"] < cold["stats"]["misses"]
     assert warm["weight"] == cold["weight"]
+    # the next run's list (`runtime.recent`) holds the full programs, not the quick ones they replace
+    (listed,) = [persistent.read_entry(path) for path in (tmp_path / "recent").glob("*.list")]
+    assert warm["stats"]["loaded_ahead"] == warm["stats"]["hits"] == len(listed)

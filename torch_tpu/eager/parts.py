@@ -180,7 +180,7 @@ class Compiling:
 
     def __init__(self, parts: list[Part], pool: Executor) -> None:
         self._parts = parts
-        self._soons = [persistent.compile_soon(part.lowered, pool, cluster=True) for part in parts]
+        self._soons = [persistent.compile_soon(part.lowered, pool, cluster=True, remember=False) for part in parts]
         self._made: tuple[Parts, bool, float] | None = None
 
     def done(self) -> bool:

@@ -93,7 +93,8 @@ class DiskStats:
     """Counters of the persistent tier, reported by `torch.tpu._get_cache_stats()["persistent"]`: executables
     (`hits`, ...), the graph-keyed index that spares a warm process the lowering (`graph_*`, `compile.warm`; its
     hit loads an executable, so it counts as an executable hit too) and AOTAutograd's own cache as our backend
-    uses it (`aot_autograd_*`, counted by PyTorch)."""
+    uses it (`aot_autograd_*`, counted by PyTorch); `loaded_ahead`: hits that found their executable loaded
+    already (`recent`)."""
 
     hits: int = 0
     misses: int = 0
@@ -102,6 +103,7 @@ class DiskStats:
     graph_hits: int = 0
     graph_misses: int = 0
     graph_writes: int = 0
+    loaded_ahead: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         aot = _aot_autograd_counters()
@@ -126,7 +128,7 @@ stats = DiskStats()
 metrics.tally("persistent", lambda: {key: value for key, value in stats.as_dict().items() if type(value) is int})
 
 
-def _path(key: str) -> pathlib.Path:
+def program_path(key: str) -> pathlib.Path:
     return root() / key[:2] / f"{key}.xla"
 
 
@@ -207,10 +209,37 @@ def _deserialize(payload: tuple, devices: Sequence[Any] | None = None) -> Any:
     return compiled
 
 
-def load(key: str, devices: Sequence[Any] | None = None) -> Any | None:
+requested: dict[str, None] = {}
+"""The program keys this process asked the tier for (executables for this process's device), in order: the
+list `recent` writes at exit, for the next run of the same command to load ahead."""
+ahead: dict[str, Future] = {}
+"""Executables loading ahead of their request (`recent.start`), by key: each future's result is the executable or
+None."""
+
+
+def load(key: str, devices: Sequence[Any] | None = None, remember: bool = True) -> Any | None:
     """The executable stored under the program key `key` (loaded onto `devices`, default this process's
-    device), or None."""
-    return read_entry(_path(key), lambda payload: _deserialize(payload, devices))
+    device), or None. `remember`: a program the next run of this command will ask for too (`requested`), not
+    one it stands in for meanwhile (a quick program, a part)."""
+    if devices is None:
+        if remember:
+            requested.setdefault(key)
+        loading = ahead.pop(key, None)
+        # one not begun yet loads here: the list's order is the last run's, and it may wait behind others
+        if loading is not None and not loading.cancel():
+            compiled = loading.result()
+            if compiled is not None:
+                stats.loaded_ahead += 1
+                return compiled
+    return read_program(key, devices)
+
+
+def read_program(key: str, devices: Sequence[Any] | None = None) -> Any | None:
+    """`load` from the file itself: the executable stored under `key`, or None."""
+    return read_entry(program_path(key), lambda payload: _deserialize(payload, devices))
+
+
+os.register_at_fork(after_in_child=ahead.clear)  # a forked child has none of the threads that would load them
 
 
 def _store(key: str, compiled: Any) -> None:
@@ -220,7 +249,7 @@ def _store(key: str, compiled: Any) -> None:
         warnings.warn(f"torch_tpu: could not serialize compile-cache entry {key}: {error}", stacklevel=3)
         return
     _footprints[compiled] = len(payload[0])
-    if write_entry(_path(key), payload):
+    if write_entry(program_path(key), payload):
         stats.writes += 1
 
 
@@ -348,17 +377,21 @@ def _compile_and_store(lowered: jax.stages.Lowered, options: dict, key: str | No
 
 
 def _look_up(
-    lowered: jax.stages.Lowered, devices: Sequence[Any] | None, eager: bool, cluster: bool = False
+    lowered: jax.stages.Lowered,
+    devices: Sequence[Any] | None,
+    eager: bool,
+    cluster: bool = False,
+    remember: bool = True,
 ) -> tuple[dict, str | None, Any | None]:
     """A program's compile options, its key (None with the tier off) and its executable where stored (None to
-    compile, a miss)."""
+    compile, a miss); `remember` as `load`'s."""
     text = lowered.as_text() if cluster or enabled() else ""
     effort = _eager_program_options(lowered, text, cluster) if eager or cluster else {}
     options = precision.compiler_options() | effort
     if not enabled():
         return options, None, None
     key = _program_key(lowered, text, devices, options)
-    compiled = load(key, devices)
+    compiled = load(key, devices, remember)
     if compiled is not None:
         stats.hits += 1
     else:
@@ -421,12 +454,14 @@ class Soon:
         return compiled, False, seconds
 
 
-def compile_soon(lowered: jax.stages.Lowered, pool: Executor, eager: bool = False, cluster: bool = False) -> Soon:
+def compile_soon(
+    lowered: jax.stages.Lowered, pool: Executor, eager: bool = False, cluster: bool = False, remember: bool = True
+) -> Soon:
     """`compile_lowered` with XLA's compile on `pool`, so that the caller goes on meanwhile (XLA releases the GIL
     while it compiles). The options, key and disk read happen now, on the caller's thread: they read settings a
     later change must not reach. `eager`: an eager op's program (`compile_lowered`); `cluster`: a Fused
-    cluster's (its effort by its work)."""
-    options, key, compiled = _look_up(lowered, None, eager, cluster)
+    cluster's (its effort by its work); `remember` as `load`'s."""
+    options, key, compiled = _look_up(lowered, None, eager, cluster, remember)
     if compiled is not None:
         return Soon(None, key, compiled)
     return Soon(pool.submit(_timed_compile, lowered, options), key)
@@ -458,7 +493,7 @@ def compile_tiered(lowered: jax.stages.Lowered, pool: Executor) -> tuple[Soon, S
         return Soon(pool.submit(_timed_compile, lowered, options), key), None
     # its key: the final program's and the effort (the StableHLO is hashed there already)
     quick_key = None if key is None else hashlib.sha256(f"{key}\n{sorted(EAGER_OPTIONS.items())}".encode()).hexdigest()
-    quick = None if quick_key is None else load(quick_key)
+    quick = None if quick_key is None else load(quick_key, remember=False)
     if quick_key is not None:
         stats.hits += quick is not None
         stats.misses += quick is None
