@@ -159,9 +159,9 @@ def test_no_program_of_a_training_step_divides_64_bit_integers(monkeypatch):
     from torch_tpu.runtime import persistent
 
     programs = []
-    look_up = persistent._look_up  # every compile asks the persistent tier first, here or on the pool
+    look_up = persistent.look_up  # every compile asks the persistent tier first, here or on the pool
     monkeypatch.setattr(
-        persistent, "_look_up", lambda lowered, *a, **k: programs.append(lowered.as_text()) or look_up(lowered, *a, **k)
+        persistent, "look_up", lambda lowered, *a, **k: programs.append(lowered.as_text()) or look_up(lowered, *a, **k)
     )
     torch.manual_seed(0)
     for mode in (torch.tpu.EagerMode.DEFER_NEVER, torch.tpu.EagerMode.DEFER_AND_FUSE):

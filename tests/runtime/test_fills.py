@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from torch_tpu.eager.cache import executables
-from torch_tpu.runtime import fills, persistent, storage
+from torch_tpu.runtime import fills, helpers, storage
 
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
@@ -107,14 +107,14 @@ def test_a_cold_fill_is_a_transfer_while_its_program_compiles_on_a_thread(tmp_pa
     assert True not in on_this_thread
     torch.testing.assert_close(cold.cpu(), make("cpu"), rtol=0, atol=0)
     key = ((3, 11, 13), np.dtype(np.float32), ((), np.dtype(np.float32), None))
-    persistent._helper_compiles[fills._full_jit, key].result()  # the program, compiled on the thread
+    helpers._compiles[fills._full_jit, key].result()  # the program, compiled on the thread
     assert list(tmp_path.rglob("*")) and key not in fills._full_jit._calls
     torch.testing.assert_close(make("tpu").cpu(), make("cpu"), rtol=0, atol=0)
     assert key in fills._full_jit._calls  # the second call took the program
 
 
 def test_a_fill_too_large_for_the_host_path_takes_its_program(monkeypatch):
-    monkeypatch.setattr(persistent, "HOST_FILL_MAX_BYTES", 64)
+    monkeypatch.setattr(helpers, "HOST_FILL_MAX_BYTES", 64)
     made = torch.zeros(5, 17, device="tpu")  # 340 bytes
     assert ((5, 17), np.dtype(np.float32), ((), np.dtype(np.float32), None)) in fills._full_jit._calls
     torch.testing.assert_close(made.cpu(), torch.zeros(5, 17), rtol=0, atol=0)

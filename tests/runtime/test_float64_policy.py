@@ -186,8 +186,8 @@ def test_complex_scalars_reach_a_tpu_program_as_complex64(on_a_tpu, monkeypatch,
         inputs.append(lowered.in_avals)
         return look_up(lowered, *args, **kwargs)
 
-    look_up = persistent._look_up
-    monkeypatch.setattr(persistent, "_look_up", spy)
+    look_up = persistent.look_up
+    monkeypatch.setattr(persistent, "look_up", spy)
     modes = {"strict": torch.tpu.EagerMode.DEFER_NEVER, "fused": torch.tpu.EagerMode.DEFER_AND_FUSE}
     z, i = torch.randn(3, 7, dtype=torch.complex64), torch.arange(21).reshape(3, 7)
     calls = [

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torch_tpu.runtime import memory, persistent, storage
+from torch_tpu.runtime import helpers, memory, storage
 from torch_tpu.runtime.mapping import RESHAPE, WHOLE_BUFFER, classify
 
 _SCALARS: dict[tuple[np.dtype, str | int], jax.Array] = {}
@@ -89,4 +89,4 @@ def _make_full(shape: tuple[int, ...], dtype: np.dtype, value: jax.Array) -> jax
     return jnp.full(shape, value, dtype)
 
 
-_full_jit = persistent.Helper(_make_full, static_argnums=(0, 1), cold=persistent.host_fill)
+_full_jit = helpers.Helper(_make_full, static_argnums=(0, 1), cold=helpers.host_fill)

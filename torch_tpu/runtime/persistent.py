@@ -32,12 +32,11 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from importlib.metadata import version
 from typing import Any
 
 import jax
-import numpy as np
 
 from torch_tpu import metrics, precision
 from torch_tpu.runtime import compat, platform
@@ -362,13 +361,13 @@ def compile_keyed(
 
     An SPMD program's executable is bound to its device assignment, which its StableHLO does not name (only the
     device count): the key holds the ids of `devices`, besides the process count and this process's device."""
-    options, key, compiled = _look_up(lowered, devices, eager)
+    options, key, compiled = look_up(lowered, devices, eager)
     if compiled is not None:
         return compiled, True, key
-    return _compile_and_store(lowered, options, key), False, key
+    return compile_and_store(lowered, options, key), False, key
 
 
-def _compile_and_store(lowered: jax.stages.Lowered, options: dict, key: str | None) -> Any:
+def compile_and_store(lowered: jax.stages.Lowered, options: dict, key: str | None) -> Any:
     """`lowered` compiled with `options`, stored in this tier under `key` (None: the tier is off)."""
     compiled = lowered.compile(options)
     if key is not None:
@@ -376,7 +375,7 @@ def _compile_and_store(lowered: jax.stages.Lowered, options: dict, key: str | No
     return compiled
 
 
-def _look_up(
+def look_up(
     lowered: jax.stages.Lowered,
     devices: Sequence[Any] | None,
     eager: bool,
@@ -461,7 +460,7 @@ def compile_soon(
     while it compiles). The options, key and disk read happen now, on the caller's thread: they read settings a
     later change must not reach. `eager`: an eager op's program (`compile_lowered`); `cluster`: a Fused
     cluster's (its effort by its work); `remember` as `load`'s."""
-    options, key, compiled = _look_up(lowered, None, eager, cluster, remember)
+    options, key, compiled = look_up(lowered, None, eager, cluster, remember)
     if compiled is not None:
         return Soon(None, key, compiled)
     return Soon(pool.submit(_timed_compile, lowered, options), key)
@@ -485,7 +484,7 @@ def compile_tiered(lowered: jax.stages.Lowered, pool: Executor) -> tuple[Soon, S
     disk, a quick one compiling first, to run meanwhile: (the program to run now, the one to switch to once
     compiled, or None). On a v5e a Fused step's forward-and-backward cluster compiles in 5.4-6.7 s at the quickest
     effort against 13-22 s at XLA's own, and runs 1.7-1.9x as long: a cold Fused step waited for the slow compile."""
-    options, key, compiled = _look_up(lowered, None, False, cluster=True)
+    options, key, compiled = look_up(lowered, None, False, cluster=True)
     if compiled is not None:
         return Soon(None, key, compiled), None
     quick_options = options | EAGER_OPTIONS
@@ -510,98 +509,3 @@ def compile_tiered(lowered: jax.stages.Lowered, pool: Executor) -> tuple[Soon, S
 def _timed_compile(lowered: jax.stages.Lowered, options: dict) -> tuple[Any, float]:
     start = time.perf_counter()
     return lowered.compile(options), time.perf_counter() - start
-
-
-_helper_compiles: dict[tuple, Future] = {}  # (helper, call key) -> its program compiling (`Helper` with `cold`)
-_helper_pool: list[ThreadPoolExecutor] = []  # made on first use
-
-
-def _forget_helper_compiles() -> None:
-    """A forked child has none of the parent's threads: its own pool, and none of the parent's compiles."""
-    _helper_compiles.clear()
-    _helper_pool.clear()
-
-
-os.register_at_fork(after_in_child=_forget_helper_compiles)
-
-
-HOST_FILL_MAX_BYTES = 256 << 20
-
-
-def host_fill(shape: tuple[int, ...], dtype: np.dtype, value: Any = 0) -> jax.Array | None:
-    """`shape` filled with `value` in `dtype` on this process's first device, made on the host and transferred
-    (a `Helper`'s `cold` path for zeros and fills), or None past HOST_FILL_MAX_BYTES (the program then)."""
-    if math.prod(shape) * np.dtype(dtype).itemsize > HOST_FILL_MAX_BYTES:
-        return None
-    return jax.device_put(np.full(shape, value, dtype), jax.local_devices()[0])
-
-
-class Helper:
-    """A small jitted runtime helper (zeros, a fill) whose executables come from this tier: every process needs the
-    same few, one per shape, and compiling them again cost a warm process on a TPU host 0.7 s each (bench/tpu_step.py's
-    first-step report). Called like the function; inside a trace (a Fused cluster's) it is the plain `jax.jit`.
-
-    `cold(*args)`, where given, makes the same array without a program (a transfer from the host), or None where it
-    will not (too large): a call whose program is neither in memory nor in this tier returns it while the program
-    compiles on a thread, for the calls after. A cold first step otherwise waited, on the main thread, for a fill's
-    compile per parameter shape (torch.optim's `zeros_like` state: 10 of the small GPT step's, each 0.3-0.7 s on a
-    TPU host), delaying the optimizer's program, the step's last, by seconds."""
-
-    def __init__(self, function: Callable, static_argnums: tuple[int, ...], cold: Callable | None = None) -> None:
-        self.__name__ = function.__name__
-        self._jit = jax.jit(function, static_argnums=static_argnums)
-        self._static = frozenset(static_argnums)
-        self._calls: dict[tuple, Callable] = {}
-        self._cold = cold
-
-    def __call__(self, *args: Any) -> Any:
-        static = self._static
-        dynamic = [arg for i, arg in enumerate(args) if i not in static]
-        if any(isinstance(arg, jax.core.Tracer) for arg in dynamic):
-            return self._jit(*args)
-        key = tuple(
-            arg if i in static else (arg.shape, arg.dtype, getattr(arg, "sharding", None)) for i, arg in enumerate(args)
-        )
-        call = self._calls.get(key)
-        if call is not None:
-            return call(*dynamic)
-        # an array elsewhere than on this process's first device (an SPMD program's over several) keeps jax.jit:
-        # this tier's programs run there, and its key names no other device assignment
-        home = {jax.local_devices()[0]}
-        if not enabled() or any(isinstance(arg, jax.Array) and arg.sharding.device_set != home for arg in dynamic):
-            return self._jit(*args)
-        if self._cold is not None:
-            compiled = self._compiled_soon(key, args)
-            if compiled is not None:
-                return self._first_call(key, compiled, dynamic)
-            made = self._cold(*args)
-            if made is not None:
-                return made
-        return self._compile(key, args, dynamic)
-
-    @compat.without_dynamo_frames
-    def _compiled_soon(self, key: tuple, args: tuple) -> Callable | None:
-        """The call's program once compiled (at once where this tier holds it), else None, its compile started (it
-        is stored in this tier when done: a process exits after its pool's work)."""
-        future = _helper_compiles.get((self, key))
-        if future is None:
-            lowered = self._jit.lower(*args)
-            options, program_key, loaded = _look_up(lowered, None, eager=True)
-            if loaded is not None:
-                return loaded
-            if not _helper_pool:
-                _helper_pool.append(ThreadPoolExecutor(1, thread_name_prefix="torch_tpu_helper_compile"))
-            future = _helper_pool[0].submit(_compile_and_store, lowered, options, program_key)
-            _helper_compiles[self, key] = future
-        return _helper_compiles.pop((self, key)).result() if future.done() else None
-
-    @compat.without_dynamo_frames
-    def _compile(self, key: tuple, args: tuple, dynamic: list) -> Any:
-        future = _helper_compiles.pop((self, key), None)
-        compiled = future.result() if future is not None else compile_lowered(self._jit.lower(*args), eager=True)[0]
-        return self._first_call(key, compiled, dynamic)
-
-    def _first_call(self, key: tuple, compiled: Any, dynamic: list) -> Any:
-        result = compiled(*dynamic)
-        self._calls[key] = fast_call(compiled)  # (its C++ path exists once called)
-        return result

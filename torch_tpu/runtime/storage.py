@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from torch_tpu import metrics
-from torch_tpu.runtime import checks, compat, deferred, dtypes, float64, persistent, platform
+from torch_tpu.runtime import checks, compat, deferred, dtypes, float64, helpers, platform
 from torch_tpu.runtime import memory as _memory
 from torch_tpu.runtime.mapping import RESHAPE, WHOLE_BUFFER, classify
 from torch_tpu.runtime.strided import bitcast_flat, gather, scatter
@@ -389,8 +389,8 @@ def _make_zeros(shape: tuple[int, ...], dtype: np.dtype) -> jax.Array:
     return jnp.zeros(shape, dtype)
 
 
-_zeros = persistent.Helper(_make_zeros, static_argnums=(0, 1), cold=persistent.host_fill)
-copy_array = persistent.Helper(jnp.copy, ())
+_zeros = helpers.Helper(_make_zeros, static_argnums=(0, 1), cold=helpers.host_fill)
+copy_array = helpers.Helper(jnp.copy, ())
 """A new array equal to its argument (a donated input someone else holds is passed as one), from the persistent
 tier: a warm process on a TPU host compiled it again, 0.7 s of the small whole step's first call."""
 
