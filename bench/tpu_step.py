@@ -178,6 +178,17 @@ def _settle(impl: str) -> Callable[[], Any]:
     return torch.tpu.synchronize
 
 
+def _disk_reads(impl: str) -> list[int] | None:
+    """Ours: the programs read from the persistent cache so far, and how many of them were loaded ahead (a warm
+    process loads the last run's programs on threads as soon as its device is up: `runtime.recent`)."""
+    if impl != "ours":
+        return None
+    import torch
+
+    disk = torch.tpu._get_cache_stats()["persistent"]
+    return [disk["hits"], disk["loaded_ahead"]]
+
+
 def _finish_compiles(impl: str) -> float | None:
     """Ours: wait after the warm-up for the programs still compiling at XLA's full effort while quick ones ran in
     their place (`torch.tpu.finish_compiles`), so that the timed steps are the steady state; the seconds waited."""
@@ -250,7 +261,7 @@ def child(
     _settle(impl)()  # the step's work all issued and done: compiles a loss read need not wait for count too
     clock.phase("first_call")
     first = time.perf_counter() - start
-    compiles = _compiles(impl)
+    compiles, disk_reads = _compiles(impl), _disk_reads(impl)
     losses += [run() for _ in range(max(warmup - 1, 0))]
     finishing = _finish_compiles(impl)
     programs = _eager_programs(impl, run, losses) if warmup else None  # the last warm-up step
@@ -270,6 +281,7 @@ def child(
         "peak_bytes": None if impl == "google" else _peak_bytes(),
         "temp_bytes": _temp_bytes(impl, run),
         "first_step_compiles": compiles,
+        "first_step_disk_reads": disk_reads,
         "eager_programs": programs,
         "first_step_parts": clock.report(),
         "profile_wall_s": profile_wall,
@@ -346,6 +358,8 @@ def _first_step_report(results: list[dict]) -> None:
         traced = f"{dynamo.get('dynamo', 0):.1f} ({dynamo.get('backend', 0):.1f})" if dynamo else "-"
         top = ", ".join(f"{fun} {secs:.1f}" for fun, secs in parts["top_xla_compiles"][:3])
         programs = "" if r.get("eager_programs") is None else f" | {r['eager_programs']} eager programs a step"
+        if r.get("first_step_disk_reads") and r["first_step_disk_reads"][0]:
+            programs += " | {} programs from disk, {} of them loaded ahead".format(*r["first_step_disk_reads"])
         if r.get("finish_compiles_s"):
             programs += f" | {r['finish_compiles_s']:.1f} s waited after the warm-up for full-effort programs"
         print(f"  {r['impl']:6s} {r['mode']:11s} {phases} | {events or '-'} | {traced} | {top or '-'}{programs}")
