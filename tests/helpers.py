@@ -58,6 +58,21 @@ def tanh_mlp() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
 
 
+def adamw_losses(device: str, steps: int) -> list[float]:
+    """The losses of `steps` AdamW steps of `tanh_mlp` on `device`, a fixed batch."""
+    model = tanh_mlp().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(1)).to(device)
+    losses = []
+    for _ in range(steps):
+        loss = model(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
 def mse_backward(model: torch.nn.Module, device: str, step: int) -> None:
     """`model`'s gradients for the mean squared error on step `step`'s batch (the same on every device)."""
     generator = torch.Generator().manual_seed(step)

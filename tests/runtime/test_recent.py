@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 import torch
 
-from tests.helpers import tanh_mlp
+from tests.helpers import adamw_losses
 from torch_tpu.runtime import persistent, recent
 from torch_tpu.testing.compare import float32_tolerance
 
@@ -22,35 +22,10 @@ pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/devic
 
 STEPS = """
 import json, torch
-from tests.helpers import tanh_mlp
-torch.manual_seed(0)
-model = tanh_mlp().to("tpu")
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-x = torch.randn(6, 8).to("tpu")
-losses = []
-for _ in range(2):
-    loss = model(x).square().mean()
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    losses.append(loss.item())
+from tests.helpers import adamw_losses
+losses = adamw_losses("tpu", steps=2)
 print(json.dumps({"losses": losses, "stats": torch.tpu._get_cache_stats()["persistent"]}))
 """
-
-
-def _cpu_losses() -> list[float]:
-    torch.manual_seed(0)
-    model = tanh_mlp()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    x = torch.randn(6, 8)
-    losses = []
-    for _ in range(2):
-        loss = model(x).square().mean()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses
 
 
 def _run(root, *argv: str, **env: str) -> dict:
@@ -74,7 +49,8 @@ def test_a_second_run_of_the_command_finds_its_programs_loaded(tmp_path):
     assert off["stats"]["hits"] == asked and off["stats"]["loaded_ahead"] == 0
     assert warm["losses"] == other["losses"] == off["losses"] == cold["losses"]  # the same programs
     rtol, atol = float32_tolerance(1e-5, 1e-6)  # two steps of a small MLP: a few float32 roundings apart
-    torch.testing.assert_close(torch.tensor(cold["losses"]), torch.tensor(_cpu_losses()), rtol=rtol, atol=atol)
+    cpu = adamw_losses("cpu", steps=2)
+    torch.testing.assert_close(torch.tensor(cold["losses"]), torch.tensor(cpu), rtol=rtol, atol=atol)
 
 
 @pytest.fixture
