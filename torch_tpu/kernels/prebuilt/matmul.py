@@ -7,7 +7,8 @@ backward as well. `torch_tpu::matmul` takes the operands as they are stored (the
 program) and its backward is two more of it, each gradient laid out as its input (`torch_tpu::matmul_ordered`: the
 product with its axes permuted in the program), so that the transposes and reshapes between the heads and the
 tensor they came from stay views in the backward too. The route calls their tpu kernels without the dispatcher
-(`library.eager_function`). A call it does not serve runs PyTorch's composite: other
+(`library.eager_function`). A call it does not serve runs PyTorch's composite (its C++ kernel, not the Python
+decomposition PyTorch registers over it for tracing, which cost ~60 µs a call more: tracing keeps that one): other
 ranks or batch shapes, broadcasting, dtypes other than float32/bfloat16/float16, math bits, tensor subclasses
 (AOTAutograd's tracing among them, so compiled graphs keep PyTorch's decomposition), torch.func's transforms and
 Fused eager, whose clusters fuse the copies into their programs already.
@@ -27,6 +28,7 @@ from torch_tpu.runtime import compat
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _MATMUL = torch.ops.aten.matmul.default
+_composite = compat.cpp_composite(_MATMUL)
 _library: list[torch.library.Library] = []
 _eager: list = []  # the route's `torch_tpu::matmul` under autograd, without the dispatcher (set by `install`)
 
@@ -56,7 +58,9 @@ def serves(self: torch.Tensor, other: torch.Tensor) -> bool:
 def _route(self: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     if serves(self, other):
         return _eager[0](self, other)
-    return _MATMUL.decompose(self, other)
+    if type(self) is torch.Tensor and type(other) is torch.Tensor and not compat.functorch_transforming():
+        return _composite(self, other)  # C++: Fused eager's products, and the calls not served
+    return _MATMUL.decompose(self, other)  # tracing (symbolic shapes) takes PyTorch's Python decomposition
 
 
 def _fake(self: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
