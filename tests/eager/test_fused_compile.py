@@ -164,7 +164,7 @@ def test_a_program_is_lowered_alike_whatever_its_inputs_were_when_it_was_made():
     pending = Pending(jax.ShapeDtypeStruct((6,), jnp.float32), (0, 0))
     cluster = lambda x, scale: x * scale + 1
     texts = {
-        kinds: programs.lower(cluster, (), list(leaves)).as_text()
+        kinds: programs.trace(cluster, (), programs.lowering_avals(list(leaves))).lower().as_text()
         for kinds, leaves in {
             "committed, float": (committed, as_float),
             "uncommitted, array": (uncommitted, as_array),
@@ -172,6 +172,6 @@ def test_a_program_is_lowered_alike_whatever_its_inputs_were_when_it_was_made():
         }.items()
     }
     assert len(set(texts.values())) == 1, texts
-    executable = programs.lower(cluster, (), [pending, as_float]).compile()
+    executable = programs.trace(cluster, (), programs.lowering_avals([pending, as_float])).lower().compile()
     for leaves in ((committed, as_float), (uncommitted, as_array)):
         assert_close(torch.from_numpy(jax.device_get(executable(*leaves)).copy()), torch.arange(6.0) * 0.5 + 1)

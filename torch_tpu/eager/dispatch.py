@@ -169,8 +169,7 @@ class Runner:
         if not self.lowering.jit:
             return traced, jax.block_until_ready(traced(*[fused.concrete(x) for x in leaves])), "eager"
         jitted = jax.jit(traced, donate_argnums=self._donated_leaves(meta_op, args, kwargs, leaves))
-        with warnings.catch_warnings():  # a donated buffer no output can reuse: JAX warns, the caller consumes it
-            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+        with programs.unused_donations_allowed():  # JAX warns of them: the caller consumes them all the same
             lowered = jitted.lower(*programs.lowering_avals(leaves))
             executable, from_disk = persistent.compile_lowered(lowered, eager=True)
         return executable, jax.block_until_ready(executable(*leaves)), "disk" if from_disk else "compiled"

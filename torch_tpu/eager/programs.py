@@ -27,8 +27,8 @@ def compile_soon(replay: Callable, donated: tuple[int, ...], leaves: list, pool:
     one large program on one thread and a steady step still runs one; where XLA's own effort is the whole's
     setting, a quick program while that compiles (`persistent.compile_tiered`); else the whole."""
     avals = lowering_avals(leaves)
-    with _unused_donations_allowed():
-        traced = jax.jit(replay, donate_argnums=donated).trace(*avals)
+    with unused_donations_allowed():
+        traced = trace(replay, donated, avals)
         first, better = persistent.compile_tiered(traced.lower(), pool)
         if better is None and not first.done():
             pieces = parts.split(traced, donated, avals, parts.MAX_PARTS, replay.__name__)
@@ -72,16 +72,14 @@ def finish_compiles() -> None:
             switch(fingerprint, entry)
 
 
-@compat.without_dynamo_frames
-def lower(replay: Callable, donated: tuple[int, ...], leaves: list) -> jax.stages.Lowered:
-    """A cluster's whole program, traced (on this thread: its lowerings read settings) for `leaves` (arrays,
-    Pending values or avals)."""
-    with _unused_donations_allowed():
-        return jax.jit(replay, donate_argnums=donated).lower(*lowering_avals(leaves))
+def trace(replay: Callable, donated: tuple[int, ...], avals: list) -> jax.stages.Traced:
+    """A cluster's whole program, traced (on this thread: its lowerings read settings) for `avals`
+    (`lowering_avals` of its leaves), consuming the leaves at `donated`."""
+    return jax.jit(replay, donate_argnums=donated).trace(*avals)
 
 
 @contextlib.contextmanager
-def _unused_donations_allowed() -> Iterator[None]:
+def unused_donations_allowed() -> Iterator[None]:
     """JAX's warning for a donated buffer no output could reuse, silenced: the cluster consumes it all the same."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Some donated buffers were not usable")
