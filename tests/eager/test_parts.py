@@ -195,8 +195,8 @@ import json, torch
 from torch_tpu.eager import parts
 from torch_tpu.eager.cache import executables
 parts.PART_EQUATIONS = 1
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).to("tpu")
+from tests.helpers import tanh_mlp
+model = tanh_mlp().to("tpu")  # (seeded: the batch below follows the same draws)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 x = torch.randn(5, 8).to("tpu")
 model(x).square().mean().backward()

@@ -121,8 +121,8 @@ def test_a_failed_full_effort_compile_keeps_the_quick_program(efforts, monkeypat
 WARM = """
 import json, os, torch
 from torch_tpu.eager.cache import executables
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).to("tpu")
+from tests.helpers import tanh_mlp
+model = tanh_mlp().to("tpu")  # (seeded: the batch below follows the same draws)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 x = torch.randn(5, 8).to("tpu")
 tiered = []

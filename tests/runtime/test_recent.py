@@ -31,7 +31,7 @@ print(json.dumps({"losses": losses, "stats": torch.tpu._get_cache_stats()["persi
 def _run(root, *argv: str, **env: str) -> dict:
     environment = dict(os.environ, TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT=str(root), **env)
     command = [sys.executable, "-c", STEPS, *argv]
-    done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600, cwd=os.getcwd())
+    done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
