@@ -35,6 +35,7 @@ STRATEGIES = ("single", "ddp", "fsdp2", "tp")
 MARKER = "COMPLETE.json"
 HELD_OUT_SEED = 10_000
 PROCESS_GROUP_TIMEOUT_S = 60  # a collective with a live but stuck peer fails after this, not never
+HOLD_LIMIT_S = 300.0  # a rank held for a drill's kill gives up after this rather than never
 
 
 class BatchStream:
@@ -233,6 +234,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             save_started = time.perf_counter()
             _save(directory, _state(model, optimizer, scheduler, stream, rank), step, rank, distributed)
             checkpoints.append({"step": step, "seconds": time.perf_counter() - save_started, "path": str(directory)})
+        if step == args.hold_at_step and rank == args.hold_rank:
+            _hold(step, rank)
     progress.close()
     parameters = _full_parameters(model)
     with torch.no_grad():
@@ -259,6 +262,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _hold(step: int, rank: int) -> None:
+    """Wait here for the drill's SIGKILL, so which checkpoints exist when it lands does not depend on how fast
+    the rank would have run on; a rank nobody kills fails after `HOLD_LIMIT_S`."""
+    time.sleep(HOLD_LIMIT_S)
+    raise RuntimeError(f"rank {rank} was held after step {step} for a kill that did not come in {HOLD_LIMIT_S:.0f} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="one rank of a kit training run")
     parser.add_argument("--workload", required=True)
@@ -268,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-dir")
     parser.add_argument("--checkpoint-every", type=int, default=0)
     parser.add_argument("--resume", help="a complete checkpoint directory to restore before training")
+    parser.add_argument("--hold-rank", type=int, default=0, help="the rank --hold-at-step stops")
+    parser.add_argument(
+        "--hold-at-step", type=int, default=0, help="after this step (and its checkpoint) wait to be killed"
+    )
     train(parser.parse_args(argv))
     return 0
 

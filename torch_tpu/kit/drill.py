@@ -5,7 +5,8 @@ RPO and RTO as acceptance criteria. The drill:
 
 1. runs the job uninterrupted (or takes that run from `evaluate`) — the curve the recovered run must reproduce;
 2. runs it again, checkpointing every K steps to a directory outside the run's processes, and SIGKILLs rank
-   `kill_rank` by its PID once it reports step `at_step` finished;
+   `kill_rank` by its PID once it reports step `at_step` finished (that rank waits there for the kill, so the
+   checkpoints that exist when it lands are those of the steps up to `at_step`, however the ranks are scheduled);
 3. watches the surviving ranks fail by themselves (the tpu_dist watchdog ends a job that lost a rank within
    seconds; `DETECT_LIMIT_S` is the most the drill waits before calling it a hang and killing them);
 4. picks the newest checkpoint whose `COMPLETE.json` marker and SHA-256s hold (a corrupt or partial one is
@@ -146,7 +147,8 @@ def run(options: DrillOptions, uninterrupted: dict[str, Any] | None = None) -> d
 def _kill_mid_run(saving: list[str], options: DrillOptions, result: dict[str, Any]) -> float | None:
     """Attempt 1: run the checkpointing job, SIGKILL `kill_rank` once it finished `at_step`, and watch the
     survivors end (`result["killed"]`, `result["failure"]`); the time of the kill, or None if it never came."""
-    job = launch.Job(saving, options.nprocs, options.out / "drill-attempt-1", options.timeout_s)
+    held = ["--hold-rank", str(options.kill_rank), "--hold-at-step", str(options.at_step)]
+    job = launch.Job([*saving, *held], options.nprocs, options.out / "drill-attempt-1", options.timeout_s)
     failed_at = None
     while job.running() and time.monotonic() < job.deadline:
         progress = job.progress(options.kill_rank)
