@@ -178,6 +178,45 @@ def test_no_program_of_a_training_step_divides_64_bit_integers(monkeypatch):
     assert divisions == [], divisions
 
 
+def test_fused_reads_views_of_its_own_values_at_offsets_compiled_in(monkeypatch):
+    """Heads split out of a projection the cluster computes are read at offsets compiled into its program: a
+    run-time offset cost a dynamic slice and its index arithmetic per head, which XLA cannot fold. A window moved
+    over such a value by a loop takes its offset at run time after `MAX_STATIC_OFFSETS` offsets, so the loop
+    compiles a bounded number of clusters; every value is CPU's."""
+    import re
+
+    from torch_tpu.eager import encoding
+    from torch_tpu.runtime import persistent
+
+    texts = []
+    look_up = persistent.look_up
+    monkeypatch.setattr(
+        persistent, "look_up", lambda lowered, *a, **k: texts.append(lowered.as_text()) or look_up(lowered, *a, **k)
+    )
+    torch.manual_seed(0)
+    x, w = torch.randn(5, 13), torch.randn(13, 3 * 19)
+
+    def heads(x, w):
+        q, k, v = (x @ w).split(19, dim=-1)
+        return (q * k.contiguous() - v.t().contiguous().t()).sum(0)
+
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        got = heads(x.to("tpu"), w.to("tpu")).cpu()
+    rtol, atol = float32_tolerance(1e-5, 1e-5)  # a 13-term product on the chip
+    torch.testing.assert_close(got, heads(x, w), rtol=rtol, atol=atol)
+    assert texts and not any("dynamic_slice" in text for text in texts), [t for t in texts if "dynamic_slice" in t]
+
+    fused_programs = lambda: sum(e["source"] == "fused" for e in torch.tpu._get_cache_stats()["per_entry_stats"])
+    before, rows = fused_programs(), encoding.MAX_STATIC_OFFSETS + 6
+    data = torch.randn(rows, 7)
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        on_tpu = data.to("tpu")
+        got = [((on_tpu * 3)[i] + 1).cpu() for i in range(1, rows)]
+    assert fused_programs() - before == encoding.MAX_STATIC_OFFSETS + 1  # one per static offset, the run-time one
+    torch.testing.assert_close(torch.stack(got), data[1:] * 3 + 1, rtol=1e-6, atol=1e-6)
+    assert re.search(r"dynamic_slice", texts[-1]), "the last rows were read at a run-time offset"
+
+
 def test_fused_size_bound_cuts_a_loop_in_phase(monkeypatch):
     """A loop that never synchronises is cut by the size bound before the op that began the cluster, so its
     clusters repeat (6 ops per iteration against a bound of 20: cut at fixed counts, they would begin at three

@@ -16,6 +16,7 @@ whole buffer) costs two attribute reads and three appends.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,24 +27,29 @@ import torch
 from torch._ops import OpOverload
 
 from torch_tpu.runtime import compat, memory, platform, storage, strided
+from torch_tpu.runtime.deferred import Pending
 from torch_tpu.runtime.mapping import GATHER, WHOLE_BUFFER, classify
 
 _MAX_SCALARS = 4096
+MAX_STATIC_OFFSETS = int(os.environ.get("TORCH_TPU_FUSED_STATIC_OFFSETS", "8"))
+"""How many offsets of one view layout of a Fused cluster's own value are compiled into its programs
+(`_static_offset`); 0: every offset is a run-time input."""
 _TENSOR_LIST_TYPES = ("Tensor[]", "Tensor?[]", "List[Tensor]", "List[Optional[Tensor]]")
 
 
 class Input:
     """A run-time input in a call's template, in the order the encoders took them: the next input as it is
     (`NEXT`); a buffer's whole array read through `view`, (shape, stride, `strided.aligned`), inside the
-    executable (`strided.read_view`), its storage offset the input after it when `offset` (else 0); or a list of
-    `count` Python numbers packed into one array (`packed`)."""
+    executable (`strided.read_view`), its storage offset the input after it when `offset`, else `at` (compiled
+    in: `_static_offset`); or a list of `count` Python numbers packed into one array (`packed`)."""
 
-    __slots__ = ("view", "offset", "count")
+    __slots__ = ("view", "offset", "count", "at")
 
-    def __init__(self, view: tuple | None = None, offset: bool = False, count: int | None = None) -> None:
+    def __init__(self, view: tuple | None = None, offset: bool = False, count: int | None = None, at: int = 0) -> None:
         self.view = view
         self.offset = offset
         self.count = count
+        self.at = at
 
 
 NEXT = Input()
@@ -171,6 +177,10 @@ def _buffer_reader(jit: bool) -> Callable[[torch.Tensor, Any, tuple, list, list]
             leaves.append(storage.value(value))
         elif found is WHOLE_BUFFER:
             leaves.append(buffer._array)
+        elif offset and _static_offset(buffer._array, (buffer.shape, stride, shape), offset):
+            key.append((buffer.shape, stride, "at", offset))
+            leaves.append(buffer._array)
+            template = Input((shape, stride, False), at=offset)
         else:  # RESHAPE, VIEW: the offset is a run-time input, so one program serves a layout at every offset
             aligned = bool(offset) and strided.aligned(shape, stride, offset, math.prod(buffer.shape))
             key.append((buffer.shape, stride, offset == 0, aligned))
@@ -183,6 +193,26 @@ def _buffer_reader(jit: bool) -> Callable[[torch.Tensor, Any, tuple, list, list]
         return template
 
     return through_buffer
+
+
+_offsets_seen: dict[tuple, set[int]] = {}
+
+
+def _static_offset(array: Any, layout: tuple, offset: int) -> bool:
+    """Whether a view's non-zero offset is compiled into the program rather than a run-time input: for a value
+    of the Fused cluster being recorded (e.g. the k and v heads split out of a qkv projection), where a run-time
+    offset costs a dynamic slice and its index arithmetic that XLA cannot fold into the neighbouring ops. A layout
+    read at more than `MAX_STATIC_OFFSETS` offsets (a loop moving a window) takes them at run time from then on,
+    so such a loop compiles at most that many clusters more."""
+    if type(array) is not Pending or array.value is not None or array.sealed:
+        return False
+    seen = _offsets_seen.setdefault(layout, set())
+    if offset in seen:
+        return True
+    if len(seen) >= MAX_STATIC_OFFSETS:
+        return False
+    seen.add(offset)
+    return True
 
 
 def _elsewhere(op: OpOverload, value: Any, key: list, leaves: list, alone: bool, number: Callable) -> Any:
@@ -217,6 +247,8 @@ def fill(template: Any, values: Iterator) -> Any:
         value = next(values)
         if template.view is not None:
             shape, stride, aligned = template.view
+            if template.at:
+                return strided.gather(value, value.dtype, shape, stride, template.at)
             return strided.read_view(value, shape, stride, next(values) if template.offset else 0, aligned)
         if template.count is not None:  # packed Python numbers: weakly typed again, as Python numbers trace
             return [compat.convert_element_type(value[i], weak_type=True) for i in range(template.count)]
