@@ -1,6 +1,7 @@
-"""A Fused cluster XLA compiles at its own effort runs a quick program first (`persistent.compile_tiered`, on by
-default on a TPU): the quick one's results equal CPU's, the cluster switches to the full-effort program once that is
-compiled, a failed full-effort compile keeps the quick one, and a second process loads the full one from disk."""
+"""A Fused cluster XLA compiles at its own effort runs a stand-in first (`persistent.compile_tiered`, on by default
+on a TPU) — its ops one by one (`eager.op_by_op`) or a quick program of it: the stand-in's results equal CPU's, the
+cluster switches to the full-effort program once that is compiled, a failed full-effort compile keeps the stand-in,
+and a second process loads the full one from disk."""
 
 import json
 import os
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from tests.helpers import tanh_mlp
-from torch_tpu.eager import programs
+from torch_tpu.eager import op_by_op, programs
 from torch_tpu.eager.cache import executables
 from torch_tpu.runtime import persistent
 from torch_tpu.testing.compare import float32_tolerance
@@ -20,9 +21,11 @@ from torch_tpu.testing.compare import float32_tolerance
 pytestmark = pytest.mark.tpu_device  # the device part of the suite (bench/device_run.sh)
 
 
-@pytest.fixture
-def efforts(monkeypatch):
-    """Tiering on, the persistent tier off (every program compiles); the efforts each compile asked for."""
+@pytest.fixture(params=["ops", "quick"])
+def efforts(monkeypatch, request):
+    """Tiering on with each stand-in, the persistent tier off (every program compiles); the efforts each compile
+    asked for."""
+    monkeypatch.setattr(op_by_op, "COLD_CLUSTERS", request.param)
     asked = []
     compile_now = persistent._timed_compile
 
@@ -56,8 +59,8 @@ def _clusters() -> list:
     return [e for e in executables.entries.values() if e.name.startswith("fused cluster")]
 
 
-def test_a_cluster_runs_quick_until_the_full_program_is_compiled_and_equals_cpu(efforts, monkeypatch):
-    """The full-effort compiles held back until the steps are done: every step runs the quick programs; then the
+def test_a_cluster_runs_its_stand_in_until_the_full_program_is_compiled_and_equals_cpu(efforts, monkeypatch):
+    """The full-effort compiles held back until the steps are done: every step runs the stand-ins; then the
     clusters switch to the full ones."""
     compile_now, release = persistent._timed_compile, threading.Event()
 
@@ -71,7 +74,7 @@ def test_a_cluster_runs_quick_until_the_full_program_is_compiled_and_equals_cpu(
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
         got = _mlp_steps("tpu", 3)
         quick = {id(e): e.executable for e in _clusters() if e.better is not None}
-        assert quick, "the forward-and-backward cluster has matrix products: a quick program first"
+        assert quick, "the forward-and-backward cluster has matrix products: a stand-in first"
         assert not any(e.better.done() for e in _clusters() if e.better is not None)
         release.set()
         torch.tpu.finish_compiles()
@@ -85,22 +88,24 @@ def test_a_cluster_runs_quick_until_the_full_program_is_compiled_and_equals_cpu(
 
 def test_an_elementwise_cluster_and_a_cut_that_waits_compile_as_they_did(efforts):
     """A cluster that only maps elements compiles at the quickest effort alone (nothing to switch to); a cluster
-    cut where a value is read now runs its quick program at once, the full one switched to at a later run."""
+    cut where a value is read now runs its stand-in at once (its two ops, or its quick program), the full one
+    switched to at a later run."""
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
         x = torch.arange(12.0, device="tpu").reshape(3, 4)
         torch.testing.assert_close(((x * 2).sin() + 1).cpu(), (torch.arange(12.0).reshape(3, 4) * 2).sin() + 1)
         assert efforts == [-1.0] and all(e.better is None for e in _clusters())
         w = torch.ones(4, 5, device="tpu")
-        product = ((x @ w) * 2).cpu()  # cut by the read: compiled here, quick first
+        product = ((x @ w) * 2).cpu()  # cut by the read: compiled here, the stand-in first
         torch.testing.assert_close(product, torch.arange(12.0).reshape(3, 4) @ torch.ones(4, 5) * 2)
-        assert efforts[1:] == [-1.0, None]
+        stand_ins = 2 if op_by_op.enabled() else 1  # the product's and the scaling's programs, or the quick one
+        assert efforts.count(None) == 1 and efforts[1:].count(-1.0) == stand_ins and len(efforts) == 2 + stand_ins
         (entry,) = [e for e in _clusters() if e.better is not None]
         entry.better()  # compiled by now
         torch.testing.assert_close(((x @ w) * 2).cpu(), product)  # the same cluster again: switched
         assert entry.better is None
 
 
-def test_a_failed_full_effort_compile_keeps_the_quick_program(efforts, monkeypatch):
+def test_a_failed_full_effort_compile_keeps_the_stand_in(efforts, monkeypatch):
     compile_now = persistent._timed_compile
 
     def full_fails(lowered, options):
@@ -154,11 +159,34 @@ def test_a_second_process_loads_the_full_effort_program(tmp_path, finish):
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     cold, warm = runs
     if finish == "1":  # else the full ones are stored after the figures are printed
-        assert cold["stats"]["writes"] == cold["stats"]["misses"]  # the quick programs and the full ones
+        assert cold["stats"]["writes"] == cold["stats"]["misses"]  # the full ones (stand-ins are not stored)
     assert cold["tiered"][0] > 0
     assert warm["stats"]["misses"] == 0 and not any(warm["tiered"])  # the full ones from disk: nothing quick first
-    assert warm["stats"]["hits"] < cold["stats"]["misses"]
+    assert warm["stats"]["hits"] == cold["stats"]["misses"]  # every program the cold one looked for: no stand-in
     assert warm["weight"] == cold["weight"]
-    # the next run's list (`runtime.recent`) holds the full programs, not the quick ones they replace
+    # the next run's list (`runtime.recent`) holds the full programs, not the stand-ins they replace
     (listed,) = [persistent.read_entry(path) for path in (tmp_path / "recent").glob("*.list")]
     assert warm["stats"]["loaded_ahead"] == warm["stats"]["hits"] == len(listed)
+
+
+def test_op_by_op_compiles_each_distinct_op_once_and_lets_values_go_after_their_last_use(efforts, monkeypatch):
+    """Six layers of the same shapes: the stand-in's programs are the few distinct ops, not one per node; its
+    results equal CPU's; a value no later node reads is dropped once its last reader has run."""
+    if not op_by_op.enabled():
+        pytest.skip("the op-by-op stand-in's own test")
+    torch.manual_seed(0)
+    weights, x = [torch.randn(16, 16) / 4 for _ in range(6)], torch.randn(8, 16)
+
+    def layers(x, weights):
+        for w in weights:
+            x = (x @ w).tanh()
+        return x.sum(0)
+
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        got = layers(x.to("tpu"), [w.to("tpu") for w in weights]).cpu()
+    assert efforts.count(None) == 1 and efforts.count(-1.0) == 3, efforts  # mm, tanh, sum; the full program
+    rtol, atol = float32_tolerance(1e-5, 1e-5)  # six tanh on the chip
+    torch.testing.assert_close(got, layers(x, weights), rtol=rtol, atol=atol)
+    f = lambda *values: values
+    nodes = [(f, [None]), (f, [(0, 0)]), (f, [(1, 0), (0, 0)]), (f, [None])]  # node 3 is dead: read by no output
+    assert op_by_op._last_uses(nodes, [True, True, True, False], ((2, 0), (1, 0))) == [[], [], [0], []]

@@ -77,8 +77,8 @@ def test_eager_calls_not_served_take_the_cpp_composite_with_cpus_values_and_grad
         for shape_a, shape_b in shapes:
             cpu = [torch.randn(shape_a).requires_grad_(), torch.randn(shape_b).requires_grad_()]
             tpu = [t.detach().to("tpu").requires_grad_() for t in cpu]
-            outputs = [(a @ b).tanh() for a, b in (cpu, tpu)]
-            for output in outputs:
+            outputs = [a @ b for a, b in (cpu, tpu)]
+            for output in outputs:  # products only: a TPU's tanh (~1e3 ulp) would dominate the comparison
                 output.square().sum().backward()
             assert_close(outputs[1], outputs[0])
             for device_input, cpu_input in zip(tpu, cpu, strict=True):

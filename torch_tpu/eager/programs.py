@@ -13,7 +13,7 @@ from typing import Any
 
 import jax
 
-from torch_tpu.eager import parts
+from torch_tpu.eager import op_by_op, parts
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.runtime import compat, persistent
 from torch_tpu.runtime.deferred import Pending
@@ -25,11 +25,13 @@ def compile_soon(replay: Callable, donated: tuple[int, ...], leaves: list, pool:
     compiled (None: the first is final). The whole program where it is on disk; else, where the cluster splits
     (`eager.parts`), its parts while the whole compiles, so that a cold step need not wait for XLA to compile
     one large program on one thread and a steady step still runs one; where XLA's own effort is the whole's
-    setting, a quick program while that compiles (`persistent.compile_tiered`); else the whole."""
+    setting, its ops one by one (`op_by_op`) or a quick program while that compiles (`persistent.compile_tiered`);
+    else the whole."""
     avals = lowering_avals(leaves)
     with unused_donations_allowed():
         traced = trace(replay, donated, avals)
-        first, better = persistent.compile_tiered(traced.lower(), pool)
+        stand_in = (lambda: op_by_op.OpByOp(replay, avals, pool)) if op_by_op.enabled() else None
+        first, better = persistent.compile_tiered(traced.lower(), pool, stand_in)
         if better is None and not first.done():
             pieces = parts.split(traced, donated, avals, parts.MAX_PARTS, replay.__name__)
             if pieces:
@@ -145,4 +147,5 @@ def replay(nodes: list[tuple[Callable, list]], out_refs: tuple) -> Callable:
         return tuple(results[node][index] for node, index in out_refs)
 
     cluster.__name__ = cluster.__qualname__ = f"fused_cluster_{len(nodes)}_ops"  # its module: jit_fused_cluster_N_ops
+    cluster.nodes, cluster.out_refs, cluster.live = nodes, out_refs, live  # for `op_by_op.OpByOp`
     return cluster

@@ -479,17 +479,24 @@ def _tiering() -> bool:
     return TIERED_COMPILE != "0"
 
 
-def compile_tiered(lowered: jax.stages.Lowered, pool: Executor) -> tuple[Soon, Soon | None]:
+def compile_tiered(
+    lowered: jax.stages.Lowered, pool: Executor, stand_in: Callable[[], Any] | None = None
+) -> tuple[Any, Soon | None]:
     """A cluster's program compiling on `pool` (`compile_soon`); and where that is at XLA's own effort and not on
-    disk, a quick one compiling first, to run meanwhile: (the program to run now, the one to switch to once
-    compiled, or None). On a v5e a Fused step's forward-and-backward cluster compiles in 5.4-6.7 s at the quickest
-    effort against 13-22 s at XLA's own, and runs 1.7-1.9x as long: a cold Fused step waited for the slow compile."""
+    disk, something to run meanwhile: `stand_in()` (a `Soon`-like, made once the program's compile is queued), else
+    a quick program: (the program to run now, the one to switch to once compiled, or None). On a v5e a Fused step's
+    forward-and-backward cluster compiles in 5.4-6.7 s at the quickest effort against 13-22 s at XLA's own, and
+    runs 1.7-1.9x as long: a cold Fused step waited for the slow compile."""
     options, key, compiled = look_up(lowered, None, False, cluster=True)
     if compiled is not None:
         return Soon(None, key, compiled), None
     quick_options = options | EAGER_OPTIONS
     if not _tiering() or quick_options == options:
         return Soon(pool.submit(_timed_compile, lowered, options), key), None
+    if stand_in is not None:
+        final = Soon(pool.submit(_timed_compile, lowered, options), key)
+        final.store_when_compiled()
+        return stand_in(), final
     # its key: the final program's and the effort (the StableHLO is hashed there already)
     quick_key = None if key is None else hashlib.sha256(f"{key}\n{sorted(EAGER_OPTIONS.items())}".encode()).hexdigest()
     quick = None if quick_key is None else load(quick_key, remember=False)
@@ -504,6 +511,12 @@ def compile_tiered(lowered: jax.stages.Lowered, pool: Executor) -> tuple[Soon, S
     final = Soon(pool.submit(_timed_compile, lowered, options), key)
     final.store_when_compiled()
     return first, final
+
+
+def compile_stand_in(lowered: jax.stages.Lowered, pool: Executor) -> Soon:
+    """A program that stands in for another while that one compiles (`op_by_op`), compiling on `pool` at the
+    quickest effort; not stored: a process that has the other on disk never runs it."""
+    return Soon(pool.submit(_timed_compile, lowered, precision.compiler_options() | EAGER_OPTIONS), None)
 
 
 def _timed_compile(lowered: jax.stages.Lowered, options: dict) -> tuple[Any, float]:
