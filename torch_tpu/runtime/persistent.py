@@ -468,8 +468,9 @@ def compile_soon(
 
 TIERED_COMPILE = os.environ.get("TORCH_TPU_TIERED_COMPILE", "auto")
 """A cluster XLA compiles at its own effort runs a stand-in (its ops one by one, `eager.op_by_op`, or a quick
-program, `EAGER_OPTIONS`) until that one is compiled (`compile_tiered`): "auto" on a TPU, where the quick one compiles 2.5-4x faster (on the XLA CPU platform the effort
-changes neither the compile nor the program much), "1" everywhere, "0" never."""
+program, `EAGER_OPTIONS`) until that one is compiled (`compile_tiered`): "auto" on a TPU, where a quick program
+compiles 2.5-4x faster (on the XLA CPU platform the effort changes neither the compile nor the program much), "1"
+everywhere, "0" never."""
 
 
 def _tiering() -> bool:
