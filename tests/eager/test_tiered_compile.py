@@ -97,7 +97,8 @@ def test_an_elementwise_cluster_and_a_cut_that_waits_compile_as_they_did(efforts
         w = torch.ones(4, 5, device="tpu")
         product = ((x @ w) * 2).cpu()  # cut by the read: compiled here, the stand-in first
         torch.testing.assert_close(product, torch.arange(12.0).reshape(3, 4) @ torch.ones(4, 5) * 2)
-        stand_ins = 2 if op_by_op.enabled() else 1  # the product's and the scaling's programs, or the quick one
+        # the product's and the scaling's programs, or the quick one
+        stand_ins = 2 if op_by_op.stand_in() is not None else 1
         assert efforts.count(None) == 1 and efforts[1:].count(-1.0) == stand_ins and len(efforts) == 2 + stand_ins
         (entry,) = [e for e in _clusters() if e.better is not None]
         entry.better()  # compiled by now
@@ -172,7 +173,7 @@ def test_a_second_process_loads_the_full_effort_program(tmp_path, finish):
 def test_op_by_op_compiles_each_distinct_op_once_and_lets_values_go_after_their_last_use(efforts, monkeypatch):
     """Six layers of the same shapes: the stand-in's programs are the few distinct ops, not one per node; its
     results equal CPU's; a value no later node reads is dropped once its last reader has run."""
-    if not op_by_op.enabled():
+    if op_by_op.stand_in() is None:
         pytest.skip("the op-by-op stand-in's own test")
     torch.manual_seed(0)
     weights, x = [torch.randn(16, 16) / 4 for _ in range(6)], torch.randn(8, 16)

@@ -41,7 +41,7 @@ from typing import Any
 import jax
 
 from torch_tpu import metrics
-from torch_tpu.eager import modes, parts, programs
+from torch_tpu.eager import modes, op_by_op, parts, programs
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.runtime import checks, deferred, memory, persistent, storage, trace_context
 from torch_tpu.runtime.deferred import Pending
@@ -391,7 +391,9 @@ def _seal(fingerprint: tuple, plan: list[int], leaves: list, wanted: dict, refer
     # read it by then (the program is then the one later steps use, not one consuming less)
     sealed.donated = _donatable(leaves, out_avals, _alone(), _queue_references())
     replay = programs.replay([recorder.node_table[n] for n in plan], out_refs)
-    sealed.compiled, sealed.better = programs.compile_soon(replay, sealed.donated, leaves, compiler())
+    sealed.compiled, sealed.better = programs.compile_soon(
+        replay, sealed.donated, leaves, compiler(), op_by_op.stand_in()
+    )
     for pending in wanted.values():
         pending.sealed = True
     _sealed.append(sealed)
@@ -516,7 +518,9 @@ def _run(fingerprint: tuple, plan: list[int], leaves: list, ranks: tuple[int, ..
     replay = programs.replay([recorder.node_table[n] for n in plan], out_refs)
     from_disk, better = False, None
     if ranks is None:  # compiled as every executable is: XLA options (excess precision), persistent tier
-        executable, from_disk, better = programs.compile_cluster(replay, donated, leaves, compiler())
+        executable, from_disk, better = programs.compile_cluster(
+            replay, donated, leaves, compiler(), op_by_op.stand_in()
+        )
     else:
         executable = hooks.spmd_cluster(ranks).compile(replay, leaves)
     results = jax.block_until_ready(executable(*leaves))

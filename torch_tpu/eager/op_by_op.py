@@ -20,7 +20,8 @@ from typing import Any
 
 import jax
 
-from torch_tpu.runtime import persistent
+from torch_tpu.eager import programs
+from torch_tpu.runtime import memory, persistent, trace_context
 
 COLD_CLUSTERS = os.environ.get("TORCH_TPU_COLD_CLUSTERS", "ops")
 """What a cold cluster runs while its program compiles at XLA's own effort: "ops" (its ops, `OpByOp`) or "quick"
@@ -29,11 +30,16 @@ if COLD_CLUSTERS not in ("ops", "quick"):
     raise ValueError(f"torch_tpu: TORCH_TPU_COLD_CLUSTERS={COLD_CLUSTERS!r} is neither 'ops' nor 'quick'")
 
 _programs: dict[tuple, tuple[persistent.Soon, list[jax.ShapeDtypeStruct]]] = {}
-"""Each op's program, by its function and input avals, and its output avals: clusters share them."""
+"""Each op's program, by its function, the trace context and input avals, and its output avals: clusters share
+them; at most `_MAX_PROGRAMS` (a steady process runs its clusters' own programs)."""
+_MAX_PROGRAMS = 4096
+memory.on_empty_cache(_programs.clear)
 
 
-def enabled() -> bool:
-    return COLD_CLUSTERS == "ops"
+def stand_in() -> programs.StandIn | None:
+    """What `programs.compile_soon` runs in a cold cluster's place (`COLD_CLUSTERS`): `OpByOp`, or None for a
+    quick program."""
+    return OpByOp if COLD_CLUSTERS == "ops" else None
 
 
 class OpByOp:
@@ -49,18 +55,14 @@ class OpByOp:
         self._soons: list[persistent.Soon | None] = [None] * len(nodes)
         self._calls: list[Callable | None] = [None] * len(nodes)
         self._last_uses = _last_uses(nodes, live, out_refs)
-        place = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # where the values stay
+        place = programs.home()  # where the values stay
         values: list[list | None] = []
         remaining = iter(avals)
         for position, ((fn, refs), needed) in enumerate(zip(nodes, live, strict=True)):
-            args = [next(remaining) if r is None else None for r in refs]
-            if not needed:
+            args = programs.node_inputs(refs, remaining, avals, values, needed)
+            if args is None:
                 values.append(None)
                 continue
-            args = [
-                a if r is None else avals[r] if type(r) is int else values[r[0]][r[1]]
-                for a, r in zip(args, refs, strict=True)
-            ]
             self._soons[position], out_avals = _program(fn, args, pool)
             values.append(
                 [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=place) for a in out_avals]
@@ -77,15 +79,11 @@ class OpByOp:
         results: list[list | None] = []
         remaining = iter(leaves)
         for position, (_, refs) in enumerate(self._nodes):
-            args = [next(remaining) if r is None else None for r in refs]
             call = self._calls[position] or self._ready(position)
-            if call is None:  # dead: no output depends on it
+            args = programs.node_inputs(refs, remaining, leaves, results, call is not None)
+            if args is None:  # dead: no output depends on it
                 results.append(None)
                 continue
-            args = [
-                a if r is None else leaves[r] if type(r) is int else results[r[0]][r[1]]
-                for a, r in zip(args, refs, strict=True)
-            ]
             results.append(jax.tree_util.tree_leaves(call(*args)))
             for done in self._last_uses[position]:
                 results[done] = None  # its device memory goes back now, as within one program
@@ -103,9 +101,11 @@ class OpByOp:
 def _program(fn: Callable, avals: list, pool: Executor) -> tuple[persistent.Soon, list]:
     """The program of one op for its input avals (traced and lowered here, where its settings are read; compiled
     on `pool`), shared by every node and cluster that calls it so, and its output avals."""
-    key = (fn, *((a.shape, a.dtype, a.weak_type) if hasattr(a, "shape") else type(a) for a in avals))
+    key = (fn, trace_context.cache_token(), *((a.shape, a.dtype, a.weak_type) for a in avals))
     found = _programs.get(key)
     if found is None:
+        if len(_programs) >= _MAX_PROGRAMS:
+            _programs.clear()
         lowered = jax.jit(fn).trace(*avals).lower()
         found = _programs[key] = persistent.compile_stand_in(lowered, pool), jax.tree_util.tree_leaves(lowered.out_info)
     return found

@@ -7,31 +7,37 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
 import jax
 
-from torch_tpu.eager import op_by_op, parts
+from torch_tpu.eager import parts
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.runtime import compat, persistent
 from torch_tpu.runtime.deferred import Pending
 
+StandIn = Callable[[Callable, list, Executor], Any]
+"""What a cold cluster runs while its program compiles (`op_by_op.OpByOp`): made from the cluster's `replay`, its
+leaves' avals and the pool, waited for like a `persistent.Soon`."""
+
 
 @compat.without_dynamo_frames
-def compile_soon(replay: Callable, donated: tuple[int, ...], leaves: list, pool: Executor) -> tuple[Any, Any]:
+def compile_soon(
+    replay: Callable, donated: tuple[int, ...], leaves: list, pool: Executor, stand_in: StandIn | None = None
+) -> tuple[Any, Any]:
     """What a cut cluster runs first, from disk or compiling on `pool`, and the program to switch to once that is
     compiled (None: the first is final). The whole program where it is on disk; else, where the cluster splits
     (`eager.parts`), its parts while the whole compiles, so that a cold step need not wait for XLA to compile
     one large program on one thread and a steady step still runs one; where XLA's own effort is the whole's
-    setting, its ops one by one (`op_by_op`) or a quick program while that compiles (`persistent.compile_tiered`);
-    else the whole."""
+    setting, `stand_in` or else a quick program while that compiles (`persistent.compile_tiered`); else the
+    whole."""
     avals = lowering_avals(leaves)
     with unused_donations_allowed():
         traced = trace(replay, donated, avals)
-        stand_in = (lambda: op_by_op.OpByOp(replay, avals, pool)) if op_by_op.enabled() else None
-        first, better = persistent.compile_tiered(traced.lower(), pool, stand_in)
+        make = None if stand_in is None else lambda: stand_in(replay, avals, pool)
+        first, better = persistent.compile_tiered(traced.lower(), pool, make)
         if better is None and not first.done():
             pieces = parts.split(traced, donated, avals, parts.MAX_PARTS, replay.__name__)
             if pieces:
@@ -41,11 +47,11 @@ def compile_soon(replay: Callable, donated: tuple[int, ...], leaves: list, pool:
 
 
 def compile_cluster(
-    replay: Callable, donated: tuple[int, ...], leaves: list, pool: Executor
+    replay: Callable, donated: tuple[int, ...], leaves: list, pool: Executor, stand_in: StandIn | None = None
 ) -> tuple[Any, bool, persistent.Soon | None]:
     """A cluster's executable (from disk or compiled: then True, False) as it is called, waited for here, and the
     program to switch to once compiled, or None (`compile_soon`)."""
-    first, better = compile_soon(replay, donated, leaves, pool)
+    first, better = compile_soon(replay, donated, leaves, pool, stand_in)
     executable, from_disk, _ = first()
     return persistent.fast_call(executable), from_disk, better
 
@@ -124,6 +130,19 @@ def _live(nodes: list[tuple[Callable, list]], out_refs: tuple) -> list[bool]:
     return live
 
 
+def node_inputs(refs: list, remaining: Iterator, leaves: Sequence, results: list, needed: bool) -> list | None:
+    """A node's inputs (None where it is not `needed`; its leaves are taken from `remaining` all the same): for
+    each ref, the next leaf (None), the leaf at a position again (an int) or an earlier node's value (node, index)
+    in `results`."""
+    taken = [next(remaining) if r is None else None for r in refs]
+    if not needed:
+        return None
+    return [
+        a if r is None else leaves[r] if type(r) is int else results[r[0]][r[1]]
+        for a, r in zip(taken, refs, strict=True)
+    ]
+
+
 def replay(nodes: list[tuple[Callable, list]], out_refs: tuple) -> Callable:
     """The cluster as one function of all its leaves (unused ones are dropped by `jax.jit`); `nodes` holds each
     node's function and inputs: (node, index) of a recorded value, None for the next leaf, an int for the leaf at
@@ -134,14 +153,10 @@ def replay(nodes: list[tuple[Callable, list]], out_refs: tuple) -> Callable:
         results: list[list | None] = []
         remaining = iter(leaves)
         for (fn, refs), needed in zip(nodes, live, strict=True):
-            args = [next(remaining) if r is None else None for r in refs]
-            if not needed:
+            args = node_inputs(refs, remaining, leaves, results, needed)
+            if args is None:
                 results.append(None)
                 continue
-            args = [
-                a if r is None else leaves[r] if type(r) is int else results[r[0]][r[1]]
-                for a, r in zip(args, refs, strict=True)
-            ]
             with jax.named_scope(getattr(fn, "__name__", "op")):  # per op in the HLO's metadata (traced once)
                 results.append(jax.tree_util.tree_leaves(fn(*args)))
         return tuple(results[node][index] for node, index in out_refs)
