@@ -495,23 +495,30 @@ def compile_tiered(
     if not _tiering() or quick_options == options:
         return Soon(pool.submit(_timed_compile, lowered, options), key), None
     if stand_in is not None:
-        final = Soon(pool.submit(_timed_compile, lowered, options), key)
-        final.store_when_compiled()
+        final = _full_program(lowered, options, key, pool)  # queued first: the stand-in's compiles follow it
         return stand_in(), final
+    first = _quick_program(lowered, quick_options, key, pool)
+    return first, _full_program(lowered, options, key, pool)
+
+
+def _quick_program(lowered: jax.stages.Lowered, quick_options: dict, key: str | None, pool: Executor) -> Soon:
+    """`compile_tiered`'s quick program: from disk, else compiling on `pool`."""
     # its key: the final program's and the effort (the StableHLO is hashed there already)
     quick_key = None if key is None else hashlib.sha256(f"{key}\n{sorted(EAGER_OPTIONS.items())}".encode()).hexdigest()
     quick = None if quick_key is None else load(quick_key, remember=False)
     if quick_key is not None:
         stats.hits += quick is not None
         stats.misses += quick is None
-    first = (
-        Soon(None, quick_key, quick)
-        if quick is not None
-        else Soon(pool.submit(_timed_compile, lowered, quick_options), quick_key)
-    )
+    if quick is not None:
+        return Soon(None, quick_key, quick)
+    return Soon(pool.submit(_timed_compile, lowered, quick_options), quick_key)
+
+
+def _full_program(lowered: jax.stages.Lowered, options: dict, key: str | None, pool: Executor) -> Soon:
+    """`compile_tiered`'s final program, compiling on `pool` and stored as soon as it is compiled."""
     final = Soon(pool.submit(_timed_compile, lowered, options), key)
     final.store_when_compiled()
-    return first, final
+    return final
 
 
 def compile_stand_in(lowered: jax.stages.Lowered, pool: Executor) -> Soon:
