@@ -293,7 +293,8 @@ def test_eager_compile_effort_is_applied_and_keyed(tmp_path, monkeypatch):
 def test_a_large_eager_program_keeps_xlas_own_effort(monkeypatch):
     """Unset, the quickest effort is for an op's programs under QUICK_EFFORT_MAX_BYTES of arguments and results (a
     large matmul ran 2.25x as long at it on a v5e), and for a cluster that only maps elements whatever its size (an
-    optimizer step's); a number set in TORCH_TPU_EAGER_COMPILE_EFFORT applies to every one."""
+    optimizer step's) unless clusters compile in two tiers (there its stand-in is quick, its program not); a number
+    set in TORCH_TPU_EAGER_COMPILE_EFFORT applies to every one."""
     import jax
     import jax.numpy as jnp
 
@@ -314,6 +315,8 @@ def test_a_large_eager_program_keeps_xlas_own_effort(monkeypatch):
     assert effort(adam_like, half, cluster=True) == quickest
     assert effort(lambda a: a.sum(0), 8, cluster=True) == {}  # a reduction
     assert effort(lambda a: a @ jnp.eye(4), 8, cluster=True) == {}  # a matrix product
+    monkeypatch.setattr(cache, "TIERED_COMPILE", "1")  # a TPU's default: the quickest is the stand-in's alone
+    assert effort(adam_like, half, cluster=True) == {} and effort(adam_like, half - 4) == quickest
     monkeypatch.setattr(cache, "EAGER_OPTIONS_BY_SIZE", False)
     assert effort(adam_like, half) == effort(lambda a: a @ jnp.eye(4), 8, cluster=True) == quickest
 

@@ -86,24 +86,28 @@ def test_a_cluster_runs_its_stand_in_until_the_full_program_is_compiled_and_equa
         torch.testing.assert_close(ours, theirs, rtol=rtol, atol=atol)
 
 
-def test_an_elementwise_cluster_and_a_cut_that_waits_compile_as_they_did(efforts):
-    """A cluster that only maps elements compiles at the quickest effort alone (nothing to switch to); a cluster
-    cut where a value is read now runs its stand-in at once (its two ops, or its quick program), the full one
-    switched to at a later run."""
+def test_an_elementwise_cluster_and_a_product_run_their_stand_ins_then_switch(efforts):
+    """A cluster cut where a value is read now runs its stand-in at once (its ops, or its quick program), the full
+    program switched to at a later run: one that only maps elements too (at the quickest effort alone, the large
+    step's AdamW ran 6.7 ms a step on a v5e against 3.5 at XLA's own)."""
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
         x = torch.arange(12.0, device="tpu").reshape(3, 4)
-        torch.testing.assert_close(((x * 2).sin() + 1).cpu(), (torch.arange(12.0).reshape(3, 4) * 2).sin() + 1)
-        assert efforts == [-1.0] and all(e.better is None for e in _clusters())
+        expected = (torch.arange(12.0).reshape(3, 4) * 2).sin() + 1
+        torch.testing.assert_close(((x * 2).sin() + 1).cpu(), expected)
+        stand_ins = 3 if op_by_op.stand_in() is not None else 1  # the scaling, sine and shift, or the quick one
+        assert efforts.count(None) == 1 and efforts.count(-1.0) == stand_ins and len(efforts) == 1 + stand_ins
         w = torch.ones(4, 5, device="tpu")
-        product = ((x @ w) * 2).cpu()  # cut by the read: compiled here, the stand-in first
+        product = ((x @ w) * 2).cpu()
         torch.testing.assert_close(product, torch.arange(12.0).reshape(3, 4) @ torch.ones(4, 5) * 2)
-        # the product's and the scaling's programs, or the quick one
-        stand_ins = 2 if op_by_op.stand_in() is not None else 1
-        assert efforts.count(None) == 1 and efforts[1:].count(-1.0) == stand_ins and len(efforts) == 2 + stand_ins
-        (entry,) = [e for e in _clusters() if e.better is not None]
-        entry.better()  # compiled by now
-        torch.testing.assert_close(((x @ w) * 2).cpu(), product)  # the same cluster again: switched
-        assert entry.better is None
+        stand_ins += 2 if op_by_op.stand_in() is not None else 1  # the product and the scaling, or the quick one
+        assert efforts.count(None) == 2 and efforts.count(-1.0) == stand_ins and len(efforts) == 2 + stand_ins
+        entries = [e for e in _clusters() if e.better is not None]
+        assert len(entries) == 2
+        for entry in entries:
+            entry.better()  # compiled by now
+        torch.testing.assert_close(((x * 2).sin() + 1).cpu(), expected)  # the same clusters again: switched
+        torch.testing.assert_close(((x @ w) * 2).cpu(), product)
+        assert all(entry.better is None for entry in entries)
 
 
 def test_a_failed_full_effort_compile_keeps_the_stand_in(efforts, monkeypatch):
