@@ -114,15 +114,19 @@ def test_fused_clusters_align_with_optimizer_steps(monkeypatch, max_ops):
     assert len(set(entries[2:])) == 1, entries
 
 
-@pytest.mark.parametrize("cut_bytes", [1, 1 << 40])
-def test_fused_cuts_a_large_cluster_where_the_backward_begins(monkeypatch, cut_bytes):
-    """With TORCH_TPU_FUSED_BACKWARD_CUT_BYTES, a cluster that large is run when the autograd engine starts
-    recording the backward on its device thread (the device computes the forward meanwhile); a smaller one is
-    not cut. Either way the gradients are CPU's and a loop replays the same clusters every step."""
+@pytest.mark.parametrize("cut_bytes, cut_at", [(1, 0.0), (1, 0.7), (1 << 40, 0.7)])
+def test_fused_cuts_a_large_cluster_in_the_backward(monkeypatch, cut_bytes, cut_at):
+    """With TORCH_TPU_FUSED_BACKWARD_CUT_BYTES, a cluster that large is cut when the autograd engine starts
+    recording the backward on its device thread (the device computes the forward meanwhile), or with
+    TORCH_TPU_FUSED_BACKWARD_CUT_AT once the backward has recorded that many ops per op of the forward; a smaller
+    one is not cut. Either way the gradients are CPU's and a loop replays the same clusters every step."""
     from torch_tpu import metrics
     from torch_tpu.eager import fused
 
     monkeypatch.setattr(fused, "BACKWARD_CUT_BYTES", cut_bytes)
+    monkeypatch.setattr(fused, "BACKWARD_CUT_AT", cut_at)
+    cuts, flush = [], fused.flush
+    monkeypatch.setattr(fused, "flush", lambda *a, **k: cuts.append(len(fused.recorder.plan)) or flush(*a, **k))
     model, data = make("transformer")
     ours = copy.deepcopy(model).to("tpu")
     optimizer = torch.optim.SGD(ours.parameters(), lr=0.05, momentum=0.9)
@@ -133,8 +137,10 @@ def test_fused_cuts_a_large_cluster_where_the_backward_begins(monkeypatch, cut_b
             logits = ours(inputs.to("tpu"))
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.to("tpu").reshape(-1))
             before = sum(metrics.fused_clusters.values()) + len(fused._sealed)
+            forward_ops, cuts[:] = len(fused.recorder.plan), []
             loss.backward()
             runs.append(sum(metrics.fused_clusters.values()) + len(fused._sealed) - before)  # run, or compiling
+            assert cuts == ([int(forward_ops * (1 + cut_at))] if cut_bytes == 1 else []), (forward_ops, cuts)
             grads = [p.grad.cpu() for p in ours.parameters()]
             optimizer.step()
             loss.item()
