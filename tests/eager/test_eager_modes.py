@@ -156,6 +156,15 @@ def test_fused_cuts_a_large_cluster_in_the_backward(monkeypatch, cut_bytes, cut_
         torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL)  # the training test's, after 3 steps
 
 
+def test_a_bad_backward_cut_setting_is_named():
+    from torch_tpu.eager import fused
+
+    assert fused._ops_per_forward_op("0.7") == 0.7 and fused._ops_per_forward_op("0") == 0
+    for bad in ("x", "-0.5", "nan", "inf"):
+        with pytest.raises(ValueError, match=f"TORCH_TPU_FUSED_BACKWARD_CUT_AT='{bad}'"):
+            fused._ops_per_forward_op(bad)
+
+
 def test_no_program_of_a_training_step_divides_64_bit_integers(monkeypatch):
     """A TPU emulates 64-bit integer division: a view read at a run-time offset that divided it took each program
     ~5 s more to compile on the chip. No program of a transformer's training step, Strict or Fused, divides in 64

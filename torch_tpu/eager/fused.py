@@ -64,7 +64,21 @@ thread of its own — a cluster whose values total at least this many bytes is c
 `BACKWARD_CUT_AT`), so that the device computes the forward while Python records the backward. The default, 1 GiB
 (over a millisecond of a TPU's memory traffic), cuts the large GPT step's forward (8.8 GiB of values) and not the
 small one's (139 MiB), which is bound by the host: there a cut costs more than the overlap saves."""
-BACKWARD_CUT_AT = float(os.environ.get("TORCH_TPU_FUSED_BACKWARD_CUT_AT", "0.7"))
+
+
+def _ops_per_forward_op(text: str) -> float:
+    """`TORCH_TPU_FUSED_BACKWARD_CUT_AT`'s value: a number of ops, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):  # NaN too
+        setting = f"TORCH_TPU_FUSED_BACKWARD_CUT_AT={text!r}"
+        raise ValueError(f"torch_tpu: {setting} is not a number of backward ops per forward op (0 or more)")
+    return value
+
+
+BACKWARD_CUT_AT = _ops_per_forward_op(os.environ.get("TORCH_TPU_FUSED_BACKWARD_CUT_AT", "0.7"))
 """Where in the backward `BACKWARD_CUT_BYTES` cuts: once the backward has recorded this many ops per op of the
 forward (0: where it begins). What the backward's first ops read of the forward's values then stays inside one
 program, where XLA recomputes or lays it out as it likes; crossing between programs, the attention probabilities
