@@ -71,9 +71,36 @@ def test_other_calls_run_pytorchs_composite_with_its_values_and_errors():
     assert not linear.serves(x.to("tpu"), weight.to("tpu", torch.bfloat16), None)
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied|size mismatch"):
         torch.nn.functional.linear(x.to("tpu"), torch.randn(5, 7).to("tpu"))
-    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
-        assert not linear.serves(x.to("tpu"), weight.to("tpu"), None)
-        assert_close(torch.nn.functional.linear(x.to("tpu"), weight.to("tpu")), torch.nn.functional.linear(x, weight))
+
+
+@pytest.mark.parametrize("fused_products", [True, False])
+def test_fused_eager_records_the_layer_as_one_op_each_way_unless_told_not_to(monkeypatch, fused_products):
+    """Fused eager records `torch_tpu::linear` and its backward (`matmul.FUSED`, TORCH_TPU_FUSED_PRODUCTS): one op
+    each way where the composite records more; values and gradients are CPU's either way."""
+    from torch_tpu.eager import fused
+    from torch_tpu.kernels.prebuilt import matmul
+
+    monkeypatch.setattr(matmul, "FUSED", fused_products)
+    torch.manual_seed(5)
+    tensors, grad = [torch.randn(2, 3, 8), torch.randn(5, 8), torch.randn(5)], torch.randn(2, 3, 5)
+    results, counts = [], []
+    for device in ("cpu", "tpu"):
+        with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+            inputs = [t.clone().to(device).requires_grad_() for t in tensors]
+            torch.tpu.synchronize()
+            before = len(fused.recorder.plan)
+            y = torch.nn.functional.linear(*inputs)
+            forward = len(fused.recorder.plan)
+            y.backward(grad.to(device))
+            counts = [forward - before, len(fused.recorder.plan) - forward]
+            results.append([y.detach().cpu(), *(t.grad.cpu() for t in inputs)])
+    assert linear.serves(*(t.to("tpu") for t in tensors)) or not fused_products
+    if fused_products:
+        assert counts == [1, 1], counts  # the gradient enters as a leaf: the backward's one op
+    else:
+        assert counts[0] + counts[1] > 2, counts
+    for got, want in zip(results[1], results[0], strict=True):
+        assert_close(got, want)
 
 
 def test_inference_mode_torch_func_and_compiled_graphs_give_cpus_values():

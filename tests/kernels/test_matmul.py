@@ -85,7 +85,7 @@ def test_eager_calls_not_served_take_the_cpp_composite_with_cpus_values_and_grad
                 assert_close(device_input.grad, cpu_input.grad)
 
 
-def test_integers_mixed_dtypes_and_fused_eager_are_not_served():
+def test_integers_and_mixed_dtypes_are_not_served():
     a, b = (torch.arange(n, dtype=torch.int32).reshape(shape) for n, shape in ((24, (2, 3, 4)), (40, (2, 4, 5))))
     assert not matmul.serves(a.to("tpu"), b.to("tpu"))  # (int64 ones: tests/ops/test_linalg.py)
     assert_close(a.to("tpu") @ b.to("tpu"), a @ b)
@@ -93,9 +93,33 @@ def test_integers_mixed_dtypes_and_fused_eager_are_not_served():
     assert not matmul.serves(x.to("tpu"), y.to("tpu", torch.bfloat16))
     with pytest.raises(RuntimeError, match="same dtype|expected"):
         x.to("tpu") @ y.to("tpu", torch.bfloat16)
-    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
-        assert not matmul.serves(x.to("tpu"), y.to("tpu"))
-        assert_close(x.to("tpu") @ y.to("tpu"), x @ y)
+
+
+@pytest.mark.parametrize("fused_products", [True, False])
+def test_fused_eager_records_the_product_as_one_op_unless_told_not_to(monkeypatch, fused_products):
+    """Fused eager records `torch_tpu::matmul` (`matmul.FUSED`, TORCH_TPU_FUSED_PRODUCTS): one op where the
+    composite records the transposed operand's copy too; values and gradients are CPU's either way."""
+    from torch_tpu.eager import fused
+
+    monkeypatch.setattr(matmul, "FUSED", fused_products)
+    torch.manual_seed(4)
+    x, y = torch.randn(2, 5, 3, 4), torch.randn(2, 5, 3, 4)
+    results = []
+    for device in ("cpu", "tpu"):
+        with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+            a, b = (t.clone().to(device).requires_grad_() for t in (x, y))
+            torch.tpu.synchronize()
+            before = len(fused.recorder.plan)
+            q, k = a.transpose(1, 2), b.transpose(1, 2)  # an attention's heads
+            product = q @ k.transpose(-2, -1)
+            if device == "tpu":
+                recorded = len(fused.recorder.plan) - before
+                assert matmul.serves(q, k.transpose(-2, -1)) is fused_products
+                assert recorded == 1 if fused_products else recorded > 1, recorded
+            product.square().sum().backward()
+            results.append((product.detach().cpu(), a.grad.cpu(), b.grad.cpu()))
+    for got, want in zip(results[1], results[0], strict=True):
+        assert_close(got, want)
 
 
 def test_inference_mode_and_compiled_graphs_take_it_or_leave_it_with_cpus_values():

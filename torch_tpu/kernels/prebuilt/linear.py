@@ -1,4 +1,4 @@
-"""`F.linear` on tpu tensors as one program forward and one backward in Strict and Debug eager.
+"""`F.linear` on tpu tensors as one program each way in Strict and Debug eager (one op each way in Fused).
 
 PyTorch's `linear` is a composite (`addmm`, or `matmul` and `add`) whose backward launches a program for each
 gradient: the input's and the weight's products and the bias's sum, three launches of ~300 µs of host time each on a
@@ -6,8 +6,8 @@ v5e for every layer of a step. `torch_tpu::linear` computes the layer as `addmm`
 `torch_tpu::linear_backward`, the wanted gradients in one program; the route calls their tpu kernels without the
 dispatcher (`library.eager_function`: ~50 µs less host time a call on the CPU machine). A call it does not serve
 runs PyTorch's composite: a 1-d input, other dtypes or shapes, math bits, tensor subclasses (AOTAutograd's tracing
-among them, so compiled graphs keep PyTorch's decomposition), torch.func's transforms and Fused eager, whose
-clusters fuse them already. A backward that makes a graph (`create_graph=True`) computes the gradients with
+among them, so compiled graphs keep PyTorch's decomposition) and torch.func's transforms. Fused eager records it
+as one op each way (`matmul.FUSED`). A backward that makes a graph (`create_graph=True`) computes the gradients with
 PyTorch's differentiable ops instead, so that second derivatives are PyTorch's.
 """
 
