@@ -1,4 +1,4 @@
-"""`torch.matmul` of two batched tpu tensors as one program in Strict and Debug eager.
+"""`torch.matmul` of two batched tpu tensors as one program in Strict and Debug eager (one op in Fused).
 
 PyTorch's composite `matmul` reshapes each operand to three dimensions for `bmm`, and a transposed operand (an
 attention's heads, `q @ k.transpose(-2, -1)`) cannot be reshaped as a view: it is copied, and in Strict eager each
