@@ -2,7 +2,7 @@
 # The device run: torch_tpu on a real chip, in parts that each fit one 10-minute command of a borrowed machine.
 #
 #   bench/device_run.sh PART [PART ...]   PART: correctness | ops | ops_rest | models | kit | numerics | perf |
-#                                               perf_large | all
+#                                               perf_large | fused_large | all
 #
 # On the TPU machine (../shared/tpu/pack.sh here, then remote.sh setup there), from the project root:
 #   source /tmp/tpu/env.sh ours && bench/device_run.sh correctness     (then `ops`, `ops_rest`, `models`: four calls
@@ -29,6 +29,9 @@
 # perf_large   bench/tpu_step.py large (the ~136M-parameter bf16 GPT step); both tpu_step runs profile 2 more steps
 #              of each child (bench/step_profile.py: programs, device-busy time, the costliest HLO ops, and the
 #              device time by what each fusion computes, from XLA's HLO dumped beside the capture)
+# fused_large  the large step in Fused eager, each run a cold process on a cache of its own: Google's, ours as it
+#              stands, ours with PyTorch's composite products and the cut measured best with them
+#              (TORCH_TPU_FUSED_PRODUCTS=0, TORCH_TPU_FUSED_BACKWARD_CUT_AT=0.7), and the cut later (0.7, 0.9)
 # Every step runs under its own timeout (SIGINT first: pytest then writes its report), cut to what is left of
 # DEVICE_RUN_BUDGET_S (default 540 s a part); a failed or timed-out step is recorded and the run goes on. Under $OUT
 # (default: a fresh temporary folder): one log per part with every step's output (PART.log), the test reports
@@ -244,15 +247,35 @@ part_perf_large() {
     tpu_step large 560
 }
 
+part_fused_large() {
+    local size=large steps=(--steps 10 --warmup 3) google_env
+    [ "$SMALL" = 1 ] && size=tiny steps=(--steps 2 --warmup 1)
+    local common=("$PYTHON" bench/tpu_step.py --size "$size" "${steps[@]}" --modes fused --peak-tflops
+        "${PEAK_TFLOPS_BF16:-197}")
+    google_env=$(google_env)
+    if [ -n "$google_env" ]; then
+        step fused_google 120 "${common[@]}" --impls google --google-env "$google_env"
+    fi
+    local name setting
+    for setting in default "TORCH_TPU_FUSED_PRODUCTS=0 TORCH_TPU_FUSED_BACKWARD_CUT_AT=0.7" \
+        TORCH_TPU_FUSED_BACKWARD_CUT_AT=0.7 TORCH_TPU_FUSED_BACKWARD_CUT_AT=0.9; do
+        name=fused_$(echo "$setting" | tr -cs 'A-Za-z0-9.' '_' | sed 's/TORCH_TPU_FUSED_//g; s/_$//')
+        [ "$setting" = default ] && setting=
+        # shellcheck disable=SC2086  # the setting's words are VAR=VALUE pairs for env
+        step "$name" 120 env $setting TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT="$WORK/cache_$name" \
+            "${common[@]}" --impls ours --profile "$WORK/profile_$name"
+    done
+}
+
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(correctness)
-[ "${PARTS[*]}" = all ] && PARTS=(correctness ops ops_rest models kit numerics perf perf_large)
+[ "${PARTS[*]}" = all ] && PARTS=(correctness ops ops_rest models kit numerics perf perf_large fused_large)
 for PART in "${PARTS[@]}"; do
     case $PART in
-    correctness | ops | ops_rest | models | kit | numerics | perf | perf_large) ;;
+    correctness | ops | ops_rest | models | kit | numerics | perf | perf_large | fused_large) ;;
     *)
-        echo "device_run.sh: unknown part '$PART' (correctness, ops, ops_rest, models, kit, numerics, perf, perf_large" \
-            "or all)" >&2
+        echo "device_run.sh: unknown part '$PART' (correctness, ops, ops_rest, models, kit, numerics, perf, perf_large," \
+            "fused_large or all)" >&2
         exit 2
         ;;
     esac

@@ -19,6 +19,7 @@ STEPS = {
     "numerics": ["numerics_tables", "compiled_numerics"],
     "perf": ["warmup", "eager_overhead", "formulations", "tpu_step_small", "eager_modes"],
     "perf_large": ["tpu_step_large"],
+    "fused_large": ["fused_default", "fused_PRODUCTS_0_BACKWARD_CUT_AT_0.7", "fused_BACKWARD_CUT_AT_0.9"],
 }
 FILES = {
     "correctness": ["correctness.log", "correctness-junit.xml"],
@@ -29,6 +30,7 @@ FILES = {
     "numerics": ["numerics.log", "numerics_tables.json", "compiled_numerics.json"],
     "perf": ["perf.log", "tpu_step_small.json", "warmup.json"],
     "perf_large": ["perf_large.log", "tpu_step_large.json"],
+    "fused_large": ["fused_large.log"],
 }
 
 
@@ -51,7 +53,7 @@ def _dry_run(tmp_path: Path, part: str) -> str:
 @pytest.mark.parametrize(
     "part",
     ["correctness", "ops", "ops_rest", "models", "kit"]
-    + [pytest.param(p, marks=pytest.mark.slow) for p in ("numerics", "perf", "perf_large")],
+    + [pytest.param(p, marks=pytest.mark.slow) for p in ("numerics", "perf", "perf_large", "fused_large")],
 )
 def test_each_part_passes_every_step_on_the_cpu_platform(tmp_path, part):
     summary = _dry_run(tmp_path, part)
@@ -69,7 +71,8 @@ def test_an_unknown_part_is_refused_naming_the_parts(tmp_path):
     out = subprocess.run(
         ["bash", str(ROOT / "bench" / "device_run.sh"), "speed"], capture_output=True, text=True, env=env
     )
-    assert out.returncode == 2 and "correctness, ops, ops_rest, models, kit, numerics, perf, perf_large" in out.stderr
+    parts = "correctness, ops, ops_rest, models, kit, numerics, perf, perf_large, fused_large"
+    assert out.returncode == 2 and parts in out.stderr
 
 
 def test_a_suite_whose_process_dies_in_a_test_resumes_after_it(tmp_path):
