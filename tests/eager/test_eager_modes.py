@@ -156,6 +156,34 @@ def test_fused_cuts_a_large_cluster_in_the_backward(monkeypatch, cut_bytes, cut_
         torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL)  # the training test's, after 3 steps
 
 
+def test_a_backward_that_makes_a_cluster_large_is_cut_where_the_recording_moves_back(monkeypatch):
+    """A forward under TORCH_TPU_FUSED_BACKWARD_CUT_BYTES that its backward takes over it is not cut inside the
+    backward: the cluster is cut where the recording moves back to the forward's thread, as with the cut at the
+    backward's start, and the gradients are CPU's."""
+    from torch_tpu.eager import fused
+
+    monkeypatch.setattr(fused, "BACKWARD_CUT_AT", 0.7)
+    cuts, flush = [], fused.flush
+    monkeypatch.setattr(fused, "flush", lambda *a, **k: cuts.append(len(fused.recorder.plan)) or flush(*a, **k))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    ours = copy.deepcopy(model).to("tpu")
+    x = torch.randn(5, 8)
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        loss = ours(x.to("tpu")).square().sum()
+        monkeypatch.setattr(fused, "BACKWARD_CUT_BYTES", fused.recorder.nbytes + 1)  # the forward stays under it
+        cuts[:] = []
+        loss.backward()
+        recorded = len(fused.recorder.plan)
+        assert cuts == [], cuts  # nothing armed in the backward, nothing cut there
+        doubled = [p.grad * 2 for p in ours.parameters()]  # the first ops back on this thread
+        assert cuts[:1] == [recorded], (cuts, recorded)
+        got = [g.cpu() / 2 for g in doubled]
+    model(x).square().sum().backward()
+    for g, p in zip(got, model.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad, rtol=RTOL, atol=ATOL)
+
+
 def test_a_bad_backward_cut_setting_is_named():
     from torch_tpu.eager import fused
 

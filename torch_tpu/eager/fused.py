@@ -129,7 +129,7 @@ class _Recorder:
         self.nbytes = 0  # the bytes of the values recorded (with BACKWARD_CUT_BYTES)
         self.thread = 0  # the thread that recorded the last op (with BACKWARD_CUT_BYTES)
         self.cut_at = 0  # the cluster is cut once it holds this many ops (with BACKWARD_CUT_AT; 0: no cut due)
-        self.backward_thread = 0  # the thread that cut was placed on, until the recording leaves it
+        self.backward_thread = 0  # the thread the recording moved to (a backward's), until it leaves it
 
     def reset(self) -> tuple[list, list, list, list, tuple[int, ...] | None]:
         """Take the cluster; the buffers of values sealed before it stay tracked until they are computed."""
@@ -248,11 +248,12 @@ def _cut_at_thread_change(rec: _Recorder, inputs: list) -> None:
     cluster (the backward's rest, before what follows it)."""
     thread = threading.get_ident()
     if thread != rec.thread:
-        into_backward = rec.backward_thread != rec.thread  # else leaving the thread a cut was placed on
-        rec.cut_at, rec.backward_thread = 0, 0
+        leaving = rec.backward_thread == rec.thread  # the thread the recording last moved to: the backward's
+        rec.backward_thread = 0 if leaving else thread
+        rec.cut_at = 0
         if rec.plan and rec.nbytes >= BACKWARD_CUT_BYTES:
-            if BACKWARD_CUT_AT and into_backward:
-                rec.cut_at, rec.backward_thread = int(len(rec.plan) * (1 + BACKWARD_CUT_AT)), thread
+            if BACKWARD_CUT_AT and not leaving:
+                rec.cut_at = int(len(rec.plan) * (1 + BACKWARD_CUT_AT))
             else:
                 flush(extra=_unrecorded(inputs), urgent=False)
         rec.thread = thread
