@@ -159,7 +159,9 @@ def test_fused_cuts_a_large_cluster_in_the_backward(monkeypatch, cut_bytes, cut_
 def test_a_backward_that_makes_a_cluster_large_is_cut_where_the_recording_moves_back(monkeypatch):
     """A forward under TORCH_TPU_FUSED_BACKWARD_CUT_BYTES that its backward takes over it is not cut inside the
     backward: the cluster is cut where the recording moves back to the forward's thread, as with the cut at the
-    backward's start, and the gradients are CPU's."""
+    backward's start, and the gradients are CPU's; ops recorded on other threads before change nothing."""
+    import threading
+
     from torch_tpu.eager import fused
 
     monkeypatch.setattr(fused, "BACKWARD_CUT_AT", 0.7)
@@ -170,6 +172,10 @@ def test_a_backward_that_makes_a_cluster_large_is_cut_where_the_recording_moves_
     ours = copy.deepcopy(model).to("tpu")
     x = torch.randn(5, 8)
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        for _ in range(2):  # a thread of the user's records, then another
+            worker = threading.Thread(target=lambda: torch.ones(3, device="tpu").mul(2).cpu())
+            worker.start()
+            worker.join()
         loss = ours(x.to("tpu")).square().sum()
         monkeypatch.setattr(fused, "BACKWARD_CUT_BYTES", fused.recorder.nbytes + 1)  # the forward stays under it
         cuts[:] = []

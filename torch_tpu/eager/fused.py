@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
+import torch
 
 from torch_tpu import metrics
 from torch_tpu.eager import modes, op_by_op, parts, programs
@@ -129,7 +130,6 @@ class _Recorder:
         self.nbytes = 0  # the bytes of the values recorded (with BACKWARD_CUT_BYTES)
         self.thread = 0  # the thread that recorded the last op (with BACKWARD_CUT_BYTES)
         self.cut_at = 0  # the cluster is cut once it holds this many ops (with BACKWARD_CUT_AT; 0: no cut due)
-        self.backward_thread = 0  # the thread the recording moved to (a backward's), until it leaves it
 
     def reset(self) -> tuple[list, list, list, list, tuple[int, ...] | None]:
         """Take the cluster; the buffers of values sealed before it stay tracked until they are computed."""
@@ -243,16 +243,14 @@ def _unrecorded(inputs: list) -> list[Pending]:
 
 
 def _cut_at_thread_change(rec: _Recorder, inputs: list) -> None:
-    """`BACKWARD_CUT_BYTES`: where the recording moves to another thread (the autograd engine's, for a backward)
-    with a large cluster, cut it there, or `BACKWARD_CUT_AT` into the backward; where it moves back, cut a large
-    cluster (the backward's rest, before what follows it)."""
+    """`BACKWARD_CUT_BYTES`: where the recording moves to another thread with a large cluster, cut it there, or,
+    where that thread runs a backward (the autograd engine's), `BACKWARD_CUT_AT` into it; where it moves back, the
+    backward's rest is cut before what follows it."""
     thread = threading.get_ident()
     if thread != rec.thread:
-        leaving = rec.backward_thread == rec.thread  # the thread the recording last moved to: the backward's
-        rec.backward_thread = 0 if leaving else thread
         rec.cut_at = 0
         if rec.plan and rec.nbytes >= BACKWARD_CUT_BYTES:
-            if BACKWARD_CUT_AT and not leaving:
+            if BACKWARD_CUT_AT and torch._C._current_graph_task_id() != -1:  # this thread runs a backward
                 rec.cut_at = int(len(rec.plan) * (1 + BACKWARD_CUT_AT))
             else:
                 flush(extra=_unrecorded(inputs), urgent=False)
