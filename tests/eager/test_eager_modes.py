@@ -168,7 +168,8 @@ def test_a_backward_that_makes_a_cluster_large_is_cut_where_the_recording_moves_
     cuts, flush = [], fused.flush
     monkeypatch.setattr(fused, "flush", lambda *a, **k: cuts.append(len(fused.recorder.plan)) or flush(*a, **k))
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    # ReLU, not a transcendental: CPU's tolerance holds on the chip (tanh's 1.3e3 ulp there is not what this tests)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     ours = copy.deepcopy(model).to("tpu")
     x = torch.randn(5, 8)
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
