@@ -30,8 +30,8 @@
 #              of each child (bench/step_profile.py: programs, device-busy time, the costliest HLO ops, and the
 #              device time by what each fusion computes, from XLA's HLO dumped beside the capture)
 # fused_large  the large step in Fused eager, each run a cold process on a cache of its own: Google's, ours as it
-#              stands, ours with PyTorch's composite products and the cut measured best with them
-#              (TORCH_TPU_FUSED_PRODUCTS=0, TORCH_TPU_FUSED_BACKWARD_CUT_AT=0.7), and the cut later (0.7, 0.9)
+#              stands, ours with PyTorch's composite products (TORCH_TPU_FUSED_PRODUCTS=0, the cut at 0.7 measured
+#              best with them), and the default cut's neighbours (TORCH_TPU_FUSED_BACKWARD_CUT_AT=0.4, 0.6)
 # Every step runs under its own timeout (SIGINT first: pytest then writes its report), cut to what is left of
 # DEVICE_RUN_BUDGET_S (default 540 s a part); a failed or timed-out step is recorded and the run goes on. Under $OUT
 # (default: a fresh temporary folder): one log per part with every step's output (PART.log), the test reports
@@ -258,7 +258,7 @@ part_fused_large() {
     fi
     local name setting
     for setting in default "TORCH_TPU_FUSED_PRODUCTS=0 TORCH_TPU_FUSED_BACKWARD_CUT_AT=0.7" \
-        TORCH_TPU_FUSED_BACKWARD_CUT_AT=0.7 TORCH_TPU_FUSED_BACKWARD_CUT_AT=0.9; do
+        TORCH_TPU_FUSED_BACKWARD_CUT_AT=0.4 TORCH_TPU_FUSED_BACKWARD_CUT_AT=0.6; do
         name=fused_$(echo "$setting" | tr -cs 'A-Za-z0-9.' '_' | sed 's/TORCH_TPU_FUSED_//g; s/_$//')
         [ "$setting" = default ] && setting=
         # shellcheck disable=SC2086  # the setting's words are VAR=VALUE pairs for env

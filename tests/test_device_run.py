@@ -19,7 +19,7 @@ STEPS = {
     "numerics": ["numerics_tables", "compiled_numerics"],
     "perf": ["warmup", "eager_overhead", "formulations", "tpu_step_small", "eager_modes"],
     "perf_large": ["tpu_step_large"],
-    "fused_large": ["fused_default", "fused_PRODUCTS_0_BACKWARD_CUT_AT_0.7", "fused_BACKWARD_CUT_AT_0.9"],
+    "fused_large": ["fused_default", "fused_PRODUCTS_0_BACKWARD_CUT_AT_0.7", "fused_BACKWARD_CUT_AT_0.6"],
 }
 FILES = {
     "correctness": ["correctness.log", "correctness-junit.xml"],

@@ -34,7 +34,8 @@ FUSED = os.environ.get("TORCH_TPU_FUSED_PRODUCTS", "1") != "0"
 PyTorch's composites, whose copies a cluster fuses into the same products). Recording is host time a Fused step's
 device waits for: a 12-layer GPT's forward records 199 ops instead of 235 and its backward 213 instead of 345, and
 `bench/eager_overhead.py`'s pass of it took 28.9-44.7 ms against 42.4-56.2 on the CPU machine; the cluster's
-matrix products are the same (39)."""
+matrix products are the same (39). On a v5e the large GPT Fused step took 70.35 ms against 87.09 (each at its best
+cut), the small one 17.11 against 21.18."""
 _MATMUL = torch.ops.aten.matmul.default
 _composite = compat.cpp_composite(_MATMUL)
 _library: list[torch.library.Library] = []
