@@ -24,9 +24,13 @@ class _State:
 _state = _State()
 
 
+KEY_SHAPE, KEY_DTYPE = (2,), np.uint32
+"""A key's shape and dtype, as an executable's RNG input (`next_key`)."""
+
+
 def _key(seed: int, offset: int) -> np.ndarray:
     mixed = (seed ^ (seed >> 32) ^ ((offset >> 32) * 0x9E3779B9)) & 0xFFFFFFFF
-    return np.array([mixed, offset & 0xFFFFFFFF], dtype=np.uint32)
+    return np.array([mixed, offset & 0xFFFFFFFF], dtype=KEY_DTYPE)
 
 
 def next_key(generator: torch.Generator | None = None) -> np.ndarray:

@@ -425,6 +425,15 @@ def test_warm_process_skips_aot_autograd_and_lowering(cold_step, tmp_path):
     assert warm["loss"] == cold["loss"] and warm["grad"] == cold["grad"]  # the same executables, bit for bit
 
 
+def test_a_warm_process_compiling_ahead_loads_the_backward_from_the_index(cold_step, tmp_path):
+    """The backward's program compiled ahead (compile/ahead.py) is looked up under the key a first call uses."""
+    _, cold = cold_step
+    warm, stderr = run(warm_copy(cold_step, tmp_path), STEP, TORCH_TPU_COMPILE_AHEAD="1")
+    stats = warm["stats"]
+    assert stats["graph_hits"] == 2 and stats["graph_misses"] == 0 and stats["misses"] == 0, stderr[-3000:]
+    assert warm["loss"] == cold["loss"] and warm["grad"] == cold["grad"]
+
+
 def test_changed_graph_misses_both_layers(cold_step, tmp_path):
     _, cold = cold_step
     changed, _ = run(warm_copy(cold_step, tmp_path), STEP, FACTOR="3")
@@ -465,6 +474,13 @@ def test_graph_key_covers_inputs_precision_and_constants():
     assert key != warm.graph_key(one, [jnp.ones(4)])
     assert key != warm.graph_key(one, [jnp.ones(3, jnp.float32)])
     assert key != warm.graph_key(one, [jnp.ones(3), 5])
+    # the RNG key's value is an input, not part of the program; an abstract value (compile/ahead.py) is its array
+    import jax
+    import numpy as np
+
+    drawn = [warm.graph_key(one, [np.array([seed, 7], np.uint32), jnp.ones(3)]) for seed in (1, 2)]
+    abstract = [jax.ShapeDtypeStruct((2,), np.uint32), jax.ShapeDtypeStruct((3,), jnp.ones(3).dtype)]
+    assert drawn[0] == drawn[1] == warm.graph_key(one, abstract)
     with torch.tpu.precision(torch.tpu.Precision.DEFAULT):
         assert key != warm.graph_key(one, [jnp.ones(3)])
 

@@ -17,6 +17,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from torch_tpu import metrics
 from torch_tpu import random as tpu_random
+from torch_tpu.compile import ahead as compile_ahead
 from torch_tpu.compile import buckets, graph, warm
 from torch_tpu.eager import fused
 from torch_tpu.eager.cache import Entry, executables
@@ -41,6 +42,7 @@ class CompiledGraph:
         name: str,
         debug_callback: Callable | None,
         bucket_options: buckets.Options | None = None,
+        ahead: bool = False,
     ) -> None:
         self.name = name
         graph.check_supported(gm)
@@ -66,6 +68,10 @@ class CompiledGraph:
         ]
         self.debug_callback = debug_callback
         self.gm = gm
+        # a backward graph's program compiles now, on a thread, beside the forward's (compile/ahead.py)
+        self.ahead = None
+        if ahead and plain and debug_callback is None and compile_ahead.enabled():
+            self.ahead = compile_ahead.start(gm, self.kept, self.fn.sizes, lambda k, v: self._lowering(k, v, ()))
 
     def _donated(self) -> list[tuple[int, int]]:
         """(argument index, position among the executable's inputs) of each input the graph writes back: its
@@ -87,14 +93,52 @@ class CompiledGraph:
                 inputs[position] = storage.copy_array(array)
 
     def _compile(self, key: Any, inputs: list[Any], reshapes: tuple = ()) -> tuple[Any, Entry]:
-        """Trace (afresh: the precision in force is read while tracing), compile or load, and run once.
+        """Trace (afresh: the precision in force is read while tracing), compile or load, and run once; or take
+        the program compiled ahead where this call is the one it was compiled for."""
+        platform.devices()
+        start = time.perf_counter()
+        ahead, self.ahead = self.ahead, None
+        ready = ahead.take(inputs, reshapes) if ahead is not None else None
+        if ready is not None:
+            return self._run_ahead(key, inputs, reshapes, ready)
+        if self.spmd is None:
+            lower = self._lowering(key, inputs, reshapes)
+            executable, from_disk = warm.executable(
+                self.gm, self.fn.sizes, [key, *inputs], lower, usable=self.debug_callback is None
+            )
+        else:  # its ranks agree first, then each lowers it (which records its 0-d outputs) and compiles or loads it
+            self.spmd.agree(self.name, inputs)
+            executable, from_disk = cache.compile_lowered(self._lowering(key, inputs, reshapes)(), self.spmd.devices)
+        outputs = jax.block_until_ready(self._run(executable, key, inputs))
+        entry = Entry(
+            self.name,
+            cache.fast_call(executable),
+            time.perf_counter() - start,
+            source="disk" if from_disk else "compiled",
+            temp_bytes=cache.temp_bytes(executable),
+        )
+        return outputs, entry
+
+    def _run_ahead(self, key: Any, inputs: list[Any], reshapes: tuple, ready: tuple) -> tuple[Any, Entry]:
+        """Run the program compiled ahead (`compile.ahead`); where inputs arrive reshaped, through a
+        `Reshaping` while the program that takes them as they are compiles."""
+        executable, from_disk, seconds = ready
+        call = cache.fast_call(executable)
+        if reshapes:
+            lower = self._lowering(key, inputs, reshapes)
+            exact = warm.executable_soon(self.gm, self.fn.sizes, [key, *inputs], lower, compile_ahead.executor())
+            call = compile_ahead.Reshaping(call, reshapes, exact)
+        outputs = jax.block_until_ready(self._run(call, key, inputs))
+        source = "disk" if from_disk else "compiled"
+        return outputs, Entry(self.name, call, seconds, source=source, temp_bytes=cache.temp_bytes(executable))
+
+    def _lowering(self, key: Any, inputs: list[Any], reshapes: tuple) -> Callable[[], jax.stages.Lowered]:
+        """The function that lowers the graph for a call with `key` and `inputs` (arrays or abstract values).
 
         Integer inputs are sizes of dynamic dimensions: they are compiled in, one program per size (per bucket
         when padded; the real sizes are then traced scalar inputs). `reshapes`: (position, shape) of each input
         given as its storage's array (`arguments.read`), which the program reshapes to the argument's shape.
         """
-        platform.devices()
-        start = time.perf_counter()
         targets = {position + 1: shape for position, shape in reshapes}  # after the RNG key
 
         def fresh(*values: Any) -> Any:  # a new function: JAX caches traces per function
@@ -115,22 +159,7 @@ class CompiledGraph:
                 self.debug_callback(self.gm.code, lowered.as_text())
             return lowered
 
-        if self.spmd is None:
-            executable, from_disk = warm.executable(
-                self.gm, self.fn.sizes, [key, *inputs], lower, usable=self.debug_callback is None
-            )
-        else:  # its ranks agree first, then each lowers it (which records its 0-d outputs) and compiles or loads it
-            self.spmd.agree(self.name, inputs)
-            executable, from_disk = cache.compile_lowered(lower(), self.spmd.devices)
-        outputs = jax.block_until_ready(self._run(executable, key, inputs))
-        entry = Entry(
-            self.name,
-            cache.fast_call(executable),
-            time.perf_counter() - start,
-            source="disk" if from_disk else "compiled",
-            temp_bytes=cache.temp_bytes(executable),
-        )
-        return outputs, entry
+        return lower
 
     def _run(self, executable: Callable, key: jax.Array, inputs: list[Any]) -> Any:
         if self.spmd is not None:
@@ -202,7 +231,7 @@ def _compiler(
     kind: str, name: str, debug_callback: Callable | None, bucket_options: buckets.Options | None
 ) -> Callable:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-        compiled = CompiledGraph(gm, f"{name}:{kind}", debug_callback, bucket_options)
+        compiled = CompiledGraph(gm, f"{name}:{kind}", debug_callback, bucket_options, ahead=kind == "backward")
         return make_boxed_func(torch._dynamo.disable(compiled))
 
     return compile_graph
@@ -234,7 +263,11 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: di
             example_inputs,
             options,
             lambda kind: functools.partial(
-                CompiledGraph, name=f"{name}:{kind}", debug_callback=None, bucket_options=bucket_options
+                CompiledGraph,
+                name=f"{name}:{kind}",
+                debug_callback=None,
+                bucket_options=bucket_options,
+                ahead=kind == "backward",
             ),
             **aot_options,
         )

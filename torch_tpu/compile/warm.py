@@ -34,6 +34,7 @@ import sys
 import types
 import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 import jax
@@ -341,8 +342,11 @@ def graph_fingerprint(gm: torch.fx.GraphModule) -> str | None:
 
 
 def _input_token(value: Any) -> str:
-    if isinstance(value, jax.Array):
-        return f"{value.dtype}{value.shape}w{int(value.weak_type)}"
+    """An input as the program sees it: an array (the RNG key's numpy one too, and the abstract value a graph
+    compiled ahead is lowered for) by its shape and dtype, not its value; a compiled-in size by its value."""
+    if isinstance(value, (jax.Array, jax.ShapeDtypeStruct, np.ndarray)):
+        weak = getattr(value, "weak_type", False)
+        return f"{np.dtype(value.dtype)}{tuple(value.shape)}w{int(weak)}"
     return f"{type(value).__name__}:{value!r}"
 
 
@@ -404,14 +408,9 @@ def executable(
     the StableHLO-keyed tier, recording the result. `traced_sizes` is the lowering's record of the sizes it
     returned (`graph.to_jax`), filled from the index on a hit. `usable=False` (a debug callback) skips the
     index, so that the lowering runs."""
-    if not (usable and enabled()):
+    key = _index_key(gm, values) if usable else None
+    if key is None:
         return cache.compile_lowered(lower())
-    if gm not in _fingerprints:
-        _fingerprints[gm] = graph_fingerprint(gm)
-    fingerprint = _fingerprints[gm]
-    if fingerprint is None:  # a lowering we cannot identify: lowered in every process
-        return cache.compile_lowered(lower())
-    key = graph_key(fingerprint, values)
     static = tuple(value for value in values if isinstance(value, int))
     loaded = load(key)
     if loaded is not None:
@@ -420,3 +419,37 @@ def executable(
     compiled, from_disk, program = cache.compile_keyed(lower())
     store(key, program, traced_sizes.get(static, {}))
     return compiled, from_disk
+
+
+def executable_soon(
+    gm: torch.fx.GraphModule,
+    traced_sizes: dict[tuple, dict[int, int]],
+    values: Sequence[Any],
+    lower: Callable[[], jax.stages.Lowered],
+    pool: Executor,
+) -> cache.Soon:
+    """`executable` with XLA's compile on `pool` (`compile.ahead`): the index and the disk are read, the graph
+    lowered and its index entry written now, on the caller's thread; the program is stored once compiled, called
+    or not."""
+    key = _index_key(gm, values)
+    static = tuple(value for value in values if isinstance(value, int))
+    loaded = load(key) if key is not None else None
+    if loaded is not None:
+        compiled, traced_sizes[static] = loaded
+        return cache.Soon(None, None, compiled)
+    soon = cache.compile_soon(lower(), pool)
+    soon.store_when_compiled()
+    if key is not None:
+        store(key, soon.key, traced_sizes.get(static, {}))
+    return soon
+
+
+def _index_key(gm: torch.fx.GraphModule, values: Sequence[Any]) -> str | None:
+    """`gm`'s key in the graph index for a call with `values` (None: the index is off, or a lowering of the graph
+    cannot be identified, so that it is lowered in every process)."""
+    if not enabled():
+        return None
+    if gm not in _fingerprints:
+        _fingerprints[gm] = graph_fingerprint(gm)
+    fingerprint = _fingerprints[gm]
+    return None if fingerprint is None else graph_key(fingerprint, values)

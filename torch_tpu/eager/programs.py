@@ -72,12 +72,23 @@ def switch(fingerprint: tuple, entry: Entry) -> None:
     executables.refit(fingerprint, entry)
 
 
+_finishers: list[Callable[[], None]] = []
+
+
+def also_finish(finisher: Callable[[], None]) -> None:
+    """Have `finish_compiles` call `finisher` too: a later layer's programs compiling in the background
+    (compile/ahead.py)."""
+    _finishers.append(finisher)
+
+
 def finish_compiles() -> None:
     """Wait for the clusters' final programs compiling while their parts or quick ones run (`compile_soon`), and
     switch to them: a benchmark's steady state, after its warm-up steps."""
     for fingerprint, entry in list(executables.entries.items()):
         if entry.better is not None:
             switch(fingerprint, entry)
+    for finisher in _finishers:
+        finisher()
 
 
 def trace(replay: Callable, donated: tuple[int, ...], avals: list) -> jax.stages.Traced:

@@ -421,6 +421,11 @@ class Soon:
         self._result: tuple[Any, bool, float] | None = None if future is not None else (loaded, True, 0.0)
         self._lock = threading.Lock()
 
+    @property
+    def key(self) -> str | None:
+        """The program key it is stored under (None with the tier off)."""
+        return self._key
+
     def done(self) -> bool:
         future = self._future
         return future is None or future.done()

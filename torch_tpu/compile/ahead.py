@@ -1,0 +1,171 @@
+"""A backward graph's program compiled ahead of its first call.
+
+AOTAutograd hands us the forward and backward graphs together, and the first call of each used to lower and
+compile it then: the forward's XLA compile, then (after the forward ran) the backward's, one after the other on
+a cold process's first step (on a v5e the small GPT step's 13.9 and 14.5 s). The backward's program is lowered as
+soon as its graph arrives, from its placeholders' FakeTensor values, and XLA compiles it on a thread (XLA
+releases the GIL) while the forward's compiles on the caller's: the backward's first call takes it when that call
+is the one foreseen — the same precision and trace context, the same input shapes and dtypes, no input given as
+its storage's array in another shape (`arguments.read`) — and else compiles its own as before, the ahead program
+unused.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import jax
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from torch_tpu import random as tpu_random
+from torch_tpu.compile import warm
+from torch_tpu.eager import programs
+from torch_tpu.runtime import dtypes, persistent, platform, trace_context
+
+COMPILE_AHEAD = os.environ.get("TORCH_TPU_COMPILE_AHEAD", "auto")
+"""Whether a compiled backward graph's program compiles ahead of its first call: "auto" on a TPU, where a training
+graph's compile takes tens of seconds; "1" everywhere; "0" never. Ahead, a backward that never runs (a training
+graph called for inference without `torch.no_grad`) still costs its compile on a thread."""
+
+_lock = threading.Lock()
+_pool: list[ThreadPoolExecutor] = []
+counts = collections.Counter()
+"""Programs compiled ahead ("started"), taken by their first call ("taken") or not ("unused")."""
+
+
+def enabled() -> bool:
+    """Whether backward graphs compile ahead (`COMPILE_AHEAD`)."""
+    if COMPILE_AHEAD == "auto":
+        return platform.platform() == "tpu"
+    return COMPILE_AHEAD != "0"
+
+
+def executor() -> ThreadPoolExecutor:
+    """The threads that compile programs ahead (two: a backward's, and a program it then needs)."""
+    with _lock:
+        if not _pool:
+            _pool.append(ThreadPoolExecutor(2, thread_name_prefix="torch_tpu_graph_compile"))
+        return _pool[0]
+
+
+def _abstract(value: Any) -> jax.ShapeDtypeStruct | None:
+    """A placeholder's FakeTensor as the array its first call will read (None: not a tensor of static shape)."""
+    if not isinstance(value, torch.Tensor) or not all(type(size) is int for size in value.shape):
+        return None
+    index = (value.device.index or 0) if value.device.type == "tpu" else 0
+    sharding = jax.sharding.SingleDeviceSharding(platform.device(index))
+    return jax.ShapeDtypeStruct(tuple(value.shape), dtypes.to_jax(value.dtype), sharding=sharding)
+
+
+@dataclasses.dataclass
+class Ahead:
+    """A program compiling for the inputs `avals` under the trace context `token` (`program`), `lowered_in` seconds
+    of lowering before it."""
+
+    avals: list[jax.ShapeDtypeStruct]
+    token: Any
+    program: persistent.Soon
+    lowered_in: float
+
+    def take(self, inputs: Sequence[Any], reshapes: tuple) -> tuple[Any, bool, float] | None:
+        """(executable, whether it came from disk, seconds it took) when the call with `inputs` is the one it was
+        compiled for, its inputs at `reshapes` (`arguments.read`'s) read in those shapes; else None (also where its
+        compile failed: the caller compiles again and raises there)."""
+        ready = self._wait() if self._foreseen(inputs, dict(reshapes)) else None
+        counts["taken" if ready is not None else "unused"] += 1
+        return ready
+
+    def _foreseen(self, inputs: Sequence[Any], shapes: dict[int, tuple[int, ...]]) -> bool:
+        if trace_context.cache_token() != self.token or len(inputs) != len(self.avals):
+            return False
+        return all(
+            isinstance(value, jax.Array)
+            and shapes.get(position, value.shape) == aval.shape
+            and value.dtype == aval.dtype
+            and not value.weak_type
+            for position, (value, aval) in enumerate(zip(inputs, self.avals, strict=True))
+        )
+
+    def _wait(self) -> tuple[Any, bool, float] | None:
+        try:
+            executable, from_disk, seconds = self.program()
+        except Exception:  # compiled again at the call, which raises the error where it belongs
+            return None
+        return executable, from_disk, self.lowered_in + seconds
+
+
+def start(
+    gm: torch.fx.GraphModule,
+    kept: Sequence[int],
+    traced_sizes: dict[tuple, dict[int, int]],
+    lowering: Callable[[Any, list[Any]], Callable[[], jax.stages.Lowered]],
+) -> Ahead | None:
+    """Lower `gm` for its placeholders' values (those at `kept`: the executable's inputs) and compile it on a
+    thread, through the graph index and the persistent tier as a first call would (`warm.executable_soon`).
+    `lowering(key, inputs)` makes the lowering function of a call with those (abstract) values. None where an
+    input is not a tensor of static shape, or the lowering fails (the first call lowers again, and raises)."""
+    placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+    avals = [_abstract(placeholders[index].meta.get("val")) for index in kept]
+    if any(aval is None for aval in avals):
+        return None
+    start_time = time.perf_counter()
+    values = [jax.ShapeDtypeStruct(tpu_random.KEY_SHAPE, tpu_random.KEY_DTYPE), *avals]
+    token = trace_context.cache_token()
+    try:
+        with unset_fake_temporarily():  # AOTAutograd may call its compilers under its fake mode
+            program = warm.executable_soon(gm, traced_sizes, values, lowering(values[0], values[1:]), executor())
+    except Exception:  # the first call lowers the graph again and raises where it belongs
+        return None
+    counts["started"] += 1
+    return Ahead(avals, token, program, time.perf_counter() - start_time)
+
+
+class Reshaping:
+    """The program compiled ahead, called where some inputs arrive as their storage's arrays in another shape
+    (`arguments.read`: the gradient of a model's output that the loss viewed, as `logits.view(-1, vocab)` makes
+    it): it reshapes them (a copy a call) until `exact`, the program that takes them as they are and reshapes them
+    inside (compiling meanwhile), is ready, then calls that one."""
+
+    def __init__(self, call: Callable, reshapes: tuple, exact: persistent.Soon) -> None:
+        self._call, self._shapes, self._exact = call, dict(reshapes), exact
+        self.__name__ = "reshaping"
+        _reshaping.add(self)
+
+    def switch(self) -> None:
+        """Call the exact program from now on, waiting for its compile (`torch.tpu.finish_compiles()`)."""
+        exact, self._exact = self._exact, None
+        if exact is not None:
+            try:
+                self._call, self._shapes = persistent.fast_call(exact()[0]), {}
+            except Exception:  # its compile failed: the ahead program goes on serving the calls
+                counts["exact failed"] += 1
+
+    def __call__(self, key: Any, *inputs: Any) -> Any:
+        exact = self._exact
+        if exact is not None and exact.done():
+            self.switch()
+        if self._shapes:
+            shapes = self._shapes
+            inputs = tuple(value.reshape(shapes[i]) if i in shapes else value for i, value in enumerate(inputs))
+        return self._call(key, *inputs)
+
+
+_reshaping: weakref.WeakSet[Reshaping] = weakref.WeakSet()
+
+
+def finish_compiles() -> None:
+    """Switch every `Reshaping` to its exact program, waiting for the compiles."""
+    for reshaping in list(_reshaping):
+        reshaping.switch()
+
+
+programs.also_finish(finish_compiles)
