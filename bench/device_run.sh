@@ -2,7 +2,7 @@
 # The device run: torch_tpu on a real chip, in parts that each fit one 10-minute command of a borrowed machine.
 #
 #   bench/device_run.sh PART [PART ...]   PART: correctness | ops | ops_rest | models | kit | numerics | perf |
-#                                               perf_large | fused_large | all
+#                                               perf_large | fused_large | compile_ahead | all
 #
 # On the TPU machine (../shared/tpu/pack.sh here, then remote.sh setup there), from the project root:
 #   source /tmp/tpu/env.sh ours && bench/device_run.sh correctness     (then `ops`, `ops_rest`, `models`: four calls
@@ -32,6 +32,9 @@
 # fused_large  the large step in Fused eager, each run a cold process on a cache of its own: Google's, ours as it
 #              stands, ours with PyTorch's composite products (TORCH_TPU_FUSED_PRODUCTS=0, the cut at 0.7 measured
 #              best with them), and the default cut's neighbours (TORCH_TPU_FUSED_BACKWARD_CUT_AT=0.4, 0.6)
+# compile_ahead the cold first step of the compiled modes with a backward graph's program compiled ahead (the
+#              default on a TPU) and without (TORCH_TPU_COMPILE_AHEAD=0): the small whole step and compiled model,
+#              the large compiled model; each run a cold process on a cache of its own
 # Every step runs under its own timeout (SIGINT first: pytest then writes its report), cut to what is left of
 # DEVICE_RUN_BUDGET_S (default 540 s a part); a failed or timed-out step is recorded and the run goes on. Under $OUT
 # (default: a fresh temporary folder): one log per part with every step's output (PART.log), the test reports
@@ -267,15 +270,30 @@ part_fused_large() {
     done
 }
 
+part_compile_ahead() {
+    local steps=(--steps 10 --warmup 3) small=small large=large
+    [ "$SMALL" = 1 ] && steps=(--steps 2 --warmup 1) small=tiny large=tiny
+    local run size mode setting name
+    for run in "$small whole_step" "$small compiled" "$large compiled"; do
+        read -r size mode <<<"$run"
+        for setting in 1 0; do
+            name=ahead_${setting}_${size}_$mode
+            step "$name" 150 env TORCH_TPU_COMPILE_AHEAD=$setting TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT="$WORK/cache_$name" \
+                TORCHINDUCTOR_CACHE_DIR="$WORK/inductor_$name" "$PYTHON" bench/tpu_step.py --size "$size" "${steps[@]}" \
+                --impls ours --modes "$mode" --peak-tflops "${PEAK_TFLOPS_BF16:-197}"
+        done
+    done
+}
+
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(correctness)
-[ "${PARTS[*]}" = all ] && PARTS=(correctness ops ops_rest models kit numerics perf perf_large fused_large)
+[ "${PARTS[*]}" = all ] && PARTS=(correctness ops ops_rest models kit numerics perf perf_large fused_large compile_ahead)
 for PART in "${PARTS[@]}"; do
     case $PART in
-    correctness | ops | ops_rest | models | kit | numerics | perf | perf_large | fused_large) ;;
+    correctness | ops | ops_rest | models | kit | numerics | perf | perf_large | fused_large | compile_ahead) ;;
     *)
         echo "device_run.sh: unknown part '$PART' (correctness, ops, ops_rest, models, kit, numerics, perf, perf_large," \
-            "fused_large or all)" >&2
+            "fused_large, compile_ahead or all)" >&2
         exit 2
         ;;
     esac
