@@ -97,3 +97,24 @@ def test_the_setting_is_on_a_tpu_by_default(monkeypatch):
     assert not ahead.enabled()
     monkeypatch.setattr(ahead, "COMPILE_AHEAD", "1")
     assert ahead.enabled()
+
+
+def test_a_failed_ahead_compile_leaves_the_first_call_to_compile(on, monkeypatch):
+    """The program compiled ahead failed (here: its compile raised on the thread): the backward's first call
+    compiles its own, as without compiling ahead, and the gradients are CPU's."""
+    from concurrent.futures import Future
+
+    from torch_tpu.runtime import persistent
+
+    def failed(*args, **kwargs):
+        future = Future()
+        future.set_exception(RuntimeError("XLA failed"))
+        return persistent.Soon(future, None)
+
+    monkeypatch.setattr(ahead.warm, "executable_soon", failed)
+    model, ours = _models()
+    x = torch.randn(4, 6)
+    ours(x.to("tpu")).square().sum().backward()
+    assert ahead.counts == {"started": 1, "unused": 1}
+    model(x).square().sum().backward()
+    _assert_grads(ours, model)

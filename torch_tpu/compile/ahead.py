@@ -34,7 +34,8 @@ from torch_tpu.runtime import dtypes, persistent, platform, trace_context
 COMPILE_AHEAD = os.environ.get("TORCH_TPU_COMPILE_AHEAD", "auto")
 """Whether a compiled backward graph's program compiles ahead of its first call: "auto" on a TPU, where a training
 graph's compile takes tens of seconds; "1" everywhere; "0" never. Ahead, a backward that never runs (a training
-graph called for inference without `torch.no_grad`) still costs its compile on a thread."""
+graph called for inference without `torch.no_grad`) still costs its compile on a thread, which a process ending
+meanwhile waits for at exit (a compile cannot be stopped part-way)."""
 
 _lock = threading.Lock()
 _pool: list[ThreadPoolExecutor] = []
