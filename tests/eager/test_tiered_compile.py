@@ -38,6 +38,7 @@ def efforts(monkeypatch, request):
     monkeypatch.setattr(persistent, "enabled", lambda: False)
     monkeypatch.setattr(persistent, "EAGER_OPTIONS", {"exec_time_optimization_effort": -1.0})
     executables.clear()
+    op_by_op._programs.clear()  # nor an op's stand-in program (an earlier test's, run op by op)
     return asked
 
 

@@ -176,11 +176,16 @@ class Parts:
 
 class Compiling:
     """A split cluster's parts compiling side by side on a pool, waited for like one program's
-    `persistent.Soon`: calling it gives (`Parts`, whether every part came from disk, XLA's seconds in all)."""
+    `persistent.Soon`: calling it gives (`Parts`, whether every part came from disk, XLA's seconds in all).
+    `quick`: they stand in while the whole compiles at XLA's own effort (`programs.compile_soon`), compiled at the
+    quickest and not stored (a process that has the whole on disk never runs them)."""
 
-    def __init__(self, parts: list[Part], pool: Executor) -> None:
+    def __init__(self, parts: list[Part], pool: Executor, quick: bool = False) -> None:
         self._parts = parts
-        self._soons = [persistent.compile_soon(part.lowered, pool, cluster=True, remember=False) for part in parts]
+        if quick:
+            self._soons = [persistent.compile_stand_in(part.lowered, pool) for part in parts]
+        else:
+            self._soons = [persistent.compile_soon(part.lowered, pool, cluster=True, remember=False) for part in parts]
         self._made: tuple[Parts, bool, float] | None = None
 
     def done(self) -> bool:

@@ -30,13 +30,19 @@ def compile_soon(
     """What a cut cluster runs first, from disk or compiling on `pool`, and the program to switch to once that is
     compiled (None: the first is final). The whole program where it is on disk; else, where the cluster splits
     (`eager.parts`), its parts while the whole compiles, so that a cold step need not wait for XLA to compile
-    one large program on one thread and a steady step still runs one; where XLA's own effort is the whole's
-    setting, `stand_in` or else a quick program while that compiles (`persistent.compile_tiered`); else the
-    whole."""
+    one large program on one thread and a steady step still runs one (where XLA's own effort is the whole's
+    setting, the parts at the quickest); else, where XLA's own effort is the whole's setting, `stand_in` or else
+    a quick program while that compiles (`persistent.compile_tiered`); else the whole."""
     avals = lowering_avals(leaves)
     with unused_donations_allowed():
         traced = trace(replay, donated, avals)
-        make = None if stand_in is None else lambda: stand_in(replay, avals, pool)
+
+        def make() -> Any:  # what runs while the whole compiles at XLA's own effort
+            pieces = parts.split(traced, donated, avals, parts.MAX_PARTS, replay.__name__)
+            if pieces:
+                return parts.Compiling(pieces, pool, quick=True)
+            return None if stand_in is None else stand_in(replay, avals, pool)
+
         first, better = persistent.compile_tiered(traced.lower(), pool, make)
         if better is None and not first.done():
             pieces = parts.split(traced, donated, avals, parts.MAX_PARTS, replay.__name__)

@@ -493,7 +493,8 @@ def compile_tiered(
 ) -> tuple[Any, Soon | None]:
     """A cluster's program compiling on `pool` (`compile_soon`); and where that is at XLA's own effort and not on
     disk, something to run meanwhile: `stand_in()` (a `Soon`-like, made once the program's compile is queued), else
-    a quick program: (the program to run now, the one to switch to once compiled, or None). On a v5e a Fused step's
+    (or where it gives None) a quick program: (the program to run now, the one to switch to once compiled, or
+    None). On a v5e a Fused step's
     forward-and-backward cluster compiles in 5.4-6.7 s at the quickest effort against 13-22 s at XLA's own, and
     runs 1.7-1.9x as long: a cold Fused step waited for the slow compile."""
     options, key, compiled = look_up(lowered, None, False, cluster=True)
@@ -504,7 +505,8 @@ def compile_tiered(
         return Soon(pool.submit(_timed_compile, lowered, options), key), None
     if stand_in is not None:
         final = _full_program(lowered, options, key, pool)  # queued first: the stand-in's compiles follow it
-        return stand_in(), final
+        made = stand_in()
+        return (made if made is not None else _quick_program(lowered, quick_options, key, pool)), final
     first = _quick_program(lowered, quick_options, key, pool)
     return first, _full_program(lowered, options, key, pool)
 
