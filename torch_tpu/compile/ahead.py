@@ -5,9 +5,10 @@ compile it then: the forward's XLA compile, then (after the forward ran) the bac
 a cold process's first step (on a v5e the small GPT step's 13.9 and 14.5 s). The backward's program is lowered as
 soon as its graph arrives, from its placeholders' FakeTensor values, and XLA compiles it on a thread (XLA
 releases the GIL) while the forward's compiles on the caller's: the backward's first call takes it when that call
-is the one foreseen — the same precision and trace context, the same input shapes and dtypes, no input given as
-its storage's array in another shape (`arguments.read`) — and else compiles its own as before, the ahead program
-unused.
+is the one foreseen — the same precision and trace context, the same input shapes and dtypes — and else compiles
+its own as before, the ahead program unused. An input that arrives as its storage's array in another shape
+(`arguments.read`: a loss's `logits.view(-1, vocab)` gives the backward its gradient so) is reshaped for the ahead
+program (`Reshaping`) until the program that takes it as it is, compiling from that first call, is ready.
 """
 
 from __future__ import annotations
