@@ -106,6 +106,9 @@ def test_fused_and_compiled_executables_are_named(tmp_path):
     xt, wt = x.to("tpu"), w.to("tpu")
     compiled = torch.compile(lambda a, b: torch.relu(a @ b).sum(), backend="tpu")
     compiled(xt, wt)  # compiled before the profile
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        _step(xt, wt).item()  # the cluster too: where clusters compile in two tiers (a TPU), its final program
+    torch.tpu.finish_compiles()  # runs from now on, not its ops one by one
     begin = time.time_ns()
     with profile(activities=ACTIVITIES) as prof:
         with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
