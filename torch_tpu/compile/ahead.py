@@ -16,11 +16,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -29,7 +27,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from torch_tpu import random as tpu_random
 from torch_tpu.compile import warm
-from torch_tpu.eager import programs
+from torch_tpu.eager import fused, programs
 from torch_tpu.runtime import dtypes, persistent, platform, trace_context
 
 COMPILE_AHEAD = os.environ.get("TORCH_TPU_COMPILE_AHEAD", "auto")
@@ -38,10 +36,9 @@ graph's compile takes tens of seconds; "1" everywhere; "0" never. Ahead, a backw
 graph called for inference without `torch.no_grad`) still costs its compile on a thread, which a process ending
 meanwhile waits for at exit (a compile cannot be stopped part-way)."""
 
-_lock = threading.Lock()
-_pool: list[ThreadPoolExecutor] = []
 counts = collections.Counter()
-"""Programs compiled ahead ("started"), taken by their first call ("taken") or not ("unused")."""
+"""Programs compiled ahead ("started"), taken by their first call ("taken") or not ("unused"); exact programs of a
+`Reshaping` whose compile failed ("exact failed")."""
 
 
 def enabled() -> bool:
@@ -49,14 +46,6 @@ def enabled() -> bool:
     if COMPILE_AHEAD == "auto":
         return platform.platform() == "tpu"
     return COMPILE_AHEAD != "0"
-
-
-def executor() -> ThreadPoolExecutor:
-    """The threads that compile programs ahead (two: a backward's, and a program it then needs)."""
-    with _lock:
-        if not _pool:
-            _pool.append(ThreadPoolExecutor(2, thread_name_prefix="torch_tpu_graph_compile"))
-        return _pool[0]
 
 
 def _abstract(value: Any) -> jax.ShapeDtypeStruct | None:
@@ -112,7 +101,8 @@ def start(
     lowering: Callable[[Any, list[Any]], Callable[[], jax.stages.Lowered]],
 ) -> Ahead | None:
     """Lower `gm` for its placeholders' values (those at `kept`: the executable's inputs) and compile it on a
-    thread, through the graph index and the persistent tier as a first call would (`warm.executable_soon`).
+    thread of the eager compile pool (`fused.compiler()`), through the graph index and the persistent tier as a
+    first call would (`warm.executable_soon`).
     `lowering(key, inputs)` makes the lowering function of a call with those (abstract) values. None where an
     input is not a tensor of static shape, or the lowering fails (the first call lowers again, and raises)."""
     placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
@@ -124,7 +114,7 @@ def start(
     token = trace_context.cache_token()
     try:
         with unset_fake_temporarily():  # AOTAutograd may call its compilers under its fake mode
-            program = warm.executable_soon(gm, traced_sizes, values, lowering(values[0], values[1:]), executor())
+            program = warm.executable_soon(gm, traced_sizes, values, lowering(values[0], values[1:]), fused.compiler())
     except Exception:  # the first call lowers the graph again and raises where it belongs
         return None
     counts["started"] += 1

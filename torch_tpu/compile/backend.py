@@ -126,7 +126,7 @@ class CompiledGraph:
         call = cache.fast_call(executable)
         if reshapes:
             lower = self._lowering(key, inputs, reshapes)
-            exact = warm.executable_soon(self.gm, self.fn.sizes, [key, *inputs], lower, compile_ahead.executor())
+            exact = warm.executable_soon(self.gm, self.fn.sizes, [key, *inputs], lower, fused.compiler())
             call = compile_ahead.Reshaping(call, reshapes, exact)
         outputs = jax.block_until_ready(self._run(call, key, inputs))
         source = "disk" if from_disk else "compiled"
