@@ -19,7 +19,7 @@ large (12 layers, d 768, 12 heads, seq 512, batch 16, vocab 32768, bfloat16; ~13
 
     python bench/tpu_step.py --size small [--impls ours,jax,google] [--modes strict,fused,compiled,whole_step]
         [--google-env "source /tmp/tpu/env.sh google"] [--steps 10] [--warmup 3] [--json out.json]
-        [--profile DIR [--dump-hlo]] [--precision highest|high|medium]
+        [--profile DIR [--dump-hlo]] [--precision highest|high|medium] [--host-profile STEPS]
 --precision is the float32 matmul precision of every implementation (torch's default "highest": full float32
 products; plain JAX's jit is traced at the same level, as its own default on a TPU is one bfloat16 pass).
 With --profile, each child of ours and JAX's captures 2 more steps under DIR with JAX's profiler, and the parent
@@ -27,6 +27,8 @@ prints where the device time went (bench/step_profile.py: programs a step, devic
 op kinds and ops that take the most; with --dump-hlo, the device time by what each fusion computes, from XLA's
 optimized HLO dumped beside the capture: a cold cache's, as a program loaded from the persistent cache is not
 compiled, so not dumped, and its ops keep their kinds).
+With --host-profile, each child runs STEPS more steps under cProfile and the parent prints where its host thread's
+time went (bench/host_profile.py: a small step is bound by its host).
 The Google runs need its environment (bench/device_run.sh perf passes it on the TPU machine); without
 --google-env they are left out.
 """
@@ -45,7 +47,8 @@ from typing import Any
 
 sys.path[0] = str(Path(__file__).resolve().parent)  # bench/: compile_step's model and JAX step
 
-import step_profile  # noqa: E402  (bench/, on the path just set)
+import host_profile  # noqa: E402  (bench/, on the path just set)
+import step_profile  # noqa: E402
 
 SIZES = {
     "tiny": (dict(layers=1, d_model=64, heads=2, seq=32, batch=2, vocab=128), "float32"),
@@ -246,10 +249,18 @@ def _set_precision(impl: str, precision: str, size: str) -> None:
 
 
 def child(
-    impl: str, mode: str, size: str, steps: int, warmup: int, profile: str | None = None, precision: str = "highest"
+    impl: str,
+    mode: str,
+    size: str,
+    steps: int,
+    warmup: int,
+    profile: str | None = None,
+    precision: str = "highest",
+    host_steps: int = 0,
 ) -> dict:
     """One (implementation, mode): the first step, then the timed ones; with `profile`, a capture of
-    PROFILE_STEPS more under that folder (bench/step_profile.py)."""
+    PROFILE_STEPS more under that folder (bench/step_profile.py); with `host_steps`, that many more under cProfile
+    (bench/host_profile.py)."""
     start = time.perf_counter()
     clock = _FirstStepClock()
     _start_runtime(impl)
@@ -270,6 +281,7 @@ def child(
         began = time.perf_counter()
         losses.append(run())
         samples.append(time.perf_counter() - began)
+    host = host_profile.capture(run, host_steps) if host_steps else None
     profile_wall = step_profile.capture(run, PROFILE_STEPS, profile, _settle(impl)) if profile else None
     return {
         "impl": impl,
@@ -286,6 +298,7 @@ def child(
         "first_step_parts": clock.report(),
         "profile_wall_s": profile_wall,
         "finish_compiles_s": finishing,
+        "host_profile": host,
     }
 
 
@@ -295,6 +308,8 @@ def _launch(impl: str, mode: str, args: argparse.Namespace) -> dict:
     folder = Path(args.profile, f"{impl}_{mode}") if args.profile and impl != "google" else None
     if folder is not None:
         command += ["--profile", str(folder)]
+    if args.host_profile:
+        command += ["--host-profile", str(args.host_profile)]
     env = dict(os.environ)
     env.pop("TORCH_TPU_DEFER_AND_FUSE", None)
     if mode == "fused":
@@ -386,10 +401,18 @@ def main() -> None:
     parser.add_argument(
         "--dump-hlo", action="store_true", help="with --profile, class the device time by XLA's optimized HLO"
     )
+    parser.add_argument(
+        "--host-profile",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="run STEPS more steps under cProfile, and print them",
+    )
     parser.add_argument("--child", nargs=2, metavar=("IMPL", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(*args.child, args.size, args.steps, args.warmup, args.profile, args.precision)))
+        sizes = (args.size, args.steps, args.warmup, args.profile, args.precision, args.host_profile)
+        print(json.dumps(child(*args.child, *sizes)))
         return
     results = []
     for impl in args.impls.split(","):
@@ -403,6 +426,8 @@ def main() -> None:
     for result in results:
         if "profile" in result:
             step_profile.report(f"{result['impl']} {result['mode']}", result["profile"])
+        if result.get("host_profile"):
+            host_profile.report(f"{result['impl']} {result['mode']}", result["host_profile"])
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -13,6 +13,9 @@ from torch_tpu.profiler.xspace import Execution, Op
 _SPEC = importlib.util.spec_from_file_location("step_profile", ROOT / "bench" / "step_profile.py")
 step_profile = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(step_profile)
+_HOST_SPEC = importlib.util.spec_from_file_location("host_profile", ROOT / "bench" / "host_profile.py")
+host_profile = importlib.util.module_from_spec(_HOST_SPEC)
+_HOST_SPEC.loader.exec_module(host_profile)
 
 
 def _execution(name: str, start_ms: float, ops: list[tuple[str, float, float]]) -> Execution:
@@ -87,12 +90,36 @@ def test_tpu_step_profiles_jax_as_one_program_and_our_whole_step_as_its_graphs(t
     out = tmp_path / "step.json"
     command = [sys.executable, str(ROOT / "bench" / "tpu_step.py"), "--size", "tiny", "--impls", "jax,ours"]
     command += ["--modes", "whole_step", "--steps", "1", "--warmup", "1", "--json", str(out)]
-    command += ["--profile", str(tmp_path / "profile")]
-    subprocess.run(command, check=True, capture_output=True, timeout=600)
-    profiles = {row["impl"]: row["profile"] for row in json.loads(out.read_text())}
+    command += ["--profile", str(tmp_path / "profile"), "--host-profile", "2"]
+    printed = subprocess.run(command, check=True, capture_output=True, text=True, timeout=600).stdout
+    rows = json.loads(out.read_text())
+    profiles = {row["impl"]: row["profile"] for row in rows}
     assert profiles["jax"]["programs_per_step"] == 1.0
     graphs = {name for name in profiles["ours"]["top_programs_ms"] if name.startswith("jit_compiled_graph_")}
     assert graphs == {f"jit_compiled_graph_{kind}" for kind in ("forward", "backward", "inference")}
     for profile in profiles.values():
         assert 0 < profile["device_busy_ms"] <= profile["wall_ms"]
         assert sum(profile["top_kinds_ms"].values()) > 0
+    hosts = {row["impl"]: row["host_profile"] for row in rows}  # and each step's host thread, under cProfile
+    assert any("compile/backend.py" in where for where, *_ in hosts["ours"]["cumulative"])  # our graphs' calls
+    assert all(hosts[impl]["wall_ms"] > 0 for impl in ("jax", "ours"))
+    assert "host profile, ours whole_step" in printed and "host profile, jax jit" in printed
+
+
+def test_host_profile_gives_each_function_its_time_and_calls_per_step(capsys):
+    def leaf() -> int:
+        return sum(range(2000))
+
+    def step() -> None:
+        for _ in range(3):
+            leaf()
+
+    profile = host_profile.capture(step, 4)
+    rows = {where.rsplit("(", 1)[-1]: (own, cumulative, calls) for where, own, cumulative, calls in profile["own"]}
+    own, cumulative, calls = rows["leaf)"]
+    assert calls == 3.0 and 0 < own <= cumulative <= profile["wall_ms"]
+    assert [row[1] for row in profile["own"]] == sorted((row[1] for row in profile["own"]), reverse=True)
+    step_row = next(row for row in profile["cumulative"] if row[0].endswith("(step)"))
+    assert step_row[3] == 1.0 and step_row[2] >= cumulative  # a step's time holds its three leaves'
+    host_profile.report("a test", profile)
+    assert "host profile, a test" in capsys.readouterr().out
