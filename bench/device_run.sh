@@ -28,7 +28,8 @@
 #              with pack.sh --google), bench/eager_modes.py (MLP steps, the per-op chain; Google's too where staged)
 # perf_large   bench/tpu_step.py large (the ~136M-parameter bf16 GPT step); both tpu_step runs profile 2 more steps
 #              of each child (bench/step_profile.py: programs, device-busy time, the costliest HLO ops, and the
-#              device time by what each fusion computes, from XLA's HLO dumped beside the capture)
+#              device time by what each fusion computes, from XLA's HLO dumped beside the capture), and 10 more
+#              under cProfile (bench/host_profile.py: where the host thread's time goes)
 # fused_large  the large step in Fused eager, each run a cold process on a cache of its own: Google's, ours as it
 #              stands, ours with PyTorch's composite products (TORCH_TPU_FUSED_PRODUCTS=0, the cut at 0.7 measured
 #              best with them), and the default cut's neighbours (TORCH_TPU_FUSED_BACKWARD_CUT_AT=0.4, 0.6)
@@ -220,8 +221,8 @@ tpu_step() {
     local google_env
     google_env=$(google_env)
     [ -n "$google_env" ] && google=(--google-env "$google_env")
-    local steps=(--steps 10 --warmup 3)
-    [ "$SMALL" = 1 ] && steps=(--steps 2 --warmup 1)
+    local steps=(--steps 10 --warmup 3 --host-profile 10)
+    [ "$SMALL" = 1 ] && steps=(--steps 2 --warmup 1 --host-profile 2)
     step "tpu_step_$1" "$cap" "$PYTHON" bench/tpu_step.py --size "$size" "${steps[@]}" "${google[@]}" \
         --impls "${DEVICE_RUN_IMPLS:-jax,ours,google}" --peak-tflops "${PEAK_TFLOPS_BF16:-197}" \
         --json "$OUT/tpu_step_$1.json" --profile "$WORK/profile_$1" --dump-hlo
