@@ -408,14 +408,11 @@ def executable(
     the StableHLO-keyed tier, recording the result. `traced_sizes` is the lowering's record of the sizes it
     returned (`graph.to_jax`), filled from the index on a hit. `usable=False` (a debug callback) skips the
     index, so that the lowering runs."""
-    key = _index_key(gm, values) if usable else None
+    key, static, compiled = _from_index(gm, traced_sizes, values, usable)
+    if compiled is not None:
+        return compiled, True
     if key is None:
         return cache.compile_lowered(lower())
-    static = tuple(value for value in values if isinstance(value, int))
-    loaded = load(key)
-    if loaded is not None:
-        compiled, traced_sizes[static] = loaded
-        return compiled, True
     compiled, from_disk, program = cache.compile_keyed(lower())
     store(key, program, traced_sizes.get(static, {}))
     return compiled, from_disk
@@ -431,17 +428,28 @@ def executable_soon(
     """`executable` with XLA's compile on `pool` (`compile.ahead`): the index and the disk are read, the graph
     lowered and its index entry written now, on the caller's thread; the program is stored once compiled, called
     or not."""
-    key = _index_key(gm, values)
-    static = tuple(value for value in values if isinstance(value, int))
-    loaded = load(key) if key is not None else None
-    if loaded is not None:
-        compiled, traced_sizes[static] = loaded
+    key, static, compiled = _from_index(gm, traced_sizes, values)
+    if compiled is not None:
         return cache.Soon(None, None, compiled)
     soon = cache.compile_soon(lower(), pool)
     soon.store_when_compiled()
     if key is not None:
         store(key, soon.key, traced_sizes.get(static, {}))
     return soon
+
+
+def _from_index(
+    gm: torch.fx.GraphModule, traced_sizes: dict[tuple, dict[int, int]], values: Sequence[Any], usable: bool = True
+) -> tuple[str | None, tuple, Any]:
+    """`gm`'s index key for a call with `values` (None: not indexed), its compiled-in sizes, and the executable an
+    earlier process recorded under that key, its traced sizes put in `traced_sizes` (None: not recorded)."""
+    key = _index_key(gm, values) if usable else None
+    static = tuple(value for value in values if isinstance(value, int))
+    loaded = load(key) if key is not None else None
+    if loaded is None:
+        return key, static, None
+    compiled, traced_sizes[static] = loaded
+    return key, static, compiled
 
 
 def _index_key(gm: torch.fx.GraphModule, values: Sequence[Any]) -> str | None:
