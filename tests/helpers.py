@@ -9,7 +9,9 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax.extend.core
 import pytest
@@ -79,6 +81,21 @@ def mse_backward(model: torch.nn.Module, device: str, step: int) -> None:
     x, y = torch.randn(5, 8, generator=generator), torch.randn(5, 3, generator=generator)
     model.zero_grad()
     torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
+
+
+class HeldBack:
+    """A program compiling, as its `persistent.Soon`, but not done until `release` is set: the stand-in before it
+    serves the calls until then."""
+
+    def __init__(self, soon: Any, release: threading.Event) -> None:
+        self._soon, self._release = soon, release
+
+    def done(self) -> bool:
+        return self._release.is_set() and self._soon.done()
+
+    def __call__(self) -> Any:
+        assert self._release.wait(60)
+        return self._soon()
 
 
 def assert_steps_agree(

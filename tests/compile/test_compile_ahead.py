@@ -70,7 +70,7 @@ def test_a_gradient_that_arrives_reshaped_is_reshaped_until_the_exact_program_is
             assert ahead.counts == {"started": 1, "taken": 1} and len(reshaping) == 1
             assert reshaping[0]._shapes  # reshaping the gradient
             torch.tpu.finish_compiles()  # waits for the exact program and switches to it
-            assert reshaping[0]._exact is None and reshaping[0]._shapes == {}
+            assert reshaping[0]._final is None and reshaping[0]._shapes == {}
 
 
 def test_a_first_call_unlike_the_one_foreseen_compiles_its_own(on):

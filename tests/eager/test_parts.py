@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import torch_tpu
-from tests.helpers import assert_steps_agree, mse_backward, tanh_mlp
+from tests.helpers import HeldBack, assert_steps_agree, mse_backward, tanh_mlp
 from torch_tpu.eager import parts, programs
 from torch_tpu.eager.cache import executables
 from torch_tpu.runtime import persistent
@@ -33,20 +33,6 @@ OPTIMIZERS = {
 }
 
 
-class _HeldBack:
-    """A program compiling, as its `persistent.Soon`, but not done until `release` is set."""
-
-    def __init__(self, soon, release: threading.Event) -> None:
-        self._soon, self._release = soon, release
-
-    def done(self) -> bool:
-        return self._release.is_set() and self._soon.done()
-
-    def __call__(self):
-        assert self._release.wait(60)
-        return self._soon()
-
-
 @pytest.fixture
 def split_every_cluster(monkeypatch):
     """Every cluster that can split does, into at most 3 parts (a small model's step is below the size bound), the
@@ -59,7 +45,7 @@ def split_every_cluster(monkeypatch):
 
     def held_back(*args):
         first, better = compile_soon(*args)
-        return first, _HeldBack(better, release) if isinstance(first, parts.Compiling) else better
+        return first, HeldBack(better, release) if isinstance(first, parts.Compiling) else better
 
     monkeypatch.setattr(programs, "compile_soon", held_back)
     executables.clear()  # no program of this test's clusters compiled before
@@ -260,7 +246,7 @@ def test_a_second_process_loads_the_whole_program_of_a_split_step(tmp_path):
     assert cold["stats"]["misses"] > 0 and warm["stats"]["misses"] == 0
     # not the parts: stored where they were compiled at the whole's effort, not where they stood in for it at the
     # quickest (two tiers, a TPU's default)
-    assert warm["stats"]["hits"] == cold["stats"]["misses"] - (0 if persistent._tiering() else 3)
+    assert warm["stats"]["hits"] == cold["stats"]["misses"] - (0 if persistent.tiering() else 3)
     assert warm["weight"] == cold["weight"]
     # nor in the next run's list (`runtime.recent`): the whole program and the step's others
     (listed,) = [persistent.read_entry(path) for path in (tmp_path / "recent").glob("*.list")]

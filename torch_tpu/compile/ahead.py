@@ -17,7 +17,6 @@ import collections
 import dataclasses
 import os
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,8 +25,8 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from torch_tpu import random as tpu_random
-from torch_tpu.compile import warm
-from torch_tpu.eager import fused, programs
+from torch_tpu.compile import tiers, warm
+from torch_tpu.eager import fused
 from torch_tpu.runtime import dtypes, persistent, platform, trace_context
 
 COMPILE_AHEAD = os.environ.get("TORCH_TPU_COMPILE_AHEAD", "auto")
@@ -37,8 +36,7 @@ graph called for inference without `torch.no_grad`) still costs its compile on a
 meanwhile waits for at exit (a compile cannot be stopped part-way)."""
 
 counts = collections.Counter()
-"""Programs compiled ahead ("started"), taken by their first call ("taken") or not ("unused"); exact programs of a
-`Reshaping` whose compile failed ("exact failed")."""
+"""Programs compiled ahead ("started"), taken by their first call ("taken") or not ("unused")."""
 
 
 def enabled() -> bool:
@@ -121,43 +119,24 @@ def start(
     return Ahead(avals, token, program, time.perf_counter() - start_time)
 
 
-class Reshaping:
+class Reshaping(tiers.Switching):
     """The program compiled ahead, called where some inputs arrive as their storage's arrays in another shape
     (`arguments.read`: the gradient of a model's output that the loss viewed, as `logits.view(-1, vocab)` makes
     it): it reshapes them (a copy a call) until `exact`, the program that takes them as they are and reshapes them
     inside (compiling meanwhile), is ready, then calls that one."""
 
     def __init__(self, call: Callable, reshapes: tuple, exact: persistent.Soon) -> None:
-        self._call, self._shapes, self._exact = call, dict(reshapes), exact
-        self.__name__ = "reshaping"
-        _reshaping.add(self)
+        super().__init__(call, exact)
+        self._shapes = dict(reshapes)
 
-    def switch(self) -> None:
-        """Call the exact program from now on, waiting for its compile (`torch.tpu.finish_compiles()`)."""
-        exact, self._exact = self._exact, None
-        if exact is not None:
-            try:
-                self._call, self._shapes = persistent.fast_call(exact()[0]), {}
-            except Exception:  # its compile failed: the ahead program goes on serving the calls
-                counts["exact failed"] += 1
+    def switched(self) -> None:
+        self._shapes = {}
 
     def __call__(self, key: Any, *inputs: Any) -> Any:
-        exact = self._exact
-        if exact is not None and exact.done():
+        final = self._final
+        if final is not None and final.done():
             self.switch()
         if self._shapes:
             shapes = self._shapes
             inputs = tuple(value.reshape(shapes[i]) if i in shapes else value for i, value in enumerate(inputs))
-        return self._call(key, *inputs)
-
-
-_reshaping: weakref.WeakSet[Reshaping] = weakref.WeakSet()
-
-
-def finish_compiles() -> None:
-    """Switch every `Reshaping` to its exact program, waiting for the compiles."""
-    for reshaping in list(_reshaping):
-        reshaping.switch()
-
-
-programs.also_finish(finish_compiles)
+        return self._serving(key, *inputs)

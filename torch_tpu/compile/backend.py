@@ -18,7 +18,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch_tpu import metrics
 from torch_tpu import random as tpu_random
 from torch_tpu.compile import ahead as compile_ahead
-from torch_tpu.compile import buckets, graph, warm
+from torch_tpu.compile import buckets, graph, tiers, warm
 from torch_tpu.eager import fused
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.decompositions import for_graphs as decompositions
@@ -102,10 +102,7 @@ class CompiledGraph:
         if ready is not None:
             return self._run_ahead(key, inputs, reshapes, ready)
         if self.spmd is None:
-            lower = self._lowering(key, inputs, reshapes)
-            executable, from_disk = warm.executable(
-                self.gm, self.fn.sizes, [key, *inputs], lower, usable=self.debug_callback is None
-            )
+            executable, from_disk = self._compile_plain(key, inputs, reshapes)
         else:  # its ranks agree first, then each lowers it (which records its 0-d outputs) and compiles or loads it
             self.spmd.agree(self.name, inputs)
             executable, from_disk = cache.compile_lowered(self._lowering(key, inputs, reshapes)(), self.spmd.devices)
@@ -118,6 +115,19 @@ class CompiledGraph:
             temp_bytes=cache.temp_bytes(executable),
         )
         return outputs, entry
+
+    def _compile_plain(self, key: Any, inputs: list[Any], reshapes: tuple) -> tuple[Any, bool]:
+        """The graph's program for one device, through the graph index (`warm.executable`); where clusters
+        compile in two tiers, a graph of independent computations (an optimizer step's) runs its parts while its
+        whole program compiles (`compile.tiers`)."""
+        values = [key, *inputs]
+        simple = self.plan is None and self.debug_callback is None and not reshapes
+        if simple and cache.tiering() and not any(isinstance(value, int) for value in inputs):
+            donate = tuple(position + 1 for _, position in self.donated)  # after the RNG key
+            trace = functools.partial(self._traced, key, inputs, reshapes)
+            return tiers.compile_graph(self.gm, self.fn.sizes, values, trace, donate, f"compiled_{self.name}")
+        lower = self._lowering(key, inputs, reshapes)
+        return warm.executable(self.gm, self.fn.sizes, values, lower, usable=self.debug_callback is None)
 
     def _run_ahead(self, key: Any, inputs: list[Any], reshapes: tuple, ready: tuple) -> tuple[Any, Entry]:
         """Run the program compiled ahead (`compile.ahead`); where inputs arrive reshaped, through a
@@ -139,27 +149,35 @@ class CompiledGraph:
         when padded; the real sizes are then traced scalar inputs). `reshapes`: (position, shape) of each input
         given as its storage's array (`arguments.read`), which the program reshapes to the argument's shape.
         """
-        targets = {position + 1: shape for position, shape in reshapes}  # after the RNG key
-
-        def fresh(*values: Any) -> Any:  # a new function: JAX caches traces per function
-            if targets:
-                values = tuple(v.reshape(targets[i]) if i in targets else v for i, v in enumerate(values))
-            return self.fn(*values)
-
-        fresh.__name__ = fresh.__qualname__ = f"compiled_{self.name}"  # its module: jit_compiled_graph_forward
-        sizes = tuple(i + 1 for i, value in enumerate(inputs) if isinstance(value, int))
 
         def lower() -> jax.stages.Lowered:
             if self.spmd is None:
-                donate = tuple(position + 1 for _, position in self.donated)  # after the RNG key
-                lowered = jax.jit(fresh, static_argnums=sizes, donate_argnums=donate).lower(key, *inputs)
+                lowered = self._traced(key, inputs, reshapes).lower()
             else:
-                lowered = self.spmd.lower(fresh, [key, *inputs])
+                lowered = self.spmd.lower(self._fresh(reshapes), [key, *inputs])
             if self.debug_callback is not None:
                 self.debug_callback(self.gm.code, lowered.as_text())
             return lowered
 
         return lower
+
+    def _traced(self, key: Any, inputs: list[Any], reshapes: tuple) -> jax.stages.Traced:
+        """The graph traced for one device (`_lowering`), consuming the inputs it writes back."""
+        sizes = tuple(i + 1 for i, value in enumerate(inputs) if isinstance(value, int))
+        donate = tuple(position + 1 for _, position in self.donated)  # after the RNG key
+        return jax.jit(self._fresh(reshapes), static_argnums=sizes, donate_argnums=donate).trace(key, *inputs)
+
+    def _fresh(self, reshapes: tuple) -> Callable:
+        """A new function of the graph (JAX caches traces per function), reshaping the inputs at `reshapes`."""
+        targets = {position + 1: shape for position, shape in reshapes}  # after the RNG key
+
+        def fresh(*values: Any) -> Any:
+            if targets:
+                values = tuple(v.reshape(targets[i]) if i in targets else v for i, v in enumerate(values))
+            return self.fn(*values)
+
+        fresh.__name__ = fresh.__qualname__ = f"compiled_{self.name}"  # its module: jit_compiled_graph_forward
+        return fresh
 
     def _run(self, executable: Callable, key: jax.Array, inputs: list[Any]) -> Any:
         if self.spmd is not None:

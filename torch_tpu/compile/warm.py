@@ -408,14 +408,10 @@ def executable(
     the StableHLO-keyed tier, recording the result. `traced_sizes` is the lowering's record of the sizes it
     returned (`graph.to_jax`), filled from the index on a hit. `usable=False` (a debug callback) skips the
     index, so that the lowering runs."""
-    key, static, compiled = _from_index(gm, traced_sizes, values, usable)
+    key, static, compiled = from_index(gm, traced_sizes, values, usable)
     if compiled is not None:
         return compiled, True
-    if key is None:
-        return cache.compile_lowered(lower())
-    compiled, from_disk, program = cache.compile_keyed(lower())
-    store(key, program, traced_sizes.get(static, {}))
-    return compiled, from_disk
+    return compile_indexed(key, static, traced_sizes, lower)
 
 
 def executable_soon(
@@ -428,17 +424,13 @@ def executable_soon(
     """`executable` with XLA's compile on `pool` (`compile.ahead`): the index and the disk are read, the graph
     lowered and its index entry written now, on the caller's thread; the program is stored once compiled, called
     or not."""
-    key, static, compiled = _from_index(gm, traced_sizes, values)
+    key, static, compiled = from_index(gm, traced_sizes, values)
     if compiled is not None:
         return cache.Soon(None, None, compiled)
-    soon = cache.compile_soon(lower(), pool)
-    soon.store_when_compiled()
-    if key is not None:
-        store(key, soon.key, traced_sizes.get(static, {}))
-    return soon
+    return compile_indexed_soon(key, static, traced_sizes, lower, pool)
 
 
-def _from_index(
+def from_index(
     gm: torch.fx.GraphModule, traced_sizes: dict[tuple, dict[int, int]], values: Sequence[Any], usable: bool = True
 ) -> tuple[str | None, tuple, Any]:
     """`gm`'s index key for a call with `values` (None: not indexed), its compiled-in sizes, and the executable an
@@ -450,6 +442,33 @@ def _from_index(
         return key, static, None
     compiled, traced_sizes[static] = loaded
     return key, static, compiled
+
+
+def compile_indexed(
+    key: str | None, static: tuple, traced_sizes: dict[tuple, dict[int, int]], lower: Callable[[], jax.stages.Lowered]
+) -> tuple[Any, bool]:
+    """The program `lower()` gives, compiled or loaded from the StableHLO-keyed tier (then True), and recorded in
+    the index under `key` (`from_index`'s, after a miss)."""
+    if key is None:
+        return cache.compile_lowered(lower())
+    compiled, from_disk, program = cache.compile_keyed(lower())
+    store(key, program, traced_sizes.get(static, {}))
+    return compiled, from_disk
+
+
+def compile_indexed_soon(
+    key: str | None,
+    static: tuple,
+    traced_sizes: dict[tuple, dict[int, int]],
+    lower: Callable[[], jax.stages.Lowered],
+    pool: Executor,
+) -> cache.Soon:
+    """`compile_indexed` with XLA's compile on `pool`: lowered and recorded now, stored once compiled."""
+    soon = cache.compile_soon(lower(), pool)
+    soon.store_when_compiled()
+    if key is not None:
+        store(key, soon.key, traced_sizes.get(static, {}))
+    return soon
 
 
 def _index_key(gm: torch.fx.GraphModule, values: Sequence[Any]) -> str | None:

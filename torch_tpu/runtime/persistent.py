@@ -333,7 +333,7 @@ def _eager_program_options(lowered: jax.stages.Lowered, text: str, cluster: bool
     if not EAGER_OPTIONS_BY_SIZE:
         return EAGER_OPTIONS
     if cluster:  # where clusters compile in two tiers, the quickest effort is the stand-in's alone
-        return EAGER_OPTIONS if _maps_elements_only(text) and not _tiering() else {}
+        return EAGER_OPTIONS if _maps_elements_only(text) and not tiering() else {}
     return EAGER_OPTIONS if _operand_bytes(lowered) < QUICK_EFFORT_MAX_BYTES else {}
 
 
@@ -481,7 +481,7 @@ compiles 2.5-4x faster (on the XLA CPU platform the effort changes neither the c
 everywhere, "0" never."""
 
 
-def _tiering() -> bool:
+def tiering() -> bool:
     """Whether clusters compile in two tiers (`TIERED_COMPILE`, `compile_tiered`)."""
     if TIERED_COMPILE == "auto":
         return platform.platform() == "tpu"
@@ -501,7 +501,7 @@ def compile_tiered(
     if compiled is not None:
         return Soon(None, key, compiled), None
     quick_options = options | EAGER_OPTIONS
-    if not _tiering() or quick_options == options:
+    if not tiering() or quick_options == options:
         return Soon(pool.submit(_timed_compile, lowered, options), key), None
     if stand_in is not None:
         final = _full_program(lowered, options, key, pool)  # queued first: the stand-in's compiles follow it
