@@ -411,8 +411,8 @@ def main() -> None:
     parser.add_argument("--child", nargs=2, metavar=("IMPL", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        sizes = (args.size, args.steps, args.warmup, args.profile, args.precision, args.host_profile)
-        print(json.dumps(child(*args.child, *sizes)))
+        options = (args.size, args.steps, args.warmup, args.profile, args.precision, args.host_profile)
+        print(json.dumps(child(*args.child, *options)))
         return
     results = []
     for impl in args.impls.split(","):

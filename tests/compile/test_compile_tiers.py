@@ -70,7 +70,7 @@ def test_a_whole_steps_optimizer_graph_runs_its_parts_then_its_whole_program(two
     assert_steps_agree(tpu_model, cpu_model, tpu_opt, cpu_opt)
 
 
-def test_a_graph_that_does_not_split_compiles_whole(two_tiers, monkeypatch):
+def test_a_graph_that_does_not_split_compiles_whole(two_tiers):
     """A forward graph is one group: no parts, the program compiled whole at once, the losses CPU's."""
     release, _ = two_tiers
     release.set()

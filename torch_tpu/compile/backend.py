@@ -123,9 +123,9 @@ class CompiledGraph:
         values = [key, *inputs]
         simple = self.plan is None and self.debug_callback is None and not reshapes
         if simple and cache.tiering() and not any(isinstance(value, int) for value in inputs):
-            donate = tuple(position + 1 for _, position in self.donated)  # after the RNG key
             trace = functools.partial(self._traced, key, inputs, reshapes)
-            return tiers.compile_graph(self.gm, self.fn.sizes, values, trace, donate, f"compiled_{self.name}")
+            donated = self._donate_argnums()
+            return tiers.compile_graph(self.gm, self.fn.sizes, values, trace, donated, f"compiled_{self.name}")
         lower = self._lowering(key, inputs, reshapes)
         return warm.executable(self.gm, self.fn.sizes, values, lower, usable=self.debug_callback is None)
 
@@ -164,8 +164,12 @@ class CompiledGraph:
     def _traced(self, key: Any, inputs: list[Any], reshapes: tuple) -> jax.stages.Traced:
         """The graph traced for one device (`_lowering`), consuming the inputs it writes back."""
         sizes = tuple(i + 1 for i, value in enumerate(inputs) if isinstance(value, int))
-        donate = tuple(position + 1 for _, position in self.donated)  # after the RNG key
-        return jax.jit(self._fresh(reshapes), static_argnums=sizes, donate_argnums=donate).trace(key, *inputs)
+        fresh = self._fresh(reshapes)
+        return jax.jit(fresh, static_argnums=sizes, donate_argnums=self._donate_argnums()).trace(key, *inputs)
+
+    def _donate_argnums(self) -> tuple[int, ...]:
+        """The program's positions of the inputs it consumes (`donated`), after the RNG key."""
+        return tuple(position + 1 for _, position in self.donated)
 
     def _fresh(self, reshapes: tuple) -> Callable:
         """A new function of the graph (JAX caches traces per function), reshaping the inputs at `reshapes`."""
