@@ -311,6 +311,26 @@ def test_dynamo_skips_torch_tpu_frames_under_every_backend():
         torch.testing.assert_close(result, cpu, rtol=1.3e-6, atol=1e-5, msg=lambda m, b=backend: f"{b}: {m}")
 
 
+def test_a_graph_returns_an_input_it_does_not_write_as_the_callers_tensor():
+    """A forward graph returns the weights it saves for its backward: the program would copy each into a new buffer
+    (the large GPT's forward, 0.24 GiB a step), so the caller's tensor itself comes back; one that is its storage's
+    array in another shape (a reshaped view) comes back as its value, the form a backward compiled ahead expects."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_tpu.compile.backend import CompiledGraph
+
+    weight, base = torch.randn(4, 3), torch.randn(8)
+    on_tpu, viewed = weight.to("tpu"), base.to("tpu").view(2, 4)
+    gm = make_fx(lambda w, x: (torch.mm(x, w), w, x), tracing_mode="fake")(on_tpu, viewed)
+    compiled = CompiledGraph(gm, "returns_inputs", None)
+    assert compiled.fn.passthrough == {1: 0, 2: 1}
+    product, same, value = compiled(on_tpu, viewed)
+    assert same is on_tpu
+    assert value is not viewed and value.shape == (2, 4)
+    torch.testing.assert_close(value.cpu(), base.view(2, 4), rtol=0, atol=0)
+    torch.testing.assert_close(product.cpu(), base.view(2, 4) @ weight, rtol=1.3e-6, atol=1e-5)
+
+
 def test_an_eager_compile_in_a_compiled_region_gives_dynamo_no_frame(monkeypatch):
     """`loss.backward()` breaks the graph and runs eagerly with Dynamo's frame callback set: the fill of its first
     gradient (a shape no program served yet) lowers through JAX, whose standard-library calls (`inspect`,

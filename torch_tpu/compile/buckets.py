@@ -216,7 +216,7 @@ class Plan:
         for position, spec in specs.items():
             if isinstance(spec, sympy.Expr):
                 outputs[position] = _evaluate(spec, real)
-            elif spec is not None and any(spec):
+            elif spec is not None and any(spec) and outputs[position] is not None:  # None: a passthrough
                 outputs[position] = outputs[position][
                     tuple(slice(None) if a is None else slice(0, a[1] * real[a[0]]) for a in spec)
                 ]

@@ -43,6 +43,6 @@ def export_stablehlo(model: torch.nn.Module | Callable, example_inputs: Sequence
         for t in [*lifted, *example_inputs]
         if isinstance(t, torch.Tensor)
     ]
-    fn, _ = graph.to_jax(gm)
+    fn, _ = graph.to_jax(gm, program_returns_inputs=True)
     with checks.index_checks_set(False):  # no device-side checks: the program's outputs are the model's alone
         return jax.jit(fn).lower(tpu_random.next_key(), *values).as_text()

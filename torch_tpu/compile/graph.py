@@ -161,9 +161,11 @@ class Replay:
 
     `sizes[static size inputs][position]`: the outputs that are sizes (Python ints, known while tracing), as the
     trace under those static inputs found them;
-    `passthrough[position]`: the input index of an output that is an opaque input (`opaque_inputs`: a DTensor's
-    DeviceMesh, which AOTAutograd passes beside its local tensor), returned as it is; opaque inputs are not
-    arguments of the function (no op reads them).
+    `passthrough[position]`: the input index of an output that is an input the graph does not write, returned as
+    it is: an opaque input (`opaque_inputs`: a DTensor's DeviceMesh, which AOTAutograd passes beside its local
+    tensor; opaque inputs are not arguments of the function, no op reads them), or a tensor, such as a weight a
+    forward graph saves for its backward, which the program would otherwise copy into a new buffer (as Inductor's
+    code, the caller's tensor is returned).
     """
 
     def __init__(self, trace: Callable[..., tuple], passthrough: dict[int, int]) -> None:
@@ -184,10 +186,11 @@ class Replay:
         return self._collected(key, *inputs)
 
 
-def to_jax(gm: torch.fx.GraphModule) -> tuple[Replay, list[tuple[int, int]]]:
+def to_jax(gm: torch.fx.GraphModule, program_returns_inputs: bool = False) -> tuple[Replay, list[tuple[int, int]]]:
     """The graph as a `Replay` (`replay(key, *inputs) -> outputs`), and the (input index, output index) pairs of
     the input mutations (`aten.copy_` into a placeholder) that the caller must write back; their values are
-    appended to the outputs."""
+    appended to the outputs. With `program_returns_inputs` (an exported program, which runs without our caller),
+    an output that is a tensor input is the program's, not a passthrough."""
     check_supported(gm)
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
@@ -234,14 +237,22 @@ def to_jax(gm: torch.fx.GraphModule) -> tuple[Replay, list[tuple[int, int]]]:
             with jax.named_scope(str(target)):
                 env[node] = _cast(lowering.fn(*args, **kwargs), _out_dtypes(node))
         outputs = map_aggregate(output_node.args[0], lambda a: env[a] if isinstance(a, torch.fx.Node) else a)
+        outputs = [None if position in passthrough else value for position, value in enumerate(outputs)]
         return tuple(outputs) + tuple(written[p] for p in mutated)
 
     passthrough = {
         position: placeholders.index(node)
         for position, node in enumerate(output_node.args[0])
-        if isinstance(node, torch.fx.Node) and node.op == "placeholder" and placeholders.index(node) in opaque
+        if isinstance(node, torch.fx.Node)
+        and node.op == "placeholder"
+        and (placeholders.index(node) in opaque or (not program_returns_inputs and _unwritten_tensor(node, mutated)))
     }
     return Replay(trace, passthrough), mutations
+
+
+def _unwritten_tensor(node: torch.fx.Node, mutated: list[torch.fx.Node]) -> bool:
+    """Whether the placeholder `node` is a tensor the graph does not write (its output is the input as it is)."""
+    return isinstance(node.meta.get("val"), torch.Tensor) and node not in mutated
 
 
 def opaque_inputs(gm: torch.fx.GraphModule) -> list[int]:

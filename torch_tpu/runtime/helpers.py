@@ -31,6 +31,7 @@ os.register_at_fork(after_in_child=_forget_compiles)
 HOST_FILL_MAX_BYTES = 256 << 20
 
 
+@compat.without_dynamo_frames  # a fill in a compiled region's eager stretch: JAX's frames are not the user's
 def host_fill(shape: tuple[int, ...], dtype: np.dtype, value: Any = 0) -> jax.Array | None:
     """`shape` filled with `value` in `dtype` on this process's first device, made on the host and transferred
     (a `Helper`'s `cold` path for zeros and fills), or None past HOST_FILL_MAX_BYTES (the program then)."""
