@@ -4,7 +4,6 @@ lowerings as eager -> one `jax.jit` per graph -> StableHLO -> an XLA executable.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -270,13 +269,6 @@ def _compiler(
     return compile_graph
 
 
-RECOMPUTE_FOR_BACKWARD = os.environ.get("TORCH_TPU_RECOMPUTE_FOR_BACKWARD", "1") != "0"
-"""Whether the min-cut partitioner may recompute in the backward a pointwise result that a backward matrix product
-reads (a GELU's output): PyTorch's default bans it, for Inductor, which would materialize it there anyway; XLA
-then keeps one activation a layer less from the forward to the backward (the large GPT: 0.56 of 4.1 GiB saved).
-Read by AOTAutograd, hence in its cache key."""
-
-
 def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None, **_: Any) -> Callable:
     """The Dynamo backend registered as "tpu"."""
     options = dict(options or {})
@@ -297,20 +289,6 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: di
         "decompositions": decompositions(),
         "keep_inference_input_mutations": True,
     }
-    with torch._functorch.config.patch(ban_recompute_materialized_backward=not RECOMPUTE_FOR_BACKWARD):
-        return _aot(gm, example_inputs, options, name, debug_callback, bucket_options, aot_options)
-
-
-def _aot(
-    gm: torch.fx.GraphModule,
-    example_inputs: Sequence[Any],
-    options: dict,
-    name: str,
-    debug_callback: Callable | None,
-    bucket_options: buckets.Options | None,
-    aot_options: dict,
-) -> Callable:
-    """AOTAutograd over the graph, through its cache where it may (`warm.cached_aot_autograd`)."""
     if debug_callback is None and warm.aot_enabled():  # AOTAutograd's cache, so that a warm process skips it
         return warm.cached_aot_autograd(
             gm,
