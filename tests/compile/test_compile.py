@@ -313,7 +313,7 @@ def test_dynamo_skips_torch_tpu_frames_under_every_backend():
 
 def test_a_graph_returns_an_input_it_does_not_write_as_the_callers_tensor():
     """A forward graph returns the weights it saves for its backward: the program would copy each into a new buffer
-    (the large GPT's forward, 0.24 GiB a step), so the caller's tensor itself comes back; one that is its storage's
+    (the large GPT's forward, 0.21 GiB a step), so the caller's tensor itself comes back; one that is its storage's
     array in another shape (a reshaped view) comes back as its value, the form a backward compiled ahead expects."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
