@@ -10,7 +10,9 @@ first step of a cold process is part of the figure): the same model (bench/compi
 Each child prints one JSON line: first step (s, compile included), median ms per step over --steps synchronised
 steps after --warmup, the losses, the device's peak bytes in use where PJRT reports them, and the largest scratch
 memory of the step's programs as XLA planned it (`+temp`: JAX's step, our compiled graphs; PJRT's peak may leave a
-running program's scratch out, which would make a one-program step look smaller than it is), and for ours the
+running program's scratch out, which would make a one-program step look smaller than it is), the buffers the
+timed steps held at most (`steady`: ours, the tensors' storages' peak since the warm-up, where PJRT's peak is the
+process's, a cold first step's included; JAX's, its live arrays after them), and for ours the
 executables the first step made, by kind and how, with their seconds (where a cold start goes), and how many eager
 executables the last warm-up step called (`eager_programs`: a Strict step's launches). The parent prints the
 table: ms/step, each against plain JAX and Google's same mode, model TFLOP/s and MFU against --peak-tflops
@@ -64,6 +66,28 @@ def _peak_bytes() -> int | None:
 
     stats = jax.devices()[0].memory_stats() or {}
     return stats.get("peak_bytes_in_use")
+
+
+def _reset_steady_peak(impl: str) -> None:
+    if impl == "ours":
+        import torch
+
+        torch.tpu.reset_peak_memory_stats()
+
+
+def _steady_bytes(impl: str) -> int | None:
+    """The buffers the timed steps held at most, program scratch aside: ours, the peak of the tensors' storages
+    since the warm-up (PJRT's peak is the process's, a cold first step's transients included); JAX's, its live
+    arrays after them (its step's outputs take its donated inputs' place). Not for Google's (its process)."""
+    if impl == "ours":
+        import torch
+
+        return torch.tpu.max_memory_allocated()
+    if impl == "jax":
+        import jax
+
+        return sum(array.nbytes for array in jax.live_arrays())
+    return None
 
 
 def _compiles(impl: str) -> dict | None:
@@ -276,11 +300,13 @@ def child(
     losses += [run() for _ in range(max(warmup - 1, 0))]
     finishing = _finish_compiles(impl)
     programs = _eager_programs(impl, run, losses) if warmup else None  # the last warm-up step
+    _reset_steady_peak(impl)
     samples = []
     for _ in range(steps):
         began = time.perf_counter()
         losses.append(run())
         samples.append(time.perf_counter() - began)
+    steady = _steady_bytes(impl)
     host = host_profile.capture(run, host_steps) if host_steps else None
     profile_wall = step_profile.capture(run, PROFILE_STEPS, profile, _settle(impl)) if profile else None
     return {
@@ -292,6 +318,7 @@ def child(
         # PJRT's figure, through JAX: not in Google's process (JAX would open the chip it holds)
         "peak_bytes": None if impl == "google" else _peak_bytes(),
         "temp_bytes": _temp_bytes(impl, run),
+        "steady_bytes": steady,
         "first_step_compiles": compiles,
         "first_step_disk_reads": disk_reads,
         "eager_programs": programs,
@@ -339,7 +366,7 @@ def _table(results: list[dict], size: str, peak_tflops: float) -> None:
     google = {r["mode"]: r["step_ms"] for r in results if r["impl"] == "google" and "step_ms" in r}
     print(f"GPT step, size {size} ({dtype}), {flops / 1e12:.3f} TFLOP a step")
     print(f"{'impl':8s} {'mode':11s} {'ms/step':>9s} {'/jax':>6s} {'/google':>8s} {'TFLOP/s':>8s} {'MFU':>6s} "
-          f"{'first s':>8s} {'peak GiB':>9s} {'+temp':>6s}  loss first/last")  # fmt: skip
+          f"{'first s':>8s} {'peak GiB':>9s} {'steady':>7s} {'+temp':>6s}  loss first/last")  # fmt: skip
     for r in results:
         if "error" in r:
             print(f"{r['impl']:8s} {r['mode']:11s} {r['error']}")
@@ -350,8 +377,9 @@ def _table(results: list[dict], size: str, peak_tflops: float) -> None:
         mfu = f"{rate / peak_tflops:.1%}" if peak_tflops else "-"
         peak = f"{r['peak_bytes'] / 2**30:.2f}" if r.get("peak_bytes") else "-"
         temp = f"{r['temp_bytes'] / 2**30:.2f}" if r.get("temp_bytes") is not None else "-"
+        steady = f"{r['steady_bytes'] / 2**30:.2f}" if r.get("steady_bytes") else "-"
         print(f"{r['impl']:8s} {r['mode']:11s} {r['step_ms']:9.2f} {vs_jax:>6s} {vs_google:>8s} {rate:8.2f} {mfu:>6s} "
-              f"{r['first_step_s']:8.1f} {peak:>9s} {temp:>6s}  "
+              f"{r['first_step_s']:8.1f} {peak:>9s} {steady:>7s} {temp:>6s}  "
               f"{r['losses'][0]:.4f}/{r['losses'][-1]:.4f}")  # fmt: skip
 
 
