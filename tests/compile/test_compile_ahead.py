@@ -1,6 +1,6 @@
-"""A compiled backward graph's program compiled ahead of its first call (compile/ahead.py): taken by the call it was
-compiled for, reshaping inputs that arrive in another shape until the exact program is ready, left unused by a
-call unlike it; the gradients are CPU's either way."""
+"""A compiled training graph's programs compiled ahead of their first calls (compile/ahead.py): taken by the calls they
+were compiled for, reshaping inputs that arrive in another shape until the exact program is ready, left unused by a
+call unlike the one foreseen; the gradients are CPU's either way."""
 
 import copy
 
@@ -37,13 +37,13 @@ def _assert_grads(ours: torch.nn.Module, model: torch.nn.Module) -> None:
         torch.testing.assert_close(got.grad.cpu(), expected.grad, rtol=RTOL, atol=ATOL)
 
 
-def test_the_backward_compiles_when_the_graphs_arrive_and_its_first_call_takes_it(on):
+def test_forward_and_backward_compile_when_the_graphs_arrive_and_their_first_calls_take_them(on):
     model, ours = _models()
     x = torch.randn(4, 6)
     out = ours(x.to("tpu"))
-    assert ahead.counts == {"started": 1}  # the backward's program, compiling before the backward runs
+    assert ahead.counts == {"started": 2, "taken": 1}  # the backward's program compiling before the backward runs
     out.square().sum().backward()
-    assert ahead.counts == {"started": 1, "taken": 1}
+    assert ahead.counts == {"started": 2, "taken": 2}
     model(x).square().sum().backward()
     _assert_grads(ours, model)
 
@@ -67,15 +67,29 @@ def test_a_gradient_that_arrives_reshaped_is_reshaped_until_the_exact_program_is
         for optimizer in optimizers:
             optimizer.step()
         if step == 0:
-            assert ahead.counts == {"started": 1, "taken": 1} and len(reshaping) == 1
+            assert ahead.counts == {"started": 2, "taken": 2} and len(reshaping) == 1
             assert reshaping[0]._shapes  # reshaping the gradient
             torch.tpu.finish_compiles()  # waits for the exact program and switches to it
             assert reshaping[0]._final is None and reshaping[0]._shapes == {}
 
 
+def test_a_forward_whose_input_arrives_viewed_compiles_its_own(on):
+    """The batch a caller viewed (`view(4, 6)` of 24 elements) arrives as its storage's array in another shape, as it
+    will every call: the forward's first call compiles the program that takes it so rather than wait for the one
+    compiling ahead (a warm process loads it from the index); the backward takes its own; the gradients are CPU's."""
+    model, ours = _models()
+    x = torch.randn(24)
+    out = ours(x.to("tpu").view(4, 6))
+    assert ahead.counts == {"started": 2, "unused": 1}
+    out.square().sum().backward()
+    assert ahead.counts == {"started": 2, "unused": 1, "taken": 1}
+    model(x.view(4, 6)).square().sum().backward()
+    _assert_grads(ours, model)
+
+
 def test_a_first_call_unlike_the_one_foreseen_compiles_its_own(on):
-    """The forward (and the graphs) under one float32 matmul precision, the backward under another: the trace
-    context differs, so the ahead program is not taken."""
+    """The forward (and the graphs) under one float32 matmul precision, the backward under another: the forward
+    takes its program, but the backward's trace context differs, so its ahead program is not taken."""
     model, ours = _models()
     x = torch.randn(4, 6)
     previous = torch.get_float32_matmul_precision()
@@ -85,7 +99,7 @@ def test_a_first_call_unlike_the_one_foreseen_compiles_its_own(on):
     finally:
         torch.set_float32_matmul_precision(previous)
     out.square().sum().backward()
-    assert ahead.counts == {"started": 1, "unused": 1}
+    assert ahead.counts == {"started": 2, "taken": 1, "unused": 1}
     model(x).square().sum().backward()
     _assert_grads(ours, model)
 
@@ -102,8 +116,8 @@ def test_the_setting_is_on_a_tpu_by_default(monkeypatch):
 
 
 def test_a_failed_ahead_compile_leaves_the_first_call_to_compile(on, monkeypatch):
-    """The program compiled ahead failed (here: its compile raised on the thread): the backward's first call
-    compiles its own, as without compiling ahead, and the gradients are CPU's."""
+    """The programs compiled ahead failed (here: their compiles raised on the thread): the forward's and the
+    backward's first calls compile their own, as without compiling ahead, and the gradients are CPU's."""
     from concurrent.futures import Future
 
     from torch_tpu.runtime import persistent
@@ -117,6 +131,6 @@ def test_a_failed_ahead_compile_leaves_the_first_call_to_compile(on, monkeypatch
     model, ours = _models()
     x = torch.randn(4, 6)
     ours(x.to("tpu")).square().sum().backward()
-    assert ahead.counts == {"started": 1, "unused": 1}
+    assert ahead.counts == {"started": 2, "unused": 2}
     model(x).square().sum().backward()
     _assert_grads(ours, model)

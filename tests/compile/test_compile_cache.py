@@ -379,7 +379,7 @@ factor = float(os.environ.get("FACTOR", "2"))
 torch.tpu.allow_excess_precision = os.environ.get("EXCESS", "1") == "1"
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 3).to("tpu")
-x = torch.arange(8.0, device="tpu").reshape(2, 4)
+x = torch.arange(8.0).reshape(2, 4).to("tpu")  # all of its storage: the forward's first call is the one foreseen
 
 @torch.compile(backend="tpu")
 def step(x):
@@ -426,7 +426,8 @@ def test_warm_process_skips_aot_autograd_and_lowering(cold_step, tmp_path):
 
 
 def test_a_warm_process_compiling_ahead_loads_the_backward_from_the_index(cold_step, tmp_path):
-    """The backward's program compiled ahead (compile/ahead.py) is looked up under the key a first call uses."""
+    """The forward's and backward's programs compiled ahead (compile/ahead.py) are looked up under the keys their
+    first calls use."""
     _, cold = cold_step
     warm, stderr = run(warm_copy(cold_step, tmp_path), STEP, TORCH_TPU_COMPILE_AHEAD="1")
     stats = warm["stats"]

@@ -1,12 +1,13 @@
-"""A backward graph's program compiled ahead of its first call.
+"""A training graph's programs compiled ahead of their first calls.
 
 AOTAutograd hands us the forward and backward graphs together, and the first call of each used to lower and
 compile it then: the forward's XLA compile, then (after the forward ran) the backward's, one after the other on
-a cold process's first step (on a v5e the small GPT step's 13.9 and 14.5 s). The backward's program is lowered as
-soon as its graph arrives, from its placeholders' FakeTensor values, and XLA compiles it on a thread (XLA
-releases the GIL) while the forward's compiles on the caller's: the backward's first call takes it when that call
-is the one foreseen — the same precision and trace context, the same input shapes and dtypes — and else compiles
-its own as before, the ahead program unused. An input that arrives as its storage's array in another shape
+a cold process's first step (on a v5e the small GPT step's 13.9 and 14.5 s). Each program is lowered as soon as
+its graph arrives, from its placeholders' FakeTensor values, and XLA compiles it on a thread (XLA releases the
+GIL): the backward's beside the forward's, and the forward's while AOTAutograd and Dynamo finish (the backward's
+lowering, AOTAutograd's cache entry, Dynamo's guards). A first call takes its program when that call is the one
+foreseen — the same precision and trace context, the same input shapes and dtypes — and else compiles its own as
+before, the ahead program unused. An input that arrives as its storage's array in another shape
 (`arguments.read`: a loss's `logits.view(-1, vocab)` gives the backward its gradient so) is reshaped for the ahead
 program (`Reshaping`) until the program that takes it as it is, compiling from that first call, is ready.
 """
@@ -30,17 +31,17 @@ from torch_tpu.eager import fused
 from torch_tpu.runtime import dtypes, persistent, platform, trace_context
 
 COMPILE_AHEAD = os.environ.get("TORCH_TPU_COMPILE_AHEAD", "auto")
-"""Whether a compiled backward graph's program compiles ahead of its first call: "auto" on a TPU, where a training
-graph's compile takes tens of seconds; "1" everywhere; "0" never. Ahead, a backward that never runs (a training
-graph called for inference without `torch.no_grad`) still costs its compile on a thread, which a process ending
-meanwhile waits for at exit (a compile cannot be stopped part-way)."""
+"""Whether a compiled training graph's programs (forward and backward) compile ahead of their first calls: "auto" on
+a TPU, where a training graph's compile takes tens of seconds; "1" everywhere; "0" never. Ahead, a backward that
+never runs (a training graph called for inference without `torch.no_grad`) still costs its compile on a thread,
+which a process ending meanwhile waits for at exit (a compile cannot be stopped part-way)."""
 
 counts = collections.Counter()
 """Programs compiled ahead ("started"), taken by their first call ("taken") or not ("unused")."""
 
 
 def enabled() -> bool:
-    """Whether backward graphs compile ahead (`COMPILE_AHEAD`)."""
+    """Whether training graphs compile ahead (`COMPILE_AHEAD`)."""
     if COMPILE_AHEAD == "auto":
         return platform.platform() == "tpu"
     return COMPILE_AHEAD != "0"
@@ -58,18 +59,21 @@ def _abstract(value: Any) -> jax.ShapeDtypeStruct | None:
 @dataclasses.dataclass
 class Ahead:
     """A program compiling for the inputs `avals` under the trace context `token` (`program`), `lowered_in` seconds
-    of lowering before it."""
+    of lowering before it; `reshaping`: whether it also serves a call whose inputs arrive as their storages' arrays
+    in another shape (`Reshaping`)."""
 
     avals: list[jax.ShapeDtypeStruct]
     token: Any
     program: persistent.Soon
     lowered_in: float
+    reshaping: bool = True
 
     def take(self, inputs: Sequence[Any], reshapes: tuple) -> tuple[Any, bool, float] | None:
         """(executable, whether it came from disk, seconds it took) when the call with `inputs` is the one it was
         compiled for, its inputs at `reshapes` (`arguments.read`'s) read in those shapes; else None (also where its
         compile failed: the caller compiles again and raises there)."""
-        ready = self._wait() if self._foreseen(inputs, dict(reshapes)) else None
+        foreseen = (self.reshaping or not reshapes) and self._foreseen(inputs, dict(reshapes))
+        ready = self._wait() if foreseen else None
         counts["taken" if ready is not None else "unused"] += 1
         return ready
 
@@ -97,12 +101,16 @@ def start(
     kept: Sequence[int],
     traced_sizes: dict[tuple, dict[int, int]],
     lowering: Callable[[Any, list[Any]], Callable[[], jax.stages.Lowered]],
+    reshaping: bool = True,
 ) -> Ahead | None:
     """Lower `gm` for its placeholders' values (those at `kept`: the executable's inputs) and compile it on a
     thread of the eager compile pool (`fused.compiler()`), through the graph index and the persistent tier as a
     first call would (`warm.executable_soon`).
     `lowering(key, inputs)` makes the lowering function of a call with those (abstract) values. None where an
-    input is not a tensor of static shape, or the lowering fails (the first call lowers again, and raises)."""
+    input is not a tensor of static shape, or the lowering fails (the first call lowers again, and raises).
+    `reshaping=False` (a forward's): a first call whose inputs arrive in another shape (a batch its caller viewed,
+    so every call) compiles, or loads from the index, the program that takes them as they are instead of waiting
+    for this one (a backward's incoming gradient is the exception, `Reshaping`; its program is ready by then)."""
     placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
     avals = [_abstract(placeholders[index].meta.get("val")) for index in kept]
     if any(aval is None for aval in avals):
@@ -116,7 +124,7 @@ def start(
     except Exception:  # the first call lowers the graph again and raises where it belongs
         return None
     counts["started"] += 1
-    return Ahead(avals, token, program, time.perf_counter() - start_time)
+    return Ahead(avals, token, program, time.perf_counter() - start_time, reshaping)
 
 
 class Reshaping(tiers.Switching):

@@ -33,7 +33,8 @@ class CompiledGraph:
     """One ATen graph as a cached XLA executable, called with and returning ordinary torch tensors.
 
     With bucket options and a dynamic size, the graph runs padded (`buckets.Plan`): one executable per bucket of
-    padded sizes, at most `num_buckets` of them.
+    padded sizes, at most `num_buckets` of them. `ahead`: the kind of a training graph ("forward", "backward") whose
+    program compiles ahead of its first call (`compile.ahead`).
     """
 
     def __init__(
@@ -42,7 +43,7 @@ class CompiledGraph:
         name: str,
         debug_callback: Callable | None,
         bucket_options: buckets.Options | None = None,
-        ahead: bool = False,
+        ahead: str | None = None,
     ) -> None:
         self.name = name
         graph.check_supported(gm)
@@ -69,10 +70,11 @@ class CompiledGraph:
         ]
         self.debug_callback = debug_callback
         self.gm = gm
-        # a backward graph's program compiles now, on a thread, beside the forward's (compile/ahead.py)
+        # a training graph's program compiles now, on a thread, while AOTAutograd and Dynamo finish (compile/ahead.py)
         self.ahead = None
         if ahead and plain and debug_callback is None and compile_ahead.enabled():
-            self.ahead = compile_ahead.start(gm, self.kept, self.fn.sizes, lambda k, v: self._lowering(k, v, ()))
+            lowering = lambda k, v: self._lowering(k, v, ())
+            self.ahead = compile_ahead.start(gm, self.kept, self.fn.sizes, lowering, ahead == "backward")
 
     def _donated(self) -> list[tuple[int, int]]:
         """(argument index, position among the executable's inputs) of each input the graph writes back: its
@@ -259,11 +261,18 @@ class CompiledGraph:
         return bucket
 
 
+_AHEAD = ("forward", "backward")
+"""The graphs whose programs compile ahead (`compile.ahead`): a training graph's pair, both run in a step. An
+inference graph's program compiles at its first call: that call follows at once, and a graph of independent
+computations (an optimizer step's) runs its parts meanwhile (`compile.tiers`)."""
+
+
 def _compiler(
     kind: str, name: str, debug_callback: Callable | None, bucket_options: buckets.Options | None
 ) -> Callable:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-        compiled = CompiledGraph(gm, f"{name}:{kind}", debug_callback, bucket_options, ahead=kind == "backward")
+        ahead = kind if kind in _AHEAD else None
+        compiled = CompiledGraph(gm, f"{name}:{kind}", debug_callback, bucket_options, ahead=ahead)
         return make_boxed_func(torch._dynamo.disable(compiled))
 
     return compile_graph
@@ -299,7 +308,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: di
                 name=f"{name}:{kind}",
                 debug_callback=None,
                 bucket_options=bucket_options,
-                ahead=kind == "backward",
+                ahead=kind if kind in _AHEAD else None,
             ),
             **aot_options,
         )
