@@ -33,7 +33,7 @@
 # fused_large  the large step in Fused eager, each run a cold process on a cache of its own: Google's, ours as it
 #              stands, ours with PyTorch's composite products (TORCH_TPU_FUSED_PRODUCTS=0, the cut at 0.7 measured
 #              best with them), and the default cut's neighbours (TORCH_TPU_FUSED_BACKWARD_CUT_AT=0.4, 0.6)
-# compile_ahead the cold first step of the compiled modes with a backward graph's program compiled ahead (the
+# compile_ahead the cold first step of the compiled modes with a training graph's programs compiled ahead (the
 #              default on a TPU) and without (TORCH_TPU_COMPILE_AHEAD=0): the small whole step and compiled model,
 #              the large compiled model; each run a cold process on a cache of its own
 # Every step runs under its own timeout (SIGINT first: pytest then writes its report), cut to what is left of
