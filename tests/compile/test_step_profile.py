@@ -101,7 +101,8 @@ def test_tpu_step_profiles_jax_as_one_program_and_our_whole_step_as_its_graphs(t
         assert 0 < profile["device_busy_ms"] <= profile["wall_ms"]
         assert sum(profile["top_kinds_ms"].values()) > 0
     hosts = {row["impl"]: row["host_profile"] for row in rows}  # and each step's host thread, under cProfile
-    assert any("compile/backend.py" in where for where, *_ in hosts["ours"]["cumulative"])  # our graphs' calls
+    ours = [where for where, *_ in hosts["ours"]["own"] + hosts["ours"]["cumulative"]]
+    assert any(where.startswith(("compile/", "runtime/")) for where in ours), ours  # our graphs' calls, among the top
     assert all(hosts[impl]["wall_ms"] > 0 for impl in ("jax", "ours"))
     assert "host profile, ours whole_step" in printed and "host profile, jax jit" in printed
 
