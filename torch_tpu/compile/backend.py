@@ -33,8 +33,8 @@ class CompiledGraph:
     """One ATen graph as a cached XLA executable, called with and returning ordinary torch tensors.
 
     With bucket options and a dynamic size, the graph runs padded (`buckets.Plan`): one executable per bucket of
-    padded sizes, at most `num_buckets` of them. `ahead`: the kind of a training graph ("forward", "backward") whose
-    program compiles ahead of its first call (`compile.ahead`).
+    padded sizes, at most `num_buckets` of them. `kind`: AOTAutograd's ("forward", "backward", "inference"); a
+    training graph's program compiles ahead of its first call (`_AHEAD`, `compile.ahead`).
     """
 
     def __init__(
@@ -43,7 +43,7 @@ class CompiledGraph:
         name: str,
         debug_callback: Callable | None,
         bucket_options: buckets.Options | None = None,
-        ahead: str | None = None,
+        kind: str = "inference",
     ) -> None:
         self.name = name
         graph.check_supported(gm)
@@ -72,16 +72,15 @@ class CompiledGraph:
         self.gm = gm
         # a training graph's program compiles now, on a thread, while AOTAutograd and Dynamo finish (compile/ahead.py)
         self.ahead = None
-        if ahead and plain and debug_callback is None and compile_ahead.enabled():
+        if kind in _AHEAD and plain and debug_callback is None and compile_ahead.enabled():
             lowering = lambda k, v: self._lowering(k, v, ())
-            self.ahead = compile_ahead.start(gm, self.kept, self.fn.sizes, lowering, ahead == "backward")
+            self.ahead = compile_ahead.start(gm, self.kept, self.fn.sizes, lowering, kind == "backward")
 
     def _donated(self) -> list[tuple[int, int]]:
         """(argument index, position among the executable's inputs) of each input the graph writes back: its
         memory may hold the new value (donate_argnums), as an optimizer step updates parameters and state in
         place, so the step needs no second copy of them."""
-        positions = self.kept_position
-        return [(index, positions[index]) for index, _ in self.mutations if index in positions]
+        return [(index, self.kept_position[index]) for index, _ in self.mutations if index in self.kept_position]
 
     def _owned_or_copied(self, inputs: list[Any], held: list[bool]) -> None:
         """Each donated input as an array the executable may consume: one only the written tensor's storage (and
@@ -271,8 +270,7 @@ def _compiler(
     kind: str, name: str, debug_callback: Callable | None, bucket_options: buckets.Options | None
 ) -> Callable:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-        ahead = kind if kind in _AHEAD else None
-        compiled = CompiledGraph(gm, f"{name}:{kind}", debug_callback, bucket_options, ahead=ahead)
+        compiled = CompiledGraph(gm, f"{name}:{kind}", debug_callback, bucket_options, kind=kind)
         return make_boxed_func(torch._dynamo.disable(compiled))
 
     return compile_graph
@@ -308,7 +306,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: di
                 name=f"{name}:{kind}",
                 debug_callback=None,
                 bucket_options=bucket_options,
-                ahead=kind if kind in _AHEAD else None,
+                kind=kind,
             ),
             **aot_options,
         )
