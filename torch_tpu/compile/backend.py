@@ -64,6 +64,11 @@ class CompiledGraph:
         plain = self.spmd is None and self.plan is None
         self.as_stored = frozenset(i for i in self.kept if i not in written) if plain else frozenset()
         output_node = next(n for n in gm.graph.nodes if n.op == "output")
+        placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+        self.sized = not all(isinstance(placeholders[i].meta.get("val"), torch.Tensor) for i in self.kept)
+        # per mutation, the position of the input whose buffer, read whole, takes the new value as its array: the
+        # program writes a value of the input's shape and dtype as traced (`graph.to_jax`; `arguments.write_back`)
+        self.replaced_at = [self.kept_position.get(index) if plain else None for index, _ in self.mutations]
         self.host_outputs = [
             isinstance(v := getattr(o, "meta", {}).get("val"), torch.Tensor) and v.device.type == "cpu"
             for o in output_node.args[0]
@@ -82,7 +87,7 @@ class CompiledGraph:
         place, so the step needs no second copy of them."""
         return [(index, self.kept_position[index]) for index, _ in self.mutations if index in self.kept_position]
 
-    def _owned_or_copied(self, inputs: list[Any], held: list[bool]) -> None:
+    def _owned_or_copied(self, inputs: list[Any], held: list[Any]) -> None:
         """Each donated input as an array the executable may consume: one only the written tensor's storage (and
         `inputs`) holds, which the write-back then replaces; an array held elsewhere too (another tensor's
         storage, a cache, the user's JAX code, a second position of `inputs`) is passed as a copy."""
@@ -91,7 +96,7 @@ class CompiledGraph:
             if type(array) is int:
                 continue
             # references: `inputs`, `array`, getrefcount's argument, and the storage when the tensor is all of it
-            if sys.getrefcount(array) > 3 + held[position]:
+            if sys.getrefcount(array) > 3 + (held[position] is not None):
                 inputs[position] = storage.copy_array(array)
 
     def _compile(self, key: Any, inputs: list[Any], reshapes: tuple = ()) -> tuple[Any, Entry]:
@@ -188,7 +193,9 @@ class CompiledGraph:
     def _run(self, executable: Callable, key: jax.Array, inputs: list[Any]) -> Any:
         if self.spmd is not None:
             return self.spmd.call(executable, [key, *inputs])
-        return executable(key, *[value for value in inputs if not isinstance(value, int)])
+        if self.sized:
+            inputs = [value for value in inputs if not isinstance(value, int)]
+        return executable(key, *inputs)
 
     def __call__(self, *args: Any) -> list[Any]:
         key = tpu_random.next_key()
@@ -197,7 +204,7 @@ class CompiledGraph:
         reshapes = tuple((position, tuple(args[self.kept[position]].shape)) for position in stored)
         self._owned_or_copied(inputs, held)
         if self.plan is None:
-            shape_key = tuple(value for value in inputs if isinstance(value, int))
+            shape_key = tuple(value for value in inputs if isinstance(value, int)) if self.sized else ()
         else:
             real = self.plan.sizes(inputs)
             shape_key = self._bucket(real)
@@ -222,7 +229,10 @@ class CompiledGraph:
         else:
             outputs = self.plan.finish(outputs, self.mutations, real)
         self._pass_through(args, outputs, held)
-        arguments.write_back([args[index] for index, _ in self.mutations], [outputs[p] for _, p in self.mutations])
+        replaced = [None if at is None else held[at] for at in self.replaced_at]
+        arguments.write_back(
+            [args[index] for index, _ in self.mutations], [outputs[p] for _, p in self.mutations], replaced
+        )
         results = []  # the graph's own outputs; the written-back values after them are not the caller's
         own = outputs[: len(outputs) - len(self.mutations)]
         for value, host in zip(own, self.host_outputs + [False] * len(own), strict=False):
@@ -233,7 +243,7 @@ class CompiledGraph:
                 results.append(value)
         return results
 
-    def _pass_through(self, args: Sequence[Any], outputs: list[Any], held: list[bool]) -> None:
+    def _pass_through(self, args: Sequence[Any], outputs: list[Any], held: list[Any]) -> None:
         """Put the inputs the graph returns as they are (`Replay.passthrough`) among its outputs: the caller's own
         object where it is all of its storage (a weight a forward saves for its backward), else its value as a new
         array, which a backward compiled ahead (`compile.ahead`) takes as its key expects, not in another shape."""

@@ -17,49 +17,52 @@ import jax
 import torch
 
 from torch_tpu.runtime import storage
-from torch_tpu.runtime.mapping import RESHAPE, WHOLE_BUFFER, classify
+from torch_tpu.runtime.mapping import _JAX_DTYPE, RESHAPE, WHOLE_BUFFER, classify
 
 _ATTR = storage._ATTR
 _Tensor = torch.Tensor
+_STRIDED = torch.strided
 
 
 def _whole(tensor: torch.Tensor, buffer: Any) -> bool:
-    """Whether `tensor` is all of `buffer`'s array as it is, with no lazy conjugate or negative bit to apply."""
-    return (
-        classify(tensor, buffer, tensor.shape, tensor.dtype) is WHOLE_BUFFER
-        and not tensor.is_conj()
-        and not tensor.is_neg()
+    """Whether `tensor` is all of `buffer`'s array as it is, with no lazy conjugate or negative bit to apply: the
+    common case (`mapping.classify`'s first test) inline, as a step's graphs test hundreds of tensors a call."""
+    if buffer.shape == tensor.shape and buffer.dtype is _JAX_DTYPE[tensor.dtype] and tensor.is_contiguous():
+        return not tensor.is_neg() and not tensor.is_conj()
+    return classify(tensor, buffer, tensor.shape, tensor.dtype) is WHOLE_BUFFER and not (
+        tensor.is_conj() or tensor.is_neg()
     )
 
 
 def read(
     args: Sequence[Any], kept: Sequence[int], as_stored: Collection[int] = ()
-) -> tuple[list[Any], list[bool], list[int]]:
+) -> tuple[list[Any], list[Any], list[int]]:
     """The values of `args[i]` for each i in `kept`, as an executable takes them (a `tpu` tensor's logical value,
-    a host tensor copied to the device, anything else as it is), for each whether it is the very array its
-    tensor's storage holds (which a donation may then consume in place), and the positions of the values given
-    as stored: an argument in `as_stored` that is all of its storage's array in another shape (a `view` of an op's
-    result) is that array as it is, for the program to reshape, where reading it would copy it."""
+    a host tensor copied to the device, anything else as it is); for each, the storage's `DeviceBuffer` where the
+    value is the very array it holds (which a donation may then consume in place, and `write_back` replace), else
+    None; and the positions of the values given as stored: an argument in `as_stored` that is all of its
+    storage's array in another shape (a `view` of an op's result) is that array as it is, for the program to
+    reshape, where reading it would copy it."""
     values: list[Any] = []
-    held: list[bool] = []
+    buffers: list[Any] = []
     stored: list[int] = []
     for index in kept:
         value = args[index]
-        whole = False
+        whole = None
         if isinstance(value, _Tensor):
-            buffer = getattr(value.untyped_storage(), _ATTR, None) if value.layout is torch.strided else None
-            if buffer is not None and buffer._array is not None and _whole(value, buffer):
-                value, whole = buffer._array, True
-            elif index in as_stored and buffer is not None and _reshaped(value, buffer):
+            buffer = getattr(value.untyped_storage(), _ATTR, None) if value.layout is _STRIDED else None
+            if buffer is None:
+                value = storage.value(value) if value.device.type == "tpu" else storage.to_device(value)
+            elif (array := buffer._array) is not None and _whole(value, buffer):
+                value, whole = array, buffer
+            elif index in as_stored and _reshaped(value, buffer):
                 stored.append(len(values))
-                value = buffer._array
-            elif value.device.type == "tpu":
-                value = storage.value(value)
+                value = array
             else:
-                value = storage.to_device(value)
+                value = storage.value(value)
         values.append(value)
-        held.append(whole)
-    return values, held, stored
+        buffers.append(whole)
+    return values, buffers, stored
 
 
 def _reshaped(tensor: torch.Tensor, buffer: Any) -> bool:
@@ -70,17 +73,14 @@ def _reshaped(tensor: torch.Tensor, buffer: Any) -> bool:
     return classify(tensor, buffer, tensor.shape, tensor.dtype)[0] == RESHAPE
 
 
-def write_back(targets: Sequence[torch.Tensor], values: Sequence[jax.Array]) -> None:
-    """Store each computed value into its target tensor, as `storage.write` would (a host target is copied to)."""
-    for target, value in zip(targets, values, strict=True):
-        buffer = getattr(target.untyped_storage(), _ATTR, None) if target.layout is torch.strided else None
-        if (
-            buffer is not None
-            and type(value) is not storage._Pending
-            and _whole(target, buffer)
-            and value.shape == buffer.shape
-            and value.dtype == buffer.dtype
-        ):
+def write_back(targets: Sequence[torch.Tensor], values: Sequence[jax.Array], buffers: Sequence[Any]) -> None:
+    """Store each computed value into its target tensor, as `storage.write` would (a host target is copied to).
+
+    `buffers[i]`: the buffer target i was read from as all of its array (`read`) where values[i] has that
+    array's shape and dtype (the program's output traced with the input's layout), whose array it then replaces
+    as it is; else None."""
+    for target, value, buffer in zip(targets, values, buffers, strict=True):
+        if buffer is not None:
             buffer._array = value
         elif target.device.type == "tpu":
             storage.write(target, value)
