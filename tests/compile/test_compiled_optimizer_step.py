@@ -9,7 +9,7 @@ import torch
 
 import torch_tpu
 from tests.helpers import cross_entropy_step
-from torch_tpu.runtime import storage
+from torch_tpu.runtime import arguments, storage
 from torch_tpu.testing.compare import assert_close
 
 pytestmark = [pytest.mark.tpu_device, pytest.mark.usefixtures("fresh_dynamo")]
@@ -79,6 +79,10 @@ def test_compiled_whole_step_keeps_the_step_counters_on_the_device_and_matches_c
     # the last step, compiled already, moved no tensor of its own either way (its batch moves by .to(device))
     assert after["to_device"] - at_step_three["to_device"] == 0
     assert after["to_host"] - at_step_three["to_host"] == 1  # the losses' stack, read once
+    # the next step reads every parameter and state tensor as the very array its storage holds (its buffer)
+    state = [*tpu_model.parameters(), *(v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v))]
+    _, buffers, _ = arguments.read(state, range(len(state)))
+    assert all(buffer is storage.buffer_of(t) for buffer, t in zip(buffers, state, strict=True))
 
 
 def test_compiled_autograd_whole_step_matches_cpu():
