@@ -18,7 +18,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch_tpu import metrics
 from torch_tpu import random as tpu_random
 from torch_tpu.compile import ahead as compile_ahead
-from torch_tpu.compile import buckets, graph, tiers, warm
+from torch_tpu.compile import buckets, graph, runahead, tiers, warm
 from torch_tpu.eager import fused
 from torch_tpu.eager.cache import Entry, executables
 from torch_tpu.ops.decompositions import for_graphs as decompositions
@@ -46,6 +46,7 @@ class CompiledGraph:
         kind: str = "inference",
     ) -> None:
         self.name = name
+        self.kind = kind
         graph.check_supported(gm)
         arity = sum(1 for node in gm.graph.nodes if node.op == "placeholder")  # the caller's arguments
         self.plan = buckets.plan(gm, name) if bucket_options is not None else None
@@ -200,6 +201,8 @@ class CompiledGraph:
     def __call__(self, *args: Any) -> list[Any]:
         key = tpu_random.next_key()
         fused.flush()  # a compiled graph runs on computed values
+        if self.kind == "forward":
+            runahead.before_forward()
         inputs, held, stored = arguments.read(args, self.kept, self.as_stored)
         reshapes = tuple((position, tuple(args[self.kept[position]].shape)) for position in stored)
         self._owned_or_copied(inputs, held)
@@ -223,6 +226,8 @@ class CompiledGraph:
                 raise memory.out_of_memory(error) from error
             raise
         outputs = list(checks.take(outputs))  # device-side checks left pending (runtime/checks.py)
+        if self.kind == "backward":
+            runahead.backward_ran(outputs)
         if self.plan is None:
             for position, size in self.fn.sizes.get(shape_key, {}).items():
                 outputs[position] = size
