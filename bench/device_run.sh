@@ -2,7 +2,7 @@
 # The device run: torch_tpu on a real chip, in parts that each fit one 10-minute command of a borrowed machine.
 #
 #   bench/device_run.sh PART [PART ...]   PART: correctness | ops | ops_rest | models | kit | numerics | perf |
-#                                               perf_large | fused_large | compile_ahead | all
+#                                               perf_large | fused_large | compile_ahead | runahead | all
 #
 # On the TPU machine (../shared/tpu/pack.sh here, then remote.sh setup there), from the project root:
 #   source /tmp/tpu/env.sh ours && bench/device_run.sh correctness     (then `ops`, `ops_rest`, `models`: four calls
@@ -36,6 +36,10 @@
 # compile_ahead the cold first step of the compiled modes with a training graph's programs compiled ahead (the
 #              default on a TPU) and without (TORCH_TPU_COMPILE_AHEAD=0): the small whole step and compiled model,
 #              the large compiled model; each run a cold process on a cache of its own
+# runahead     the large whole step with a compiled training forward waiting for the backward before it (the
+#              default, compile/runahead.py) and running ahead (TORCH_TPU_FORWARD_WAITS_FOR_BACKWARD=0), and the
+#              large compiled model waiting: ms a step, PJRT's peak against the steady step's buffers; each run a
+#              cold process on a cache of its own
 # Every step runs under its own timeout (SIGINT first: pytest then writes its report), cut to what is left of
 # DEVICE_RUN_BUDGET_S (default 540 s a part); a failed or timed-out step is recorded and the run goes on. Under $OUT
 # (default: a fresh temporary folder): one log per part with every step's output (PART.log), the test reports
@@ -286,15 +290,29 @@ part_compile_ahead() {
     done
 }
 
+part_runahead() {
+    local steps=(--steps 10 --warmup 3) large=large
+    [ "$SMALL" = 1 ] && steps=(--steps 2 --warmup 1) large=tiny
+    local run mode setting name
+    for run in "whole_step 1" "whole_step 0" "compiled 1"; do
+        read -r mode setting <<<"$run"
+        name=runahead_${setting}_${large}_$mode
+        step "$name" 180 env TORCH_TPU_FORWARD_WAITS_FOR_BACKWARD=$setting \
+            TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT="$WORK/cache_$name" TORCHINDUCTOR_CACHE_DIR="$WORK/inductor_$name" \
+            "$PYTHON" bench/tpu_step.py --size "$large" "${steps[@]}" --impls ours --modes "$mode" \
+            --peak-tflops "${PEAK_TFLOPS_BF16:-197}"
+    done
+}
+
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(correctness)
-[ "${PARTS[*]}" = all ] && PARTS=(correctness ops ops_rest models kit numerics perf perf_large fused_large compile_ahead)
+[ "${PARTS[*]}" = all ] && PARTS=(correctness ops ops_rest models kit numerics perf perf_large fused_large compile_ahead runahead)
 for PART in "${PARTS[@]}"; do
     case $PART in
-    correctness | ops | ops_rest | models | kit | numerics | perf | perf_large | fused_large | compile_ahead) ;;
+    correctness | ops | ops_rest | models | kit | numerics | perf | perf_large | fused_large | compile_ahead | runahead) ;;
     *)
         echo "device_run.sh: unknown part '$PART' (correctness, ops, ops_rest, models, kit, numerics, perf, perf_large," \
-            "fused_large, compile_ahead or all)" >&2
+            "fused_large, compile_ahead, runahead or all)" >&2
         exit 2
         ;;
     esac

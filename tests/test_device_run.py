@@ -21,6 +21,7 @@ STEPS = {
     "perf_large": ["tpu_step_large"],
     "fused_large": ["fused_default", "fused_PRODUCTS_0_BACKWARD_CUT_AT_0.7", "fused_BACKWARD_CUT_AT_0.6"],
     "compile_ahead": ["ahead_1_tiny_whole_step", "ahead_0_tiny_whole_step", "ahead_1_tiny_compiled"],
+    "runahead": ["runahead_1_tiny_whole_step", "runahead_0_tiny_whole_step", "runahead_1_tiny_compiled"],
 }
 FILES = {
     "correctness": ["correctness.log", "correctness-junit.xml"],
@@ -33,6 +34,7 @@ FILES = {
     "perf_large": ["perf_large.log", "tpu_step_large.json"],
     "fused_large": ["fused_large.log"],
     "compile_ahead": ["compile_ahead.log"],
+    "runahead": ["runahead.log"],
 }
 
 
@@ -57,7 +59,7 @@ def _dry_run(tmp_path: Path, part: str) -> str:
     ["correctness", "ops", "ops_rest", "models", "kit"]
     + [
         pytest.param(p, marks=pytest.mark.slow)
-        for p in ("numerics", "perf", "perf_large", "fused_large", "compile_ahead")
+        for p in ("numerics", "perf", "perf_large", "fused_large", "compile_ahead", "runahead")
     ],
 )
 def test_each_part_passes_every_step_on_the_cpu_platform(tmp_path, part):
@@ -76,7 +78,7 @@ def test_an_unknown_part_is_refused_naming_the_parts(tmp_path):
     out = subprocess.run(
         ["bash", str(ROOT / "bench" / "device_run.sh"), "speed"], capture_output=True, text=True, env=env
     )
-    parts = "correctness, ops, ops_rest, models, kit, numerics, perf, perf_large, fused_large, compile_ahead"
+    parts = "correctness, ops, ops_rest, models, kit, numerics, perf, perf_large, fused_large, compile_ahead, runahead"
     assert out.returncode == 2 and parts in out.stderr
 
 
