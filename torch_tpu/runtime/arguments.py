@@ -2,10 +2,10 @@
 mutates written back.
 
 An optimizer step's graph takes and updates hundreds of tensors a call (a 4-layer GPT's AdamW: 260 in, 208 written
-back), so a few microseconds a tensor is most of the step's host time on the chip. Each loop here tests the common
-case inline — a contiguous tensor that is its storage's whole array, read or replaced as it is — and hands
-anything else (views, other dtypes, conjugate or negative bits, host tensors) to `storage`, which does the same
-thing the general way.
+back), so a few microseconds a tensor is most of the step's host time on the chip. Reading tests the common case
+inline — a contiguous tensor that is its storage's whole array, read as it is — and the write-back replaces the
+array of each buffer so read, with no second test; anything else (views, other dtypes, conjugate or negative
+bits, host tensors) goes to `storage`, which does the same thing the general way.
 """
 
 from __future__ import annotations
