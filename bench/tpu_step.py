@@ -108,10 +108,10 @@ def _compiles(impl: str) -> dict | None:
 
 
 class _FirstStepClock:
-    """Where a cold (or warm) first step's seconds go: the phases of `child` (imports and the runtime's start,
-    building the model and moving it, the first call), JAX's own compile events (traces, lowerings to StableHLO,
-    XLA compiles, persistent-cache reads) with the costliest compiled functions, and Dynamo's tracing and the
-    backend's share of it (AOTAutograd, our lowering)."""
+    """Where a cold (or warm) first step's seconds go: the phases of `child` (imports, the runtime's start with a
+    first op, building the model and moving it, the first call), JAX's own compile events (traces, lowerings to
+    StableHLO, XLA compiles, persistent-cache reads) with the costliest compiled functions, and Dynamo's tracing and
+    the backend's share of it (AOTAutograd, our lowering)."""
 
     def __init__(self) -> None:
         self.phases: dict[str, float] = {}
@@ -183,15 +183,19 @@ def _torch_step(mode: str, size: str):  # a step function, closed over its batch
     return lambda: step(idx, targets).item()
 
 
-def _start_runtime(impl: str) -> None:
-    """Import the implementation and open the chip: a cold process's fixed cost, apart from the step's."""
+def _start_runtime(impl: str, clock: _FirstStepClock) -> None:
+    """Import the implementation (phase `import`: torch, which loads ours or Google's TorchTPU, and JAX where it is
+    used), then open the chip and run a first op (phase `runtime`): a cold process's fixed cost, apart from the
+    step's."""
     if impl == "jax":
         import jax
 
+        clock.phase("import")
         jax.devices()
     else:
         import torch
 
+        clock.phase("import")
         torch.empty(1, device="tpu").cpu()
 
 
@@ -287,7 +291,7 @@ def child(
     (bench/host_profile.py)."""
     start = time.perf_counter()
     clock = _FirstStepClock()
-    _start_runtime(impl)
+    _start_runtime(impl, clock)
     _set_precision(impl, precision, size)
     clock.phase("runtime")
     run = _jax_step(size) if impl == "jax" else _torch_step(mode, size)
