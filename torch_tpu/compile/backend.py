@@ -47,6 +47,7 @@ class CompiledGraph:
     ) -> None:
         self.name = name
         self.kind = kind
+        self.token_position: int | None = None  # a backward's output that the next forward waits for (`runahead`)
         graph.check_supported(gm)
         arity = sum(1 for node in gm.graph.nodes if node.op == "placeholder")  # the caller's arguments
         self.plan = buckets.plan(gm, name) if bucket_options is not None else None
@@ -227,7 +228,9 @@ class CompiledGraph:
             raise
         outputs = list(checks.take(outputs))  # device-side checks left pending (runtime/checks.py)
         if self.kind == "backward":
-            runahead.backward_ran(outputs)
+            if self.token_position is None:
+                self.token_position = runahead.smallest(outputs)
+            runahead.backward_ran(outputs[self.token_position] if self.token_position is not None else None)
         if self.plan is None:
             for position, size in self.fn.sizes.get(shape_key, {}).items():
                 outputs[position] = size

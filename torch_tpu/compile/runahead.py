@@ -22,16 +22,21 @@ import jax
 WAIT = os.environ.get("TORCH_TPU_FORWARD_WAITS_FOR_BACKWARD", "1") != "0"
 
 _last_backward: jax.Array | None = None
-"""The smallest output of the backward run last (an output is ready when its program has finished); held until the
-next forward waits for it, a few bytes of a gradient."""
+"""An output of the backward run last, its smallest (an output is ready when its program has finished); held until
+the next forward waits for it, a few bytes of a gradient."""
 
 
-def backward_ran(outputs: list[Any]) -> None:
-    """Note a backward graph's outputs (on the autograd engine's thread)."""
+def smallest(outputs: list[Any]) -> int | None:
+    """The position of a backward's smallest array among its outputs (None: it has none), found at its first call."""
+    arrays = [i for i, value in enumerate(outputs) if isinstance(value, jax.Array)]
+    return min(arrays, key=lambda i: outputs[i].size, default=None)
+
+
+def backward_ran(output: Any) -> None:
+    """Note an output of the backward just run (on the autograd engine's thread)."""
     global _last_backward
-    if WAIT:
-        arrays = [value for value in outputs if isinstance(value, jax.Array)]
-        _last_backward = min(arrays, key=lambda array: array.size, default=None)
+    if WAIT and isinstance(output, jax.Array):
+        _last_backward = output
 
 
 def before_forward() -> None:
