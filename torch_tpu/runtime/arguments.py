@@ -17,7 +17,7 @@ import jax
 import torch
 
 from torch_tpu.runtime import storage
-from torch_tpu.runtime.mapping import _JAX_DTYPE, RESHAPE, WHOLE_BUFFER, classify
+from torch_tpu.runtime.mapping import RESHAPE, WHOLE_BUFFER, classify
 
 _ATTR = storage._ATTR
 _Tensor = torch.Tensor
@@ -25,12 +25,11 @@ _STRIDED = torch.strided
 
 
 def _whole(tensor: torch.Tensor, buffer: Any) -> bool:
-    """Whether `tensor` is all of `buffer`'s array as it is, with no lazy conjugate or negative bit to apply: the
-    common case (`mapping.classify`'s first test) inline, as a step's graphs test hundreds of tensors a call."""
-    if buffer.shape == tensor.shape and buffer.dtype is _JAX_DTYPE[tensor.dtype] and tensor.is_contiguous():
-        return not tensor.is_neg() and not tensor.is_conj()
-    return classify(tensor, buffer, tensor.shape, tensor.dtype) is WHOLE_BUFFER and not (
-        tensor.is_conj() or tensor.is_neg()
+    """Whether `tensor` is all of `buffer`'s array as it is, with no lazy conjugate or negative bit to apply."""
+    return (
+        classify(tensor, buffer, tensor.shape, tensor.dtype) is WHOLE_BUFFER
+        and not tensor.is_conj()
+        and not tensor.is_neg()
     )
 
 

@@ -172,9 +172,7 @@ def layout(shape: tuple[int, ...], jdtype: np.dtype) -> tuple:
     found = _layouts.get((shape, jdtype))
     if found is None:
         torch_dtype = dtypes.to_torch(jdtype)
-        canonical = _JAX_DTYPE.get(torch_dtype)
-        if canonical is not None and canonical == jdtype:
-            jdtype = canonical
+        jdtype = _CANONICAL.get(jdtype, jdtype)
         found = _layouts[shape, jdtype] = (shape, torch_dtype, jdtype, math.prod(shape) * jdtype.itemsize)
     return found
 
