@@ -2,7 +2,8 @@
 # The device run: torch_tpu on a real chip, in parts that each fit one 10-minute command of a borrowed machine.
 #
 #   bench/device_run.sh PART [PART ...]   PART: correctness | ops | ops_rest | models | kit | numerics | perf |
-#                                               perf_large | fused_large | compile_ahead | runahead | all
+#                                               perf_large | fused_large | compile_ahead | runahead | cold_start |
+#                                               all
 #
 # On the TPU machine (../shared/tpu/pack.sh here, then remote.sh setup there), from the project root:
 #   source /tmp/tpu/env.sh ours && bench/device_run.sh correctness     (then `ops`, `ops_rest`, `models`: four calls
@@ -40,6 +41,9 @@
 #              default, compile/runahead.py) and running ahead (TORCH_TPU_FORWARD_WAITS_FOR_BACKWARD=0), and the
 #              large compiled model waiting: ms a step, PJRT's peak against the steady step's buffers; each run a
 #              cold process on a cache of its own
+# cold_start   bench/cold_start.py (a process's import, first op and optimizer, the device opened on the calling
+#              thread and on a thread while Dynamo imports), then the small step's first step in Strict and Fused
+#              eager, ours and Google's, each a cold process on a cache of its own
 # Every step runs under its own timeout (SIGINT first: pytest then writes its report), cut to what is left of
 # DEVICE_RUN_BUDGET_S (default 540 s a part); a failed or timed-out step is recorded and the run goes on. Under $OUT
 # (default: a fresh temporary folder): one log per part with every step's output (PART.log), the test reports
@@ -304,15 +308,28 @@ part_runahead() {
     done
 }
 
+part_cold_start() {
+    local rounds=3 steps=(--steps 10 --warmup 3) size=small google=() google_env
+    [ "$SMALL" = 1 ] && rounds=1 steps=(--steps 2 --warmup 1) size=tiny
+    step cold_start 240 "$PYTHON" bench/cold_start.py --rounds "$rounds"
+    google_env=$(google_env)
+    [ -n "$google_env" ] && google=(--google-env "$google_env")
+    step cold_first_step 300 env TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT="$WORK/cache_cold" \
+        TORCHINDUCTOR_CACHE_DIR="$WORK/inductor_cold" "$PYTHON" bench/tpu_step.py --size "$size" "${steps[@]}" \
+        "${google[@]}" --impls "ours${google_env:+,google}" --modes strict,fused --peak-tflops "${PEAK_TFLOPS_BF16:-197}"
+}
+
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(correctness)
-[ "${PARTS[*]}" = all ] && PARTS=(correctness ops ops_rest models kit numerics perf perf_large fused_large compile_ahead runahead)
+[ "${PARTS[*]}" = all ] && PARTS=(correctness ops ops_rest models kit numerics perf perf_large fused_large compile_ahead runahead
+    cold_start)
 for PART in "${PARTS[@]}"; do
     case $PART in
-    correctness | ops | ops_rest | models | kit | numerics | perf | perf_large | fused_large | compile_ahead | runahead) ;;
+    correctness | ops | ops_rest | models | kit | numerics | perf | perf_large | fused_large | compile_ahead | runahead | \
+        cold_start) ;;
     *)
         echo "device_run.sh: unknown part '$PART' (correctness, ops, ops_rest, models, kit, numerics, perf, perf_large," \
-            "fused_large, compile_ahead, runahead or all)" >&2
+            "fused_large, compile_ahead, runahead, cold_start or all)" >&2
         exit 2
         ;;
     esac

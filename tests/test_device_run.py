@@ -22,6 +22,7 @@ STEPS = {
     "fused_large": ["fused_default", "fused_PRODUCTS_0_BACKWARD_CUT_AT_0.7", "fused_BACKWARD_CUT_AT_0.6"],
     "compile_ahead": ["ahead_1_tiny_whole_step", "ahead_0_tiny_whole_step", "ahead_1_tiny_compiled"],
     "runahead": ["runahead_1_tiny_whole_step", "runahead_0_tiny_whole_step", "runahead_1_tiny_compiled"],
+    "cold_start": ["cold_start", "cold_first_step"],
 }
 FILES = {
     "correctness": ["correctness.log", "correctness-junit.xml"],
@@ -35,6 +36,7 @@ FILES = {
     "fused_large": ["fused_large.log"],
     "compile_ahead": ["compile_ahead.log"],
     "runahead": ["runahead.log"],
+    "cold_start": ["cold_start.log"],
 }
 
 
@@ -59,7 +61,7 @@ def _dry_run(tmp_path: Path, part: str) -> str:
     ["correctness", "ops", "ops_rest", "models", "kit"]
     + [
         pytest.param(p, marks=pytest.mark.slow)
-        for p in ("numerics", "perf", "perf_large", "fused_large", "compile_ahead", "runahead")
+        for p in ("numerics", "perf", "perf_large", "fused_large", "compile_ahead", "runahead", "cold_start")
     ],
 )
 def test_each_part_passes_every_step_on_the_cpu_platform(tmp_path, part):

@@ -100,7 +100,7 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    return platform.devices.cache_info().currsize > 0
+    return platform.is_open()
 
 
 def _is_in_bad_fork() -> bool:

@@ -346,6 +346,20 @@ def jax_backends_initialized() -> bool:
     return bool(_backends_are_initialized())
 
 
+_tpu_chips_and_version = _first(
+    "jax._src.hardware_utils.num_available_tpu_chips_and_device_id",
+    _jax_private("jax._src.hardware_utils", "num_available_tpu_chips_and_device_id"),
+)
+
+
+def tpu_chips_attached() -> int:
+    """The TPU chips on this host's PCI bus, as JAX counts them before libtpu starts (0 where it cannot say)."""
+    try:
+        return int(_tpu_chips_and_version()[0])
+    except (RuntimeError, OSError, ValueError):
+        return 0
+
+
 def jax_distributed_client() -> Any:
     """JAX's multi-process client, None before jax.distributed.initialize."""
     return getattr(_distributed_state, "client", None)

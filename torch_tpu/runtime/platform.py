@@ -1,13 +1,27 @@
-"""The PJRT platform behind the `tpu` device, chosen once, lazily, from TORCH_TPU_PLATFORM."""
+"""The PJRT platform behind the `tpu` device, chosen once, lazily, from TORCH_TPU_PLATFORM.
+
+On a TPU host the first use opens the device on a thread while the process does Python work it has next: libtpu
+takes 6-8 s to bring up a v5e, mostly with the GIL released, and the process imports Dynamo meanwhile (~1.2 s, which
+the first op's meta function or an optimizer's constructor would spend after it). On a v5e, a cold process's
+import, first op and optimizer: 19.4-20.0 -> 17.9 s. Opening as torch imports us, as Google's TorchTPU does, would
+hide the rest, but a process that imports torch and never uses the chip would hold it: a launcher's children could
+not open theirs (measured: bench/tpu_step.py's child found the chip in use by its parent).
+TORCH_TPU_OPEN_ON_THREAD=0 opens on the calling thread; =1 on a thread on every platform (the tests' setting).
+"""
 
 from __future__ import annotations
 
 import fcntl
 import functools
+import importlib
 import os
+import sys
+import threading
 
 import jax
 import torch
+
+from torch_tpu.runtime import compat
 
 _CHOICES = ("auto", "tpu", "gpu", "cpu")
 _PLATFORM_NAMES = {"tpu": "TPU", "gpu": "GPU", "cpu": "XLA CPU"}
@@ -38,6 +52,7 @@ ONE_PROCESS = (
 )
 
 
+@functools.cache  # once: a second lock of the path in this process would find it held (by itself)
 def _hold_device_lock() -> None:
     """TORCH_TPU_DEVICE_LOCK=PATH: hold PATH exclusively for the life of the process, as libtpu holds a TPU chip,
     so that the one-process-per-chip rule can be tested on any platform."""
@@ -57,9 +72,8 @@ def _hold_device_lock() -> None:
     os.pwrite(fd, str(os.getpid()).encode(), 0)
 
 
-@functools.cache
-def devices() -> tuple[jax.Device, ...]:
-    """This process's JAX devices of the chosen platform; the first call configures JAX (x64, default device)."""
+def _open() -> tuple[jax.Device, ...]:
+    """This process's JAX devices of the chosen platform, configuring JAX (x64, default device)."""
     choice = requested()
     _hold_device_lock()
     order = ("tpu", "gpu", "cpu") if choice == "auto" else (choice,)
@@ -74,6 +88,75 @@ def devices() -> tuple[jax.Device, ...]:
         why.append(f"{platform}: {error or 'none found'}")
     busy = f"; {ONE_PROCESS}" if any("in use" in reason for reason in why) else ""
     raise RuntimeError(f"torch_tpu: no JAX devices for TORCH_TPU_PLATFORM={choice!r} ({'; '.join(why)}){busy}")
+
+
+_opened: tuple[jax.Device, ...] | None = None
+_opening = threading.Lock()  # held while a thread opens the device
+_opener: threading.Thread | None = None
+# What a process opening a TPU is about to import anyway: done while the device opens, it costs no time.
+IMPORTS_WHILE_OPENING = ("torch._dynamo",)
+
+
+def devices() -> tuple[jax.Device, ...]:
+    """This process's JAX devices of the chosen platform; the first call opens them and configures JAX (x64,
+    default device), on a TPU host on a thread while this one imports what a training process needs next."""
+    if _opened is None:
+        return _open_once()
+    return _opened
+
+
+def is_open() -> bool:
+    return _opened is not None
+
+
+def _open_once() -> tuple[jax.Device, ...]:
+    if _opener is None and _on_thread() and threading.current_thread() is threading.main_thread():
+        begin_opening()
+        for name in IMPORTS_WHILE_OPENING:
+            if _opener is not None and _opener.is_alive() and name not in sys.modules:
+                importlib.import_module(name)
+    return _open_locked()
+
+
+def _open_locked() -> tuple[jax.Device, ...]:
+    """Open the device unless it is open: a failure raises here and leaves it closed, to raise again."""
+    global _opened
+    with _opening:
+        if _opened is None:
+            _opened = _open()
+        return _opened
+
+
+def begin_opening() -> None:
+    """Start opening the device on a thread, once; `devices()` waits for it (and a fork does: the child must not
+    inherit a runtime half brought up)."""
+    global _opener
+    if _opener is not None or _opened is not None:
+        return
+    _opener = threading.Thread(target=_open_on_thread, name="torch_tpu_open_device")
+    os.register_at_fork(before=_wait_for_opener)
+    _opener.start()
+
+
+def _wait_for_opener() -> None:
+    if _opener is not None and _opener is not threading.current_thread():
+        _opener.join()
+
+
+def _open_on_thread() -> None:
+    try:
+        _open_locked()
+    except Exception:
+        return  # the caller's own `devices()` raises it again, on its thread
+
+
+def _on_thread() -> bool:
+    """Whether the first `devices()` opens on a thread: TORCH_TPU_OPEN_ON_THREAD (auto: where a TPU is attached
+    and may be chosen, the one platform whose opening takes seconds)."""
+    setting = os.environ.get("TORCH_TPU_OPEN_ON_THREAD", "auto").strip().lower()
+    if setting in ("0", "1"):
+        return setting == "1"
+    return requested() in ("auto", "tpu") and compat.tpu_chips_attached() > 0
 
 
 def _launcher_variable(name: str) -> int | None:
