@@ -80,6 +80,24 @@ def test_a_fork_waits_for_the_device_to_open():
     assert done.stdout.split() == ["0", "[2.0,", "2.0]"]
 
 
+def test_no_thread_to_be_had_opens_on_the_caller():
+    """Where Python refuses a new thread (at interpreter shutdown, 3.12+), the caller opens the device itself."""
+    code = (
+        "import threading, torch\n"
+        "from torch_tpu.runtime import platform\n"
+        "start = threading.Thread.start\n"
+        "def refuse(self):\n"
+        "    if self.name == 'torch_tpu_open_device':\n"
+        '        raise RuntimeError("can\'t create new thread at interpreter shutdown")\n'
+        "    start(self)\n"
+        "threading.Thread.start = refuse\n"
+        "print(platform._opener, (torch.ones(2, device='tpu') * 3).cpu().tolist(), platform.is_open())\n"
+    )
+    done = _run(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["None", "[3.0,", "3.0]", "True"]
+
+
 def test_import_alone_opens_nothing():
     """A process that imports torch and never uses the chip must not hold it (a launcher's children need theirs)."""
     code = "import torch\nfrom torch_tpu.runtime import platform\nprint(platform._opener, platform.is_open())\n"

@@ -133,9 +133,13 @@ def begin_opening() -> None:
     global _opener
     if _opener is not None or _opened is not None:
         return
-    _opener = threading.Thread(target=_open_on_thread, name="torch_tpu_open_device")
+    opener = threading.Thread(target=_open_on_thread, name="torch_tpu_open_device")
+    try:
+        opener.start()
+    except RuntimeError:  # no new thread at interpreter shutdown (Python 3.12+): the caller opens it itself
+        return
+    _opener = opener
     os.register_at_fork(before=_wait_for_opener)
-    _opener.start()
 
 
 def _wait_for_opener() -> None:
