@@ -3,7 +3,7 @@
 #
 #   bench/device_run.sh PART [PART ...]   PART: correctness | ops | ops_rest | models | kit | numerics | perf |
 #                                               perf_large | fused_large | compile_ahead | runahead | cold_start |
-#                                               all
+#                                               backward_thread | all
 #
 # On the TPU machine (../shared/tpu/pack.sh here, then remote.sh setup there), from the project root:
 #   source /tmp/tpu/env.sh ours && bench/device_run.sh correctness     (then `ops`, `ops_rest`, `models`: four calls
@@ -44,6 +44,9 @@
 # cold_start   bench/cold_start.py (a process's import, first op and optimizer, the device opened on the calling
 #              thread and on a thread while Dynamo imports), then the small step's first step in Strict and Fused
 #              eager, ours and Google's, each a cold process on a cache of its own
+# backward_thread the small step in every mode with backward passes on the calling thread (the default,
+#              runtime/backward_thread.py) and on the autograd engine's device thread
+#              (TORCH_TPU_BACKWARD_ON_CALLING_THREAD=0), on one cache: ms a step side by side
 # Every step runs under its own timeout (SIGINT first: pytest then writes its report), cut to what is left of
 # DEVICE_RUN_BUDGET_S (default 540 s a part); a failed or timed-out step is recorded and the run goes on. Under $OUT
 # (default: a fresh temporary folder): one log per part with every step's output (PART.log), the test reports
@@ -319,17 +322,28 @@ part_cold_start() {
         "${google[@]}" --impls "ours${google_env:+,google}" --modes strict,fused --peak-tflops "${PEAK_TFLOPS_BF16:-197}"
 }
 
+part_backward_thread() {
+    local steps=(--steps 10 --warmup 3) size=small setting
+    [ "$SMALL" = 1 ] && steps=(--steps 2 --warmup 1) size=tiny
+    for setting in 1 0; do
+        step "backward_thread_$setting" 270 env TORCH_TPU_BACKWARD_ON_CALLING_THREAD=$setting \
+            TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT="$WORK/cache_backward" TORCHINDUCTOR_CACHE_DIR="$WORK/inductor_backward" \
+            "$PYTHON" bench/tpu_step.py --size "$size" "${steps[@]}" --impls ours \
+            --modes strict,fused,compiled,whole_step --peak-tflops "${PEAK_TFLOPS_BF16:-197}"
+    done
+}
+
 PARTS=("$@")
 [ ${#PARTS[@]} -eq 0 ] && PARTS=(correctness)
 [ "${PARTS[*]}" = all ] && PARTS=(correctness ops ops_rest models kit numerics perf perf_large fused_large compile_ahead runahead
-    cold_start)
+    cold_start backward_thread)
 for PART in "${PARTS[@]}"; do
     case $PART in
     correctness | ops | ops_rest | models | kit | numerics | perf | perf_large | fused_large | compile_ahead | runahead | \
-        cold_start) ;;
+        cold_start | backward_thread) ;;
     *)
         echo "device_run.sh: unknown part '$PART' (correctness, ops, ops_rest, models, kit, numerics, perf, perf_large," \
-            "fused_large, compile_ahead, runahead, cold_start or all)" >&2
+            "fused_large, compile_ahead, runahead, cold_start, backward_thread or all)" >&2
         exit 2
         ;;
     esac

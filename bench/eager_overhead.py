@@ -7,7 +7,8 @@ synchronised between steps and not timed (the recording and dispatch, not the up
 share of a GPT's forward and backward: milliseconds from `zero_grad` to the end of `loss.backward()` for
 bench/compile_step.py's model with the large step's 12 layers at tiny sizes (d 64, seq 32, batch 2, bfloat16), in
 Fused eager beside CPU PyTorch's eager pass: on a TPU the large step's Fused recording is time the device waits for
-(docs/performance.md). And a batch's transfer: µs per `.to("tpu")` of a (16, 512) int64 tensor beside
+(docs/performance.md); that GPT's Strict backward on the thread that calls it beside the autograd engine's device
+thread. And a batch's transfer: µs per `.to("tpu")` of a (16, 512) int64 tensor beside
 `jax.device_put` of the same values, a jitted call's floor by its inputs and outputs (donated or not), and a Strict
 add taken apart layer by layer (the program's call, the tensor, the key, the dispatcher). With
 --profile N, the N functions of a Strict chain costliest in themselves under cProfile, in µs per op (where a TPU
@@ -115,6 +116,32 @@ def gpt_pass_ms(device: str, mode: torch.tpu.EagerMode, repeats: int) -> float:
             optimizer.step()
             torch.accelerator.synchronize() if device == "tpu" else None
     return statistics.median(samples)
+
+
+def backward_ms_by_thread(repeats: int) -> dict[str, float]:
+    """Median host milliseconds of the 12-layer tiny GPT's Strict `backward()` on the thread that calls it (the
+    default, runtime/backward_thread.py) and on the autograd engine's device thread, the two taking turns."""
+    config = compile_step.Config(layers=12, d_model=64, heads=2, seq=32, batch=2, vocab=128)
+    model, batch = compile_step.build(config, "bfloat16")
+    model = model.to("tpu")
+    idx, targets = (t.to("tpu") for t in batch)
+    threads = {"calling thread": False, "device thread": True}
+    samples: dict[str, list[float]] = {name: [] for name in threads}
+    for step in range(repeats + 2):  # the first steps compile
+        if step == 2:
+            torch.tpu.finish_compiles()  # the full-effort programs, compiling on threads meanwhile
+        for name, multithreaded in threads.items():
+            model.zero_grad()
+            logits = model(idx)
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+            with torch.autograd.set_multithreading_enabled(multithreaded):
+                start = time.perf_counter()
+                loss.backward()
+                elapsed = (time.perf_counter() - start) * 1e3
+            torch.accelerator.synchronize()
+            if step >= 2:
+                samples[name].append(elapsed)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def transfer_us(repeats: int, calls: int = 200) -> tuple[float, float]:
@@ -304,6 +331,11 @@ def main() -> None:
     fused_ms = gpt_pass_ms("tpu", torch.tpu.EagerMode.DEFER_AND_FUSE, repeats)
     print(f"GPT forward and backward (12 layers, d 64, bfloat16), host ms, median of {repeats}")
     print(f"{'torch_tpu eager (Fused)':<28}{fused_ms:>10.2f}{fused_ms / cpu_ms:>13.2f}x CPU's {cpu_ms:.2f}")
+    by_thread = backward_ms_by_thread(repeats)
+    print(f"GPT backward (12 layers, d 64, bfloat16, Strict), host ms, median of {repeats}")
+    base = by_thread["device thread"]
+    for name, ms in by_thread.items():
+        print(f"{'on the ' + name:<28}{ms:>10.2f}{ms / base:>13.2f}x the device thread's")
     ours_us, jax_us = transfer_us(repeats)
     print(f"transfer of a (16, 512) int64 batch, us, median of {repeats}")
     print(f"{'.to(' + repr('tpu') + ')':<28}{ours_us:>10.1f}{ours_us / jax_us:>13.2f}x jax.device_put's {jax_us:.1f}")

@@ -23,6 +23,7 @@ STEPS = {
     "compile_ahead": ["ahead_1_tiny_whole_step", "ahead_0_tiny_whole_step", "ahead_1_tiny_compiled"],
     "runahead": ["runahead_1_tiny_whole_step", "runahead_0_tiny_whole_step", "runahead_1_tiny_compiled"],
     "cold_start": ["cold_start", "cold_first_step"],
+    "backward_thread": ["backward_thread_1", "backward_thread_0"],
 }
 FILES = {
     "correctness": ["correctness.log", "correctness-junit.xml"],
@@ -37,6 +38,7 @@ FILES = {
     "compile_ahead": ["compile_ahead.log"],
     "runahead": ["runahead.log"],
     "cold_start": ["cold_start.log"],
+    "backward_thread": ["backward_thread.log"],
 }
 
 
@@ -61,7 +63,16 @@ def _dry_run(tmp_path: Path, part: str) -> str:
     ["correctness", "ops", "ops_rest", "models", "kit"]
     + [
         pytest.param(p, marks=pytest.mark.slow)
-        for p in ("numerics", "perf", "perf_large", "fused_large", "compile_ahead", "runahead", "cold_start")
+        for p in (
+            "numerics",
+            "perf",
+            "perf_large",
+            "fused_large",
+            "compile_ahead",
+            "runahead",
+            "cold_start",
+            "backward_thread",
+        )
     ],
 )
 def test_each_part_passes_every_step_on_the_cpu_platform(tmp_path, part):

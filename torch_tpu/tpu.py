@@ -30,7 +30,7 @@ from torch_tpu.random import (
     seed_all,
     set_rng_state,
 )
-from torch_tpu.runtime import checks, platform, recent
+from torch_tpu.runtime import backward_thread, checks, platform, recent
 from torch_tpu.runtime import memory as _memory_stats
 from torch_tpu.runtime.deferred import buffers as _pending_buffers
 from torch_tpu.runtime.memory import memory as _memory
@@ -90,9 +90,11 @@ __all__ = [
 
 
 def _lazy_init() -> None:
-    """Pick the PJRT platform and configure JAX, once; then load the last run's programs ahead (`recent`)."""
+    """Pick the PJRT platform and configure JAX, once; then load the last run's programs ahead (`recent`), and
+    have this thread run its backward passes itself (`backward_thread`)."""
     platform.devices()
     recent.start()
+    backward_thread.apply()
 
 
 def is_available() -> bool:

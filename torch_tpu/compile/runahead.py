@@ -33,7 +33,7 @@ def smallest(outputs: list[Any]) -> int | None:
 
 
 def backward_ran(output: Any) -> None:
-    """Note an output of the backward just run (on the autograd engine's thread)."""
+    """Note an output of the backward just run (on the thread running the backward pass)."""
     global _last_backward
     if WAIT and isinstance(output, jax.Array):
         _last_backward = output

@@ -60,11 +60,12 @@ COMPILE_THREADS = max(4, min(parts.MAX_PARTS + 1, os.cpu_count() or 4))
 """A thread per part of a split cluster (`eager.parts`) and one for its whole program, as the host's cores allow,
 and at least 4."""
 BACKWARD_CUT_BYTES = int(os.environ.get("TORCH_TPU_FUSED_BACKWARD_CUT_BYTES", str(1 << 30)))
-"""Where the recording moves to or from another thread — the autograd engine runs a `tpu` backward pass on a device
-thread of its own — a cluster whose values total at least this many bytes is cut (0: never; where:
-`BACKWARD_CUT_AT`), so that the device computes the forward while Python records the backward. The default, 1 GiB
-(over a millisecond of a TPU's memory traffic), cuts the large GPT step's forward (8.8 GiB of values) and not the
-small one's (139 MiB), which is bound by the host: there a cut costs more than the overlap saves."""
+"""Where the recording moves into or out of a backward pass (run on the thread that calls it,
+`runtime/backward_thread.py`, or on the autograd engine's device thread) a cluster whose values total at least this
+many bytes is cut (0: never; where: `BACKWARD_CUT_AT`), so that the device computes the forward while Python
+records the backward. The default, 1 GiB (over a millisecond of a TPU's memory traffic), cuts the large GPT step's
+forward (8.8 GiB of values) and not the small one's (139 MiB), which is bound by the host: there a cut costs more
+than the overlap saves."""
 
 
 def _ops_per_forward_op(text: str) -> float:
@@ -129,7 +130,7 @@ class _Recorder:
         self.checks: list[tuple[tuple, Pending]] = []  # per node that makes device-side checks: those, its flags
         self.ranks: tuple[int, ...] | None = None  # the cluster's collectives are over these ranks' devices
         self.nbytes = 0  # the bytes of the values recorded (with BACKWARD_CUT_BYTES)
-        self.thread = 0  # the thread that recorded the last op (with BACKWARD_CUT_BYTES)
+        self.where = (0, False)  # the thread that recorded the last op, and whether in a backward pass
         self.cut_at = 0  # the cluster is cut once it holds this many ops (with BACKWARD_CUT_AT; 0: no cut due)
 
     def reset(self) -> tuple[list, list, list, list, tuple[int, ...] | None]:
@@ -187,7 +188,7 @@ def record(trace: Trace, inputs: list) -> Any:
         flush(extra=_unrecorded(inputs), urgent=False)
         plan = rec.plan
     if BACKWARD_CUT_BYTES:
-        _cut_at_thread_change(rec, inputs)
+        _cut_at_backward_edges(rec, inputs)
         plan = rec.plan
         rec.nbytes += trace.nbytes
     if not plan:
@@ -243,19 +244,19 @@ def _unrecorded(inputs: list) -> list[Pending]:
     return [x for x in inputs if type(x) is Pending and x.value is None and not x.sealed]
 
 
-def _cut_at_thread_change(rec: _Recorder, inputs: list) -> None:
-    """`BACKWARD_CUT_BYTES`: where the recording moves to another thread with a large cluster, cut it there, or,
-    where that thread runs a backward (the autograd engine's), `BACKWARD_CUT_AT` into it; where it moves back, the
-    backward's rest is cut before what follows it."""
-    thread = threading.get_ident()
-    if thread != rec.thread:
+def _cut_at_backward_edges(rec: _Recorder, inputs: list) -> None:
+    """`BACKWARD_CUT_BYTES`: where the recording moves into a backward pass (or to another thread) with a large
+    cluster, cut it there, or `BACKWARD_CUT_AT` into the backward; where it moves out, the backward's rest is cut
+    before what follows it."""
+    where = (threading.get_ident(), torch._C._current_graph_task_id() != -1)
+    if where != rec.where:
         rec.cut_at = 0
         if rec.plan and rec.nbytes >= BACKWARD_CUT_BYTES:
-            if BACKWARD_CUT_AT and torch._C._current_graph_task_id() != -1:  # this thread runs a backward
+            if BACKWARD_CUT_AT and where[1]:  # the recording enters a backward
                 rec.cut_at = int(len(rec.plan) * (1 + BACKWARD_CUT_AT))
             else:
                 flush(extra=_unrecorded(inputs), urgent=False)
-        rec.thread = thread
+        rec.where = where
     elif rec.cut_at and len(rec.plan) >= rec.cut_at:
         flush(extra=_unrecorded(inputs), urgent=False)  # which disarms it
 

@@ -33,8 +33,9 @@ _FROM_TORCH = {"medium": Precision.DEFAULT, "high": Precision.HIGH, "highest": P
 
 
 class _Context:
-    """The trace context. Process-wide, like PyTorch's own settings: PyTorch's autograd engine runs a `tpu`
-    backward on its own device thread, and a `precision(...)` block around `.backward()` must reach those ops."""
+    """The trace context. Process-wide, like PyTorch's own settings: a `tpu` backward may run on the autograd
+    engine's device thread (`runtime/backward_thread.py`), and a `precision(...)` block around `.backward()` must
+    reach those ops."""
 
     __slots__ = ("stack", "excess", "index_checks", "default_dtype", "level", "token")
 
