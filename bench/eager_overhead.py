@@ -97,13 +97,19 @@ def optimizer_step_ms(device: str, params: int, mode: torch.tpu.EagerMode, repea
     return statistics.median(samples)
 
 
-def gpt_pass_ms(device: str, mode: torch.tpu.EagerMode, repeats: int) -> float:
-    """Median host milliseconds of a 12-layer tiny GPT's zero_grad, forward, loss and backward on `device`."""
+def tiny_gpt(device: str) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """bench/compile_step.py's GPT with the large step's 12 layers at tiny sizes, bfloat16, and its batch, on
+    `device`."""
     config = compile_step.Config(layers=12, d_model=64, heads=2, seq=32, batch=2, vocab=128)
     model, batch = compile_step.build(config, "bfloat16")
-    model = model.to(device)
-    optimizer = compile_step.adamw(model.parameters())
     idx, targets = (t.to(device) for t in batch)
+    return model.to(device), idx, targets
+
+
+def gpt_pass_ms(device: str, mode: torch.tpu.EagerMode, repeats: int) -> float:
+    """Median host milliseconds of a 12-layer tiny GPT's zero_grad, forward, loss and backward on `device`."""
+    model, idx, targets = tiny_gpt(device)
+    optimizer = compile_step.adamw(model.parameters())
     samples = []
     with torch.tpu.set_eager_mode(mode):
         for step in range(repeats + 3):  # the first steps compile
@@ -121,10 +127,7 @@ def gpt_pass_ms(device: str, mode: torch.tpu.EagerMode, repeats: int) -> float:
 def backward_ms_by_thread(repeats: int) -> dict[str, float]:
     """Median host milliseconds of the 12-layer tiny GPT's Strict `backward()` on the thread that calls it (the
     default, runtime/backward_thread.py) and on the autograd engine's device thread, the two taking turns."""
-    config = compile_step.Config(layers=12, d_model=64, heads=2, seq=32, batch=2, vocab=128)
-    model, batch = compile_step.build(config, "bfloat16")
-    model = model.to("tpu")
-    idx, targets = (t.to("tpu") for t in batch)
+    model, idx, targets = tiny_gpt("tpu")
     threads = {"calling thread": False, "device thread": True}
     samples: dict[str, list[float]] = {name: [] for name in threads}
     for step in range(repeats + 2):  # the first steps compile

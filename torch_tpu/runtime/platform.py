@@ -3,9 +3,10 @@
 On a TPU host the first use opens the device on a thread while the process does Python work it has next: libtpu
 takes 6-8 s to bring up a v5e, mostly with the GIL released, and the process imports Dynamo meanwhile (~1.2 s, which
 the first op's meta function or an optimizer's constructor would spend after it). On a v5e, a cold process's
-import, first op and optimizer: 19.4-20.0 -> 17.9 s. Opening as torch imports us, as Google's TorchTPU does, would
-hide the rest, but a process that imports torch and never uses the chip would hold it: a launcher's children could
-not open theirs (measured: bench/tpu_step.py's child found the chip in use by its parent).
+import, first op and optimizer: 19.4-20.0 -> 17.9 s (an ad hoc run of bench/cold_start.py's child). Opening as
+torch imports us, as Google's TorchTPU does, would hide the rest, but a process that imports torch and never uses
+the chip would hold it: a launcher's children could not open theirs (measured: bench/tpu_step.py's child found the
+chip in use by its parent).
 TORCH_TPU_OPEN_ON_THREAD=0 opens on the calling thread; =1 on a thread on every platform (the tests' setting).
 """
 
